@@ -1,0 +1,187 @@
+"""Start-up validation and resolution of DDTREE's server arguments.
+
+Runs in the launcher while SGLang resolves its arguments, before any model
+loads, so bad configuration ends the launch with one clear message instead of a
+traceback from deep inside a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from ..config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_BUDGET,
+    SUPPORTED_TARGET_ATTENTION_BACKENDS,
+    DDTreeConfig,
+    DDTreeConfigError,
+    cpu_engine_requested,
+)
+
+logger = logging.getLogger("sglang_ddtree")
+
+BUDGET_FLAG = "--speculative-ddtree-budget"
+CPU_ATTENTION_BACKEND = "torch_native"
+
+
+def add_cli_args(parser) -> None:
+    """Add DDTREE's own flag to SGLang's argument parser."""
+    if any(BUDGET_FLAG in action.option_strings for action in parser._actions):
+        return
+    parser.add_argument(
+        BUDGET_FLAG,
+        type=int,
+        default=None,
+        help=(
+            "DDTREE: draft-tree nodes verified per request and round (default "
+            f"{DEFAULT_BUDGET}). The verify width is budget + 1; it sets "
+            "--speculative-num-draft-tokens, which must not also be given differently."
+        ),
+    )
+
+
+def apply_budget_flag(args) -> None:
+    """Fold ``--speculative-ddtree-budget`` into ``speculative_num_draft_tokens``
+    (a ServerArgs field, so it reaches every scheduler process)."""
+    budget = getattr(args, "speculative_ddtree_budget", None)
+    if budget is None:
+        return
+    if budget < 1:
+        raise DDTreeConfigError(f"{BUDGET_FLAG} must be >= 1, got {budget}.")
+    width = getattr(args, "speculative_num_draft_tokens", None)
+    if width is not None and int(width) != budget + 1:
+        raise DDTreeConfigError(
+            f"{BUDGET_FLAG} {budget} implies --speculative-num-draft-tokens {budget + 1} "
+            f"(budget + root), but {width} was given. Pass only one of them."
+        )
+    args.speculative_num_draft_tokens = budget + 1
+
+
+def _fail(message: str):
+    raise DDTreeConfigError("DDTREE: " + message)
+
+
+def _load_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _vocab_size(config: dict) -> int | None:
+    text = config.get("text_config") or config
+    value = text.get("vocab_size", config.get("vocab_size"))
+    return int(value) if value is not None else None
+
+
+def read_drafter_config(draft_path: str | None) -> dict:
+    if not draft_path:
+        _fail("--speculative-draft-model-path is required (a DFlash drafter checkpoint folder).")
+    config_path = os.path.join(draft_path, "config.json")
+    if not os.path.isdir(draft_path):
+        _fail(f"draft model path {draft_path!r} does not exist or is not a folder.")
+    if not os.path.isfile(config_path):
+        _fail(f"draft model folder {draft_path!r} has no config.json.")
+    config = _load_json(config_path)
+    architectures = config.get("architectures") or []
+    if not any("DFlash" in arch for arch in architectures) and "dflash_config" not in config:
+        _fail(
+            f"the drafter at {draft_path!r} is not a DFlash model (architectures={architectures}); "
+            "DDTREE needs a DFlash block drafter (e.g. architectures ['DFlashDraftModel'])."
+        )
+    return config
+
+
+def drafter_block_size(config: dict) -> int:
+    dflash = config.get("dflash_config") or {}
+    value = dflash.get("block_size", config.get("block_size"))
+    return int(value) if value is not None else DEFAULT_BLOCK_SIZE
+
+
+def _check_vocab_match(target_path: str | None, draft_config: dict) -> None:
+    if not target_path or not os.path.isfile(os.path.join(target_path, "config.json")):
+        return  # a hub id or remote path: SGLang itself resolves it later
+    target_vocab = _vocab_size(_load_json(os.path.join(target_path, "config.json")))
+    draft_vocab = _vocab_size(draft_config)
+    if target_vocab and draft_vocab and target_vocab != draft_vocab:
+        _fail(
+            f"the drafter's vocabulary ({draft_vocab}) does not match the target's ({target_vocab}); "
+            "a DFlash drafter projects through the target's LM head and must share its tokenizer."
+        )
+
+
+def _check_device(cfg) -> None:
+    device = str(cfg.device or "")
+    if device == "cpu" and not cpu_engine_requested():
+        _fail(
+            "--device cpu needs the CPU serving mode: set SGLANG_USE_CPU_ENGINE=1 "
+            "(and install its start-up hook once: python -m sglang_ddtree.cpu install-hook)."
+        )
+
+
+def _check_attention_backend(cfg) -> None:
+    for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+        backend = getattr(cfg, name, None)
+        if backend is not None and backend not in SUPPORTED_TARGET_ATTENTION_BACKENDS:
+            _fail(
+                f"--{name.replace('_', '-')} {backend} has no tree-masked verify path in DDTREE. "
+                f"Supported: {', '.join(SUPPORTED_TARGET_ATTENTION_BACKENDS)}."
+            )
+
+
+def _check_unsupported_features(cfg) -> None:
+    if int(getattr(cfg, "pp_size", 1) or 1) != 1:
+        _fail("pipeline parallelism (--pp-size > 1) is not supported.")
+    if getattr(cfg, "speculative_draft_window_size", None) is not None:
+        _fail("--speculative-draft-window-size (compact draft cache) is not supported yet.")
+    if getattr(cfg, "speculative_adaptive", False):
+        _fail("--speculative-adaptive is not supported; the tree budget is fixed per server.")
+    if getattr(cfg, "disaggregation_mode", "null") not in (None, "null"):
+        _fail("prefill/decode disaggregation is not supported.")
+
+
+def resolve_config(cfg) -> DDTreeConfig:
+    """The DDTree configuration these arguments describe (validated)."""
+    draft_config = read_drafter_config(cfg.speculative_draft_model_path)
+    block = cfg.speculative_dflash_block_size or drafter_block_size(draft_config)
+    width = cfg.speculative_num_draft_tokens or DEFAULT_BUDGET + 1
+    config = DDTreeConfig.from_spec_fields(width, block)
+    try:
+        config.validate()
+    except DDTreeConfigError as error:
+        _fail(str(error))
+    return config
+
+
+def validate_server_args(cfg) -> None:
+    """SGLang's ``validate_server_args`` hook: reject bad configuration early."""
+    _check_device(cfg)
+    _check_attention_backend(cfg)
+    _check_unsupported_features(cfg)
+    draft_config = read_drafter_config(cfg.speculative_draft_model_path)
+    _check_vocab_match(cfg.model_path, draft_config)
+    resolve_config(cfg)
+
+
+def resolve_server_args(cfg) -> None:
+    """SGLang's ``handle_server_args`` hook: set what DFLASH's handler would set,
+    with DDTREE's verify width. ``cfg`` records the writes."""
+    config = resolve_config(cfg)
+    cfg.speculative_num_steps = 1
+    cfg.speculative_eagle_topk = 1
+    cfg.speculative_num_draft_tokens = config.verify_width
+    cfg.speculative_dflash_block_size = config.block_size
+    if cfg.speculative_draft_attention_backend is None:
+        decode = cfg.decode_attention_backend or cfg.attention_backend
+        if decode is None:
+            decode = CPU_ATTENTION_BACKEND if str(cfg.device) == "cpu" else "flashinfer"
+        cfg.speculative_draft_attention_backend = decode
+    if cfg.max_running_requests is None:
+        cfg.max_running_requests = 48
+    logger.info(
+        "DDTREE: budget=%d nodes, verify width=%d, drafter block=%d, draft attention=%s",
+        config.budget,
+        config.verify_width,
+        config.block_size,
+        cfg.speculative_draft_attention_backend,
+    )

@@ -1,0 +1,89 @@
+"""The one configuration object of the plugin, and the one place that reads
+environment variables.
+
+Configuration flows one way: server arguments (validated at start-up, before
+any model loads) -> :class:`DDTreeConfig` -> worker.
+
+How DDTree maps onto SGLang's speculative fields:
+
+* ``speculative_num_draft_tokens`` is the **verify width**: ``budget + 1`` tokens
+  per request (the root plus ``budget`` tree nodes). SGLang sizes KV reservations
+  and captures verify CUDA graphs from it, so it must be the tree's width.
+* ``speculative_dflash_block_size`` is the drafter's block size (the draft
+  forward still runs ``block_size`` tokens: the root and ``block_size - 1`` masks).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_BUDGET = 32
+MAX_BUDGET = 1024
+DEFAULT_BLOCK_SIZE = 16
+
+ENV_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
+ENV_TREE_BACKEND = "SGLANG_DDTREE_TREE_BACKEND"  # auto | cuda | cpp | python
+ENV_ORACLE_DRAFT = "SGLANG_DDTREE_ORACLE_DRAFT"  # test-only controlled drafter (JSON file)
+ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
+
+SUPPORTED_TARGET_ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "fa3")
+
+
+class DDTreeConfigError(ValueError):
+    """A configuration problem found at start-up, with a message for the user."""
+
+
+def cpu_engine_requested() -> bool:
+    return os.environ.get(ENV_CPU_ENGINE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def tree_backend_override() -> str:
+    value = os.environ.get(ENV_TREE_BACKEND, "auto").strip().lower()
+    if value not in ("auto", "cuda", "cpp", "python"):
+        raise DDTreeConfigError(f"{ENV_TREE_BACKEND}={value!r}: expected auto, cuda, cpp or python")
+    return value
+
+
+def oracle_draft_path() -> str | None:
+    return os.environ.get(ENV_ORACLE_DRAFT) or None
+
+
+def stats_log_interval() -> int:
+    return int(os.environ.get(ENV_LOG_TREE_STATS, "0") or 0)
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    budget: int  # tree nodes per request, root excluded
+    block_size: int  # drafter block: root + block_size - 1 masked positions
+
+    @property
+    def depth(self) -> int:
+        """Deepest tree level: one per masked draft position."""
+        return self.block_size - 1
+
+    @property
+    def verify_width(self) -> int:
+        return self.budget + 1
+
+    @classmethod
+    def from_spec_fields(cls, num_draft_tokens: int, block_size: int) -> DDTreeConfig:
+        return cls(budget=int(num_draft_tokens) - 1, block_size=int(block_size))
+
+    def validate(self) -> None:
+        if self.block_size < 2:
+            raise DDTreeConfigError(f"DDTREE needs a drafter block size >= 2, got {self.block_size}.")
+        if self.budget < 1:
+            raise DDTreeConfigError(f"--speculative-ddtree-budget must be >= 1, got {self.budget}.")
+        if self.budget > MAX_BUDGET:
+            raise DDTreeConfigError(
+                f"--speculative-ddtree-budget {self.budget} exceeds the largest supported "
+                f"verify tree ({MAX_BUDGET} nodes)."
+            )
+        if self.budget < self.depth:
+            raise DDTreeConfigError(
+                f"--speculative-ddtree-budget {self.budget} is smaller than the drafter's depth "
+                f"({self.depth} = block size {self.block_size} - 1): every round verifies at "
+                f"least a full block, so use a budget >= {self.depth} (equal to it is the chain)."
+            )

@@ -1,0 +1,60 @@
+"""CPU serving mode: the gaps between SGLang's GPU-first code and a CPU.
+
+Installed by the plugin only when ``SGLANG_USE_CPU_ENGINE=1``; a GPU server
+never runs any of this. Each fallback logs the first time it serves.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+logger = logging.getLogger("sglang_ddtree.cpu")
+
+_INSTALLED = False
+_SERVED: set[str] = set()
+
+
+def log_fallback(name: str, detail: str) -> None:
+    if name not in _SERVED:
+        _SERVED.add(name)
+        logger.info("CPU mode fallback served: %s (%s)", name, detail)
+
+
+def _patch_record_stream() -> None:
+    """``Tensor.record_stream`` raises on CPU tensors; there is nothing to record."""
+    original = torch.Tensor.record_stream
+    if getattr(original, "_sglang_ddtree_cpu", False):
+        return
+
+    @functools.wraps(original)
+    def record_stream(self, stream):
+        if self.device.type == "cpu":
+            log_fallback("Tensor.record_stream", "no-op for CPU tensors")
+            return None
+        return original(self, stream)
+
+    record_stream._sglang_ddtree_cpu = True
+    torch.Tensor.record_stream = record_stream
+
+
+def _allow_torch_native_draft_backend() -> None:
+    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
+
+    if "torch_native" not in DRAFT_ATTENTION_BACKEND_CHOICES:
+        add_draft_attention_backend_choices(["torch_native"])
+
+
+def install() -> None:
+    """Install every CPU fallback (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    from . import boot
+
+    boot.activate()
+    _patch_record_stream()
+    _allow_torch_native_draft_backend()

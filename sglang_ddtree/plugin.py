@@ -1,0 +1,71 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``ddtree``).
+
+SGLang calls :func:`register` through ``load_plugins()`` in the launcher, before
+it parses arguments, and again in every scheduler process. Everything here is
+idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .config import DDTreeConfigError, cpu_engine_requested
+
+logger = logging.getLogger("sglang_ddtree")
+
+_REGISTERED = False
+
+
+def register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _REGISTERED = True
+    if cpu_engine_requested():
+        from .cpu import fallbacks
+
+        fallbacks.install()
+    from .adapter.spec import register_algorithm
+
+    register_algorithm()
+    from .adapter.attention import torch_native
+
+    torch_native.install()
+    _install_cli_hooks()
+    _install_error_reporting()
+
+
+def _install_cli_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .adapter import server_args
+
+    def add_cli_args(original, *args, **kwargs):
+        result = original(*args, **kwargs)
+        parser = args[-1] if args else kwargs["parser"]
+        server_args.add_cli_args(parser)
+        return result
+
+    def from_cli_args(original, *args, **kwargs):
+        namespace = args[-1] if args else kwargs["args"]
+        server_args.apply_budget_flag(namespace)
+        return original(*args, **kwargs)
+
+    target = "sglang.srt.server_args.ServerArgs"
+    HookRegistry.register(f"{target}.add_cli_args", add_cli_args, HookType.AROUND)
+    HookRegistry.register(f"{target}.from_cli_args", from_cli_args, HookType.AROUND)
+
+
+def _install_error_reporting() -> None:
+    """In a launcher, show configuration errors as one line, not a traceback."""
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        if isinstance(exc, DDTreeConfigError):
+            sys.stderr.write(f"error: {exc}\n")
+            sys.stderr.flush()
+            return
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
