@@ -1,12 +1,335 @@
-"""Placeholder worker: the stock DFlash V2 worker."""
+"""The DDTree speculative worker on SGLang's spec-v2 (overlap) path.
+
+One decode round, per batch:
+
+1. **draft** - the DFlash drafter runs one block ``[root, MASK x (block-1)]``;
+   its hidden states through the target's LM head give per-depth top-k log-probs;
+2. **build** - a best-first tree of ``budget`` nodes per request;
+3. **verify** - the target runs ``budget + 1`` slots per request in one forward,
+   each slot seeing the prefix and its tree ancestors;
+4. **accept** - walk each tree along the target's argmax (or samples);
+5. **commit** - move the accepted path's KV to the front of the verify window, and
+   write the drafter's context KV for the accepted tokens.
+
+Prefill and everything around the round (memory pools, KV reservation, draft KV
+materialisation, CUDA graphs, overlap relay) is the DFlash V2 worker's. The round
+issues no host synchronisation: all shapes are fixed by ``(bs, width)``.
+"""
+
+from __future__ import annotations
+
 import logging
 
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+from sglang.srt.speculative.draft_worker_common import (
+    build_block_pos_offsets,
+    make_draft_block_spec_info,
+    make_draft_input_v2,
+)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
+
+from ..config import DDTreeConfig, DDTreeConfigError, oracle_draft_path
+from ..tree.batched import accept_walk, commit_sources, non_argmax_accepted
+from ..tree.layout import flat_custom_mask_torch
+from .draft_head import draft_topk
+from .posterior import tree_posterior
+from .stats import TreeStats
+from .tree_builder import make_tree_builder
+from .verify_input import DDTreeVerifyInput
 
 logger = logging.getLogger("sglang_ddtree")
 
 
 class DDTreeWorker(DFlashWorkerV2):
-    def __init__(self, *args, **kwargs):
-        logger.warning("DDTREE is running the stock DFlash V2 worker (chain drafts).")
-        super().__init__(*args, **kwargs)
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        spec = get_spec()
+        self.ddtree = DDTreeConfig.from_spec_fields(spec.speculative_num_draft_tokens, spec.speculative_dflash_block_size)
+        self.ddtree.validate()
+        self._refuse_unsupported_drafter()
+        # The DFlash worker took the verify width for its block; the drafter runs one block.
+        self.block_size = self.ddtree.block_size
+        self.speculative_num_draft_tokens = self.ddtree.block_size
+        self.draft_model.set_block_size(self.block_size)
+        self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self.width = self.ddtree.verify_width
+        self.tree_builder = make_tree_builder(torch.device(self.device))
+        self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
+        oracle = oracle_draft_path()
+        self.oracle = None
+        if oracle:
+            from .oracle import OracleDrafter
+
+            self.oracle = OracleDrafter.load(oracle)
+            logger.warning("DDTREE test drafter active (%s): proposals come from a script.", oracle)
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE worker ready: budget=%d, verify width=%d, drafter block=%d, tree builder=%s",
+                self.ddtree.budget,
+                self.width,
+                self.block_size,
+                self.tree_builder.name,
+            )
+
+    def _refuse_unsupported_drafter(self) -> None:
+        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+            raise DDTreeConfigError(
+                "DDTREE needs a plain DFlash drafter (per-position distributions); "
+                "selector, LiLiCorr and Domino drafters propose single tokens."
+            )
+
+    def _maybe_build_draft_sampler(self):
+        # The tree needs per-depth top-k, not the in-graph greedy head.
+        return None
+
+    @property
+    def _uses_custom_mask(self) -> bool:
+        """GPU backends take SGLang's flat custom mask; torch_native takes the
+        dense visibility directly."""
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+        return not isinstance(self.model_runner.attn_backend, TorchNativeAttnBackend)
+
+    # --- the round -------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        if batch.forward_mode.is_idle() or len(batch.seq_lens) == 0:
+            return self._idle_result(on_publish)
+        return self._tree_round(batch, on_publish)
+
+    def _idle_result(self, on_publish):
+        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        next_draft_input = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
+        if on_publish is not None:
+            on_publish(next_draft_input.new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=None,
+            next_token_ids=empty,
+            accept_lens=torch.empty((0,), dtype=torch.int32, device=self.device),
+            next_draft_input=next_draft_input,
+            can_run_cuda_graph=False,
+            speculative_num_draft_tokens=self.width,
+            new_seq_lens=next_draft_input.new_seq_lens,
+        )
+
+    def _tree_round(self, batch, on_publish):
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, DFlashDraftInputV2):
+            raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        bs, width = len(batch.seq_lens), self.width
+        prefix_lens = batch.seq_lens
+        roots = draft_input.bonus_tokens.view(-1)
+
+        window = self._verify_window(batch, prefix_lens)  # [bs * width] slots
+        plan = self.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            write_virtual=window,
+            read_extent=width,
+        )
+        log_probs, token_ids = self._draft(batch, draft_input, roots, prefix_lens, plan)
+        trees = self.tree_builder.build(log_probs, token_ids, roots, self.ddtree.budget, width)
+        positions = prefix_lens[:, None].to(torch.int64) + trees.depths  # [bs, width]
+
+        logits_output, can_run_graph = self._verify(batch, draft_input, trees, positions, window, plan)
+        posterior = self._posterior(batch, logits_output, positions, bs)  # [bs, width]
+        acceptance = accept_walk(trees.tokens, trees.parents, trees.tree_sizes, posterior, self.ddtree.depth)
+        commit_lens = (acceptance.accept_lens + 1).to(torch.int32)
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+
+        if batch.return_logprob:
+            accept_rows = torch.where(
+                acceptance.path >= 0,
+                acceptance.path + width * torch.arange(bs, device=self.device)[:, None],
+                -1,
+            )
+            compute_spec_logprobs(batch, logits_output, posterior.reshape(-1), accept_index=accept_rows)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        sources = commit_sources(acceptance.path, acceptance.accept_lens)  # [bs, width]
+        self._commit_target_kv(plan, sources, bs)
+        self._commit_draft_kv(plan, logits_output, sources, prefix_lens, commit_lens, bs)
+        logits_output.hidden_states = None
+
+        self.stats.record(
+            accept_lens=acceptance.accept_lens,
+            tree_sizes=trees.tree_sizes,
+            non_argmax=non_argmax_accepted(
+                acceptance.path, acceptance.accept_lens, trees.tokens, trees.depths, token_ids[:, :, 0]
+            ),
+        )
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=acceptance.out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=can_run_graph,
+            next_draft_input=make_draft_input_v2(bonus_tokens=acceptance.bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+        )
+
+    # --- steps -----------------------------------------------------------------------
+
+    def _verify_window(self, batch, prefix_lens):
+        """The ``width`` KV slots reserved for this round, per request in position
+        order, read from ``req_to_token`` once at the start of the round."""
+        bs, width = len(prefix_lens), self.width
+        return assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + width,
+            batch_size=bs,
+            draft_token_num=width,
+            device=self.device,
+        )
+
+    def _draft(self, batch, draft_input, roots, prefix_lens, plan):
+        """One drafter block; returns per-depth top-k log-probs and ids ``[bs, depth, k]``."""
+        bs, block = len(prefix_lens), self.block_size
+        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=self.device)
+        block_ids[:, 0] = roots
+        positions = (prefix_lens[:, None].to(torch.int64) + self._block_pos_offsets).reshape(-1)
+        target_model = self.target_worker.model_runner.model
+        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        embeds = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            embeds = embeds * self._noise_embed_scale
+        seq_lens_cpu = self._draft_seq_lens_cpu(batch, draft_input, bs)
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=None,
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions,
+            input_embeds=embeds.view(-1, embeds.shape[-1]),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+        )
+        plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
+        with torch.inference_mode():
+            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
+        hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
+        vocab = int(self.model_runner.model_config.vocab_size)
+        k = min(self.ddtree.budget, vocab)
+        if self.oracle is not None:
+            from ..tree.topk import full_vocab_topk
+
+            logits = self.oracle.draft_logits(batch.reqs, prefix_lens, block - 1, vocab, self.device)
+            log_probs, token_ids = full_vocab_topk(logits.view(bs * (block - 1), vocab), k)
+        else:
+            lm_head = unwrap_lora_layer(target_model.lm_head)
+            tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
+            log_probs, token_ids = draft_topk(hidden, lm_head, k, tp_group)
+        return log_probs.view(bs, block - 1, -1), token_ids.view(bs, block - 1, -1)
+
+    def _draft_seq_lens_cpu(self, batch, draft_input, bs):
+        """Host upper bound of each request's KV length during the draft forward."""
+        if batch.seq_lens_cpu is not None:
+            return batch.seq_lens_cpu[:bs].to(torch.int32) + self.block_size
+        if draft_input.nxt_kv_lens_cpu is not None:
+            return draft_input.nxt_kv_lens_cpu[:bs].to(torch.int32)
+        return torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int32)
+
+    def _verify(self, batch, draft_input, trees, positions, window, plan):
+        bs, width = len(batch.seq_lens), self.width
+        verify_input = DDTreeVerifyInput(
+            draft_token=trees.tokens.reshape(-1),
+            positions=positions.reshape(-1),
+            draft_token_num=width,
+            custom_mask=(
+                flat_custom_mask_torch(trees.visibility, batch.seq_lens) if self._uses_custom_mask else None
+            ),
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=plan,
+            tree_visibility=trees.visibility,
+        )
+        batch.out_cache_loc = window
+        seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        if seq_lens_cpu is not None:
+            batch.seq_lens_cpu = seq_lens_cpu + width
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        elif draft_input.nxt_kv_lens_cpu is not None:
+            batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
+            batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
+        out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = out.logits_output
+        target_lp = self._target_logits_processor
+        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(logits_output.next_token_logits)
+        if batch.sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits_output.next_token_logits,
+                sampling_info=batch.sampling_info,
+                draft_token_num=width,
+            )
+        return logits_output, out.can_run_cuda_graph
+
+    def _posterior(self, batch, logits_output, positions, bs):
+        posterior = tree_posterior(
+            logits_output.next_token_logits,
+            batch.sampling_info,
+            positions.reshape(-1),
+            self.width,
+            self.model_runner.sampler,
+        ).view(bs, self.width)
+        # Every rank must walk the same path (sampling draws are per rank).
+        site = (
+            SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
+            if batch.sampling_info is None or batch.sampling_info.is_all_greedy
+            else SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE
+        )
+        self._tp_sync.sync(site, posterior)
+        return posterior
+
+    def _commit_target_kv(self, plan, sources, bs):
+        """Move each accepted node's target KV to the slot of its final position."""
+        slots = plan.write_ids(self.model_runner.kv_index_translator).view(bs, self.width)
+        src = slots.gather(1, sources).reshape(-1)
+        pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
+        pool.move_kv_cache(slots.reshape(-1), src)
+
+    def _commit_draft_kv(self, plan, logits_output, sources, prefix_lens, commit_lens, bs):
+        """The drafter's context KV for the committed tokens, from the target's
+        hidden features of the accepted nodes, at their final positions."""
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify returned no target hidden states.")
+        hidden = hidden.view(bs, self.width, -1)
+        accepted_hidden = hidden.gather(1, sources[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        positions = prefix_lens[:, None].to(torch.int64) + torch.arange(self.width, device=self.device)
+        cache_loc = self._draft_write_ids(plan)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=accepted_hidden.reshape(bs * self.width, -1),
+            cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(bs, self.width),
+            positions=positions.reshape(-1),
+            commit_lens=commit_lens,
+        )

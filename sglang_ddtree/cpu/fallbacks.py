@@ -47,6 +47,27 @@ def _allow_torch_native_draft_backend() -> None:
         add_draft_attention_backend_choices(["torch_native"])
 
 
+def _input_embeds_in_model_dtype() -> None:
+    """``ModelRunner._extend_forward_kwargs`` casts ``input_embeds`` to bf16 whatever
+    the model dtype; a float32 model (what CPU tests use, so that greedy
+    comparisons are not at the mercy of bf16 rounding) then fails in its first
+    GEMM. Cast to the model's dtype instead. See patches/0001-input-embeds-dtype.md."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def around(original, runner, forward_batch, *args, **kwargs):
+        result = original(runner, forward_batch, *args, **kwargs)
+        dtype = getattr(runner, "dtype", torch.bfloat16)
+        embeds = result.get("input_embeds")
+        if embeds is not None and forward_batch.input_embeds is not None and embeds.dtype != dtype:
+            log_fallback("ModelRunner input_embeds dtype", f"cast to {dtype}")
+            result["input_embeds"] = forward_batch.input_embeds.to(dtype)
+        return result
+
+    HookRegistry.register(
+        "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs", around, HookType.AROUND
+    )
+
+
 def install() -> None:
     """Install every CPU fallback (idempotent)."""
     global _INSTALLED
@@ -58,3 +79,4 @@ def install() -> None:
     boot.activate()
     _patch_record_stream()
     _allow_torch_native_draft_backend()
+    _input_embeds_in_model_dtype()

@@ -107,3 +107,9 @@ def flat_custom_mask(visibility: torch.Tensor, prefix_lens: Sequence[int]) -> to
         prefix = torch.ones((width, int(prefix_len)), dtype=torch.bool, device=visibility.device)
         rows.append(torch.cat([prefix, visibility[b]], dim=1).reshape(-1))
     return torch.cat(rows) if rows else torch.empty(0, dtype=torch.bool)
+
+
+def flat_custom_mask_torch(visibility: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+    """Device version of :func:`flat_custom_mask`; ``prefix_lens`` ``[bs]`` tensor.
+    Reads the lengths on the host once (the mask's size depends on them)."""
+    return flat_custom_mask(visibility, prefix_lens.tolist()).to(visibility.device)

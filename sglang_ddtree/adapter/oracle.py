@@ -1,0 +1,63 @@
+"""A drafter whose proposals a test controls (test-only).
+
+With random drafter weights nothing is ever accepted, and a tree that accepts
+nothing proves nothing. This drafter knows each request's true greedy
+continuation (recorded from a non-speculative run) and places the right token at
+a chosen rank per depth: rank 0 where the chain would find it too, rank 1 (a
+sibling of a decoy) where only a tree can. Everything else in the round - draft
+forward, tree build, tree-masked verify, accept, KV commit - runs for real, and
+the output must still equal non-speculative decoding.
+
+Enabled by ``SGLANG_DDTREE_ORACLE_DRAFT=<file.json>``::
+
+    {"continuations": [[prompt ids..., output ids...], ...],
+     "ranks": [0, 1, 0, 1, ...],      # rank of the right token per depth (cycled)
+     "decoy_offset": 1}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+HIGH, DECOY, OTHER = 10.0, 9.0, 0.0
+
+
+@dataclass
+class OracleDrafter:
+    continuations: list[list[int]]
+    ranks: list[int]
+    decoy_offset: int = 1
+
+    @classmethod
+    def load(cls, path: str) -> OracleDrafter:
+        with open(path) as f:
+            spec = json.load(f)
+        return cls(spec["continuations"], spec.get("ranks", [0]), spec.get("decoy_offset", 1))
+
+    def _continuation(self, req) -> list[int] | None:
+        prompt = list(req.origin_input_ids)
+        for sequence in self.continuations:
+            if sequence[: len(prompt)] == prompt:
+                return sequence
+        return None
+
+    def draft_logits(self, reqs, prefix_lens: torch.Tensor, depth: int, vocab: int, device) -> torch.Tensor:
+        """``[bs, depth, vocab]`` logits: at each depth the right token at its rank."""
+        logits = torch.full((len(reqs), depth, vocab), OTHER, dtype=torch.float32)
+        for b, (req, prefix_len) in enumerate(zip(reqs, prefix_lens.tolist())):
+            sequence = self._continuation(req)
+            if sequence is None:
+                continue
+            for d in range(depth):
+                position = int(prefix_len) + 1 + d  # the root sits at prefix_len
+                if position >= len(sequence):
+                    break
+                right = sequence[position]
+                rank = self.ranks[d % len(self.ranks)]
+                logits[b, d, right] = HIGH if rank == 0 else DECOY
+                if rank > 0:
+                    logits[b, d, (right + self.decoy_offset) % vocab] = HIGH
+        return logits.to(device)
