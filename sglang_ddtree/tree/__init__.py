@@ -13,7 +13,15 @@ from .accept import (
     sample_posterior_ref,
     target_probs_ref,
 )
-from .build import DraftTree, TopK, build_tree_from_topk, build_tree_ref, max_tree_nodes, topk_log_probs
+from .build import (
+    DraftTree,
+    TopK,
+    ancestor_visibility,
+    build_tree_from_topk,
+    build_tree_ref,
+    max_tree_nodes,
+    topk_log_probs,
+)
 from .layout import TreeBatch, build_tree_batch_ref, flat_custom_mask, layout_trees, pack_mask_words, unpack_mask_words
 
 __all__ = [
@@ -22,6 +30,7 @@ __all__ = [
     "TopK",
     "TreeBatch",
     "accept_walk_ref",
+    "ancestor_visibility",
     "build_tree_batch_ref",
     "build_tree_from_topk",
     "build_tree_ref",
