@@ -44,8 +44,12 @@ def _trial_tokens(tree_batch, rng, trials: int, draft_on_match: bool = False):
         posterior = np.minimum((u[:, None] > cum).sum(axis=1), VOCAB - 1)[None, :]
         result = accept_walk_ref(tokens, parents, sizes, posterior)
         emitted = result.out_tokens[0, : int(result.accept_lens[0]) + 1].tolist()
-        if draft_on_match and result.accept_lens[0] == 0 and rng.random() < 0.3:
-            emitted[0] = int(tokens[0, 1])  # a rejected draft token leaks into the output
+        if draft_on_match and rng.random() < 0.3:
+            # a rejected draft token leaks into the output in place of the bonus
+            last = int(result.path[0, int(result.accept_lens[0])])
+            children = [c for c in range(1, width) if parents[0, c] == last]
+            if children:
+                emitted[-1] = int(tokens[0, children[-1]])
         if len(emitted) < 2:
             p2 = _conditional((emitted[0],))
             emitted.append(int(rng.choice(VOCAB, p=p2)))
