@@ -206,6 +206,11 @@ def write_outputs(out_dir: Path, name: str, data: dict, markdown: str) -> list[P
     return [pj, pm]
 
 
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON (also used to checkpoint a sweep while it runs)."""
+    Path(path).write_text(json.dumps(data, indent=1, default=_json_default) + "\n")
+
+
 def _json_default(o):
     if isinstance(o, torch.Tensor):
         return o.tolist()

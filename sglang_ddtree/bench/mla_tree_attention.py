@@ -494,7 +494,9 @@ def tune(sms: int, heads_list, nodes_list, configs) -> dict:
     return best
 
 
-def run_sweep(args, copy_gbs: float, mm_tflops: float, sms: int) -> dict:
+def run_sweep(
+    args, copy_gbs: float, mm_tflops: float, sms: int, into: dict | None = None, on_row=None
+) -> dict:
     nodes_list = [b + 1 for b in args.budgets]
     t0 = time.time()
     checks = check(CANDIDATE_CONFIGS if args.check_all_configs else CANDIDATE_CONFIGS[:2], sms)
@@ -502,6 +504,8 @@ def run_sweep(args, copy_gbs: float, mm_tflops: float, sms: int) -> dict:
     print(f"[mla] checks: {sum(c['ok'] for c in done)}/{len(done)} ok ({time.time() - t0:.0f} s)", flush=True)
     best = tune(sms, args.heads, nodes_list, CANDIDATE_CONFIGS)
     rows = []
+    res = {} if into is None else into
+    res.update(checks=checks, tuned={f"H{h}_W{w}": c.label() for (h, w), c in best.items()}, rows=rows)
     for heads in args.heads:
         for n_nodes in nodes_list:
             for bs in args.bs:
@@ -533,6 +537,8 @@ def run_sweep(args, copy_gbs: float, mm_tflops: float, sms: int) -> dict:
                     r["total_gbs"] = (pb + r["io_bytes"]) / (r["split_ms"] / 1e3) / 1e9
                     r["speedup_vs_naive"] = r["naive_ms"] / r["split_ms"] if r["naive_ms"] else None
                     rows.append(r)
+                    if on_row:
+                        on_row()
                     print(
                         f"[mla] H={heads:2d} W={n_nodes:2d} bs={bs:2d} L={L:5d} split {r['split_ms']:.3f} ms "
                         f"(prefix {r['prefix_ms']:.3f}: {100 * r['prefix_bw_frac']:.0f}% copy BW, "
@@ -541,7 +547,7 @@ def run_sweep(args, copy_gbs: float, mm_tflops: float, sms: int) -> dict:
                         flush=True,
                     )
                     del att, p
-    return {"checks": checks, "tuned": {f"H{h}_W{w}": c.label() for (h, w), c in best.items()}, "rows": rows}
+    return res
 
 
 def render_markdown(res: dict) -> str:
@@ -630,8 +636,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"[mla] {st.get('device')}: copy {copy_gbs:.0f} GB/s, matmul {mm:.0f} TFLOP/s", flush=True)
     res = {"stamp": st, "copy_gbs": copy_gbs, "matmul_tflops": mm, "args": vars(args)}
-    res.update(run_sweep(args, copy_gbs, mm, sms))
     out_dir = _stamp.results_dir(args.out)
+    run_sweep(
+        args,
+        copy_gbs,
+        mm,
+        sms,
+        into=res,
+        on_row=lambda: _stamp.write_json(out_dir / f"{args.name}.json", res),
+    )
     paths = _stamp.write_outputs(out_dir, args.name, res, render_markdown(res))
     png = plot(res, out_dir / f"{args.name}.png")
     print("[mla] wrote", [str(p) for p in paths + ([png] if png else [])], flush=True)

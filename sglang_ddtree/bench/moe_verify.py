@@ -462,9 +462,36 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def sweep_moe(
-    sg, shape: MoEShape, ms: Sequence[int], copy_gbs: float, reps: int, check_ms=(1, 9, 33)
+    sg,
+    shape: MoEShape,
+    ms: Sequence[int],
+    copy_gbs: float,
+    reps: int,
+    check_ms=(1, 9, 33),
+    into=None,
+    on_row=None,
 ) -> dict:
+    """Check, then time every M; fills and returns ``into`` (a dict), calling ``on_row()`` after each M."""
     from sglang_ddtree.bench._stamp import time_eager, time_graph
+
+    res = {} if into is None else into
+    graph_ok = [True]
+
+    def tg(fn):
+        """CUDA-graph median, or NaN for the rest of the sweep if capture is refused."""
+        if not graph_ok[0]:
+            return float("nan")
+        try:
+            return time_graph(fn, reps)["median_ms"]
+        except Exception as exc:
+            graph_ok[0] = False
+            res["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            print(
+                f"[moe_verify] CUDA-graph capture failed, eager only from here: {res['graph_error']}",
+                flush=True,
+            )
+            torch.cuda.synchronize()
+            return float("nan")
 
     dev = "cuda"
     t0 = time.time()
@@ -487,9 +514,8 @@ def sweep_moe(
         torch.cuda.synchronize()
         err = _rel_err(out, moe.reference(x, w, ids))
         ok = bool(torch.isfinite(out).all()) and err < 2e-2
-        checks.append(
-            {"M": m, "align_path": align_path(m, shape.top_k, shape.num_experts), "rel_err": err, "ok": ok}
-        )
+        path = align_path(m, shape.top_k, shape.num_experts, sg.small_numel_limit)
+        checks.append({"M": m, "align_path": path, "rel_err": err, "ok": ok})
         print(
             f"[moe_verify] ffn={shape.ffn} check M={m}: rel_err={err:.2e} {'ok' if ok else 'FAILED'}",
             flush=True,
@@ -499,6 +525,7 @@ def sweep_moe(
 
     eb = shape.expert_weight_bytes()
     rows = []
+    res.update(shape=asdict(shape), expert_weight_bytes=eb, build_s=build_s, checks=checks, rows=rows)
     for m in ms:
         x, w, ids = inputs(m)
         touched = int(ids.unique().numel())
@@ -523,11 +550,11 @@ def sweep_moe(
             "block_size_m": marlin_block_size_m(m, shape.top_k, shape.num_experts),
             "align_path": align_path(m, shape.top_k, shape.num_experts, sg.small_numel_limit),
             "core_eager": time_eager(core, reps)["median_ms"],
-            "core_graph": time_graph(core, reps)["median_ms"],
-            "core_combine_graph": time_graph(core_combine, reps)["median_ms"],
-            "router_graph": time_graph(router, reps)["median_ms"],
+            "core_graph": tg(core),
+            "core_combine_graph": tg(core_combine),
+            "router_graph": tg(router),
             "router_eager": time_eager(router, reps)["median_ms"],
-            "layer_graph": time_graph(layer, reps)["median_ms"],
+            "layer_graph": tg(layer),
             "layer_eager": time_eager(layer, reps)["median_ms"],
         }
         r["weight_bytes"] = touched * eb
@@ -537,6 +564,8 @@ def sweep_moe(
             r[f"bw_frac_{mode}"] = r[f"weight_gbs_{mode}"] / copy_gbs
             r[f"us_per_token_{mode}"] = r[f"core_{mode}"] * 1e3 / m
         rows.append(r)
+        if on_row:
+            on_row()
         print(
             f"[moe_verify] ffn={shape.ffn} M={m:5d} touched={touched:3d} core eager {r['core_eager']:.3f} ms "
             f"graph {r['core_graph']:.3f} ms ({r['weight_gbs_graph']:.0f} GB/s) layer {r['layer_graph']:.3f} ms",
@@ -545,15 +574,14 @@ def sweep_moe(
     moe = None
     torch.cuda.empty_cache()
     ms_l = [r["M"] for r in rows]
-    plateau = {
+    res["plateau"] = {
         mode: {
             "plateau_m": plateau_m(ms_l, [r[f"core_{mode}"] for r in rows]),
             "compute_bound_onset_m": compute_bound_onset(ms_l, [r[f"core_{mode}"] for r in rows]),
         }
         for mode in ("eager", "graph")
     }
-    return {"shape": asdict(shape), "expert_weight_bytes": eb, "build_s": build_s, "checks": checks, "rows": rows,
-            "plateau": plateau}  # fmt: skip
+    return res
 
 
 def sweep_dense(hidden: int, ffn: int, ms: Sequence[int], copy_gbs: float, reps: int) -> dict:
@@ -796,8 +824,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     res = {"stamp": st, "copy_gbs": copy_gbs, "matmul_tflops": tflops, "import_s": sg.import_s, "jit_s": jit_s,
            "reps": args.reps, "moe": {}, "dense": {}}  # fmt: skip
+    out_dir = _stamp.results_dir(args.out)
+
+    def checkpoint():
+        _stamp.write_json(out_dir / f"{args.name}.json", res)
+
     for f in args.ffn:
-        res["moe"][f"ffn{f}"] = sweep_moe(sg, MoEShape(ffn=f), args.ms, copy_gbs, args.reps)
+        res["moe"][f"ffn{f}"] = {}
+        sweep_moe(
+            sg, MoEShape(ffn=f), args.ms, copy_gbs, args.reps, into=res["moe"][f"ffn{f}"], on_row=checkpoint
+        )
     for label, ffn in (
         ("shared_ffn2048", 2048),
         ("shared_ffn256", 256),
@@ -806,8 +842,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         res["dense"][label] = sweep_dense(7168, ffn, args.ms, copy_gbs, args.reps)
         print(f"[moe_verify] {label}: M=1 {res['dense'][label]['rows'][0]['graph']:.3f} ms", flush=True)
+        checkpoint()
 
-    out_dir = _stamp.results_dir(args.out)
     paths = _stamp.write_outputs(out_dir, args.name, res, render_markdown(res))
     png = plot(res, out_dir / f"{args.name}.png")
     print("[moe_verify] wrote", [str(p) for p in paths + ([png] if png else [])], flush=True)
