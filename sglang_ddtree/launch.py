@@ -102,8 +102,9 @@ class ServerProcess:
                     f"{self.name} exited with code {self.process.returncode} during start-up.\n{self.log_tail()}"
                 )
             try:
-                http_json(f"{self.url}/health_generate", timeout=30)
-                return
+                with urllib.request.urlopen(f"{self.url}/health_generate", timeout=30) as response:
+                    if response.status == 200:
+                        return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 time.sleep(1.0)
         raise ServerStartError(f"{self.name} was not ready after {self.start_timeout:.0f} s.\n{self.log_tail()}")

@@ -1,0 +1,66 @@
+"""Helpers for tests that run real SGLang servers on the tiny models."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from pathlib import Path
+
+from sglang_ddtree.launch import ServerProcess, cpu_server_args
+
+PROMPTS = [
+    "The",
+    "def add(a, b):",
+    "The quick brown fox jumps over the lazy dog.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000.",
+    "for i in range(10):\n    print(i, i * i)\n",
+    "Speculative decoding drafts tokens cheaply and verifies them with the target model in one forward pass.",
+    "A draft tree holds many candidate continuations; the target checks all of them at once. " * 2,
+    "Letters: a b c d e f g h i j k l m n o p. " * 4,
+]
+MAX_NEW_TOKENS = 40
+GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+# float32: greedy comparisons must not hinge on bf16 rounding differences between
+# a batched verify and a one-token decode (patches/0001-input-embeds-dtype.md).
+COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "warning"]
+
+
+def ddtree_args(models, budget: int = 16, extra: list[str] | None = None) -> list[str]:
+    return cpu_server_args(
+        models.target,
+        [
+            *COMMON,
+            "--speculative-algorithm",
+            "DDTREE",
+            "--speculative-draft-model-path",
+            str(models.drafter),
+            "--speculative-ddtree-budget",
+            str(budget),
+            *(extra or []),
+        ],
+    )
+
+
+def plain_args(models, extra: list[str] | None = None) -> list[str]:
+    return cpu_server_args(models.target, [*COMMON, *(extra or [])])
+
+
+def generate_sequential(server: ServerProcess, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    return [server.generate({"text": p, "sampling_params": params})["output_ids"] for p in prompts]
+
+
+def generate_batch(server: ServerProcess, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    """All prompts in flight at once (the scheduler batches them)."""
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(server.generate, {"text": p, "sampling_params": params}) for p in prompts]
+        return [f.result()["output_ids"] for f in futures]
+
+
+def run_server(args, env=None, name="server", tmp: Path | None = None) -> ServerProcess:
+    log = None if tmp is None else tmp / f"{name}.log"
+    return ServerProcess(args, env=env, name=name, log_path=log)
+
+
+def write_json(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
