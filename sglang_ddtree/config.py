@@ -26,6 +26,7 @@ ENV_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
 ENV_TREE_BACKEND = "SGLANG_DDTREE_TREE_BACKEND"  # auto | cuda | cpp | python
 ENV_ORACLE_DRAFT = "SGLANG_DDTREE_ORACLE_DRAFT"  # test-only controlled drafter (JSON file)
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
+ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 
 SUPPORTED_TARGET_ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "fa3")
 
@@ -49,6 +50,15 @@ def oracle_draft_path() -> str | None:
     return os.environ.get(ENV_ORACLE_DRAFT) or None
 
 
+def max_topk_override() -> int | None:
+    value = os.environ.get(ENV_MAX_TOPK, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DDTreeConfigError(f"{ENV_MAX_TOPK}={value!r}: expected a positive integer")
+    return int(value)
+
+
 def stats_log_interval() -> int:
     return int(os.environ.get(ENV_LOG_TREE_STATS, "0") or 0)
 
@@ -57,6 +67,7 @@ def stats_log_interval() -> int:
 class DDTreeConfig:
     budget: int  # tree nodes per request, root excluded
     block_size: int  # drafter block: root + block_size - 1 masked positions
+    max_topk: int | None = None  # candidates per depth; None = budget (the paper's choice)
 
     @property
     def depth(self) -> int:
@@ -67,9 +78,14 @@ class DDTreeConfig:
     def verify_width(self) -> int:
         return self.budget + 1
 
+    def topk(self, vocab: int) -> int:
+        """Candidates kept per depth: ``min(budget, vocab)``, capped by ``max_topk``."""
+        k = min(self.budget, vocab)
+        return k if self.max_topk is None else min(k, self.max_topk)
+
     @classmethod
     def from_spec_fields(cls, num_draft_tokens: int, block_size: int) -> DDTreeConfig:
-        return cls(budget=int(num_draft_tokens) - 1, block_size=int(block_size))
+        return cls(budget=int(num_draft_tokens) - 1, block_size=int(block_size), max_topk=max_topk_override())
 
     def validate(self) -> None:
         if self.block_size < 2:

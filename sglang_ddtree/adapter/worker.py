@@ -75,8 +75,10 @@ class DDTreeWorker(DFlashWorkerV2):
             logger.warning("DDTREE test drafter active (%s): proposals come from a script.", oracle)
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: budget=%d, verify width=%d, drafter block=%d, tree builder=%s",
+                "DDTREE worker ready: budget=%d, max siblings per depth=%s, verify width=%d, drafter block=%d, "
+                "tree builder=%s",
                 self.ddtree.budget,
+                self.ddtree.max_topk or "budget",
                 self.width,
                 self.block_size,
                 self.tree_builder.name,
@@ -234,7 +236,7 @@ class DDTreeWorker(DFlashWorkerV2):
             hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
         hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
         vocab = int(self.model_runner.model_config.vocab_size)
-        k = min(self.ddtree.budget, vocab)
+        k = self.ddtree.topk(vocab)
         if self.oracle is not None:
             from ..tree.topk import full_vocab_topk
 
