@@ -1,0 +1,65 @@
+# sglang-ddtree: set-up, demo, tests, lint, benchmarks.
+#
+# The environment lives outside the clone, keyed by the pinned versions, so that
+# a fresh clone (or CI) reuses it when it exists and builds it when it does not.
+
+PYTHON_BIN   ?= python3.11
+TORCH        := 2.14.1
+SGLANG       := 0.5.23
+ENV_ROOT     ?= $(HOME)/.cache/sglang-ddtree
+VENV         ?= $(ENV_ROOT)/venv-py311-torch$(TORCH)-sglang$(SGLANG)
+PY           := $(VENV)/bin/python
+STAMP        := $(VENV)/.deps-installed
+CPU_ENV      := SGLANG_USE_CPU_ENGINE=1
+PYTEST_ARGS  ?=
+
+.PHONY: help venv demo test test-fast lint format bench-tree bench-moe bench-attention ab-smoke clean-venv
+
+help:
+	@echo "make demo        set up (first run: ~5 min) and run the CPU demo"
+	@echo "make test        set up and run the test suite (real SGLang on CPU)"
+	@echo "make test-fast   tests that start no server"
+	@echo "make lint        ruff check + format check"
+	@echo "make ab-smoke    A/B tool smoke run on the tiny models (CPU)"
+	@echo "make bench-tree  tree-kernel benchmark (GPU machine)"
+
+$(STAMP):
+	@mkdir -p $(ENV_ROOT)
+	@test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH)
+	$(PY) -m pip install -q sglang==$(SGLANG)
+	$(PY) -m pip install -q pytest pytest-timeout "hypothesis>=6" "ruff>=0.6" matplotlib pybind11 tqdm
+	@touch $(STAMP)
+
+# Always re-link the package: the environment may have been built by another clone.
+venv: $(STAMP)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m sglang_ddtree.cpu install-hook
+	$(PY) -m sglang_ddtree.models.tiny > /dev/null
+
+demo: venv
+	$(CPU_ENV) $(PY) -m sglang_ddtree.demo
+
+test: venv
+	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -q -p no:cacheprovider -m "not server" tests $(PYTEST_ARGS)
+
+lint: venv
+	$(PY) -m ruff check sglang_ddtree tests
+	$(PY) -m ruff format --check sglang_ddtree tests
+
+format: venv
+	$(PY) -m ruff check --fix sglang_ddtree tests
+	$(PY) -m ruff format sglang_ddtree tests
+
+ab-smoke: venv
+	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.ab --tiny --concurrency 1 --num-prompts 4 --output-len 24
+
+bench-tree: venv
+	$(PY) -m sglang_ddtree.bench.tree_kernels
+
+clean-venv:
+	rm -rf $(VENV)
