@@ -199,6 +199,7 @@ def test_accounting():
     assert mla.choose_splits(1, 8, 32768, 64, 132) == 64
     assert mla.choose_splits(64, 520, 1024, 64, 132) == 1
     assert mla.choose_splits(1, 136, 1000, 64, 132) == 4  # at least 256 keys per split
+    assert mla.choose_d_chunks(1, 8, 132) == 8 and mla.choose_d_chunks(64, 520, 132) == 1
 
 
 _INTERP = textwrap.dedent(
@@ -210,11 +211,9 @@ _INTERP = textwrap.dedent(
         p = m.make_problem(bs, L, W, H, device="cpu", seed=L + ns)
         for f in ("q", "kv_pool", "k_tree"):  # the interpreter's bf16 dot is not faithful
             setattr(p, f, getattr(p, f).float())
-        att = m.SplitTreeAttention(p, m.SplitConfig(16, 16, 4, 1, 16, 16, 4), sms=4)
-        att.n_splits = ns  # includes splits past the end of the prefix
-        att.o_part = torch.empty(bs, ns, att.rows, 512)
-        att.lse_part = torch.empty(bs, ns, att.rows)
-        att.out = torch.full((bs, att.rows, 512), float("nan"))
+        att = m.SplitTreeAttention(p, m.SplitConfig(16, 16, 4, 1), sms=4)
+        att.set_splits(ns)  # includes splits past the end of the prefix
+        att.out.fill_(float("nan"))
         got = att()
         assert torch.isfinite(got).all()
         worst = max(worst, m._rel(got, m.naive_tree_attention(p, fp32=True)))
@@ -236,7 +235,7 @@ def test_split_kernels_match_reference_in_triton_interpreter():
 def test_mla_report_renders(tmp_path):
     row = {
         "heads": 8, "n_nodes": 17, "budget": 16, "bs": 4, "prefix": 8192, "split_ms": 0.1, "prefix_ms": 0.08,
-        "tail_merge_ms": 0.02, "naive_ms": 1.0, "speedup_vs_naive": 10.0, "prefix_bw_frac": 0.5,
+        "merge_ms": 0.02, "naive_ms": 1.0, "speedup_vs_naive": 10.0, "prefix_bw_frac": 0.5,
         "prefix_mm_frac": 0.4, "prefix_bound": "compute", "prefix_roofline_frac": 0.6,
     }  # fmt: skip
     check = {

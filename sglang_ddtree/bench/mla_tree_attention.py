@@ -156,19 +156,27 @@ def naive_tree_attention(
 if triton is not None:
 
     @triton.jit
-    def _prefix_partial_kernel(
+    def _partial_kernel(
         Q,  # [bs, rows, 576] (rows = W x H, node-major)
-        KV,  # [tokens, 576]
+        KV,  # [tokens, 576] committed latent cache
         kv_indptr,
         kv_indices,
-        O_part,  # [bs, n_splits, rows, 512] bf16, normalised per split
-        LSE_part,  # [bs, n_splits, rows] fp32, log2 domain
+        KT,  # [bs, W, 576] tree latent rows
+        MASK,  # [bs, W, W] int8 ancestor-or-self
+        O_part,  # [bs, n_splits + 1, rows, 512] bf16, normalised per part
+        LSE_part,  # [bs, n_splits + 1, rows] fp32, log2 domain
         qk_scale,  # sm_scale * log2(e)
         rows,
+        n_heads,
+        n_nodes,
         n_splits,
         stride_qb,
         stride_qr,
         stride_kv,
+        stride_kb,
+        stride_kt,
+        stride_mb,
+        stride_mi,
         stride_ob,
         stride_os,
         stride_or,
@@ -179,15 +187,13 @@ if triton is not None:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
     ):
-        tile = tl.program_id(0)
-        split = tl.program_id(1)
-        b = tl.program_id(2)
-        kv_start = tl.load(kv_indptr + b)
-        kv_len = tl.load(kv_indptr + b + 1) - kv_start
-        blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), n_splits)
-        lo = split * blocks_per_split * BLOCK_N
-        hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+        """Parts 0..n_splits-1: one slice of the prefix each; part n_splits: the masked tree tail.
 
+        The W x H query rows of a request share every key tile a program loads.
+        """
+        tile = tl.program_id(0)
+        part = tl.program_id(1)
+        b = tl.program_id(2)
         offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < rows
         offs_d = tl.arange(0, D_NOPE)
@@ -199,49 +205,65 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_mask = offs_n < hi
-            loc = tl.load(kv_indices + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
-            k_ptr = KV + loc[:, None] * stride_kv
-            k_nope = tl.load(k_ptr + offs_d[None, :], mask=n_mask[:, None], other=0.0)  # [BN, 512], also V
-            k_pe = tl.load(k_ptr + D_NOPE + offs_p[None, :], mask=n_mask[:, None], other=0.0)
-            s = tl.dot(q_nope, tl.trans(k_nope))
-            s = tl.dot(q_pe, tl.trans(k_pe), s)
-            s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc * alpha[:, None])
-            m_i = m_new
+        if part < n_splits:
+            kv_start = tl.load(kv_indptr + b)
+            kv_len = tl.load(kv_indptr + b + 1) - kv_start
+            blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), n_splits)
+            lo = part * blocks_per_split * BLOCK_N
+            hi = tl.minimum(lo + blocks_per_split * BLOCK_N, kv_len)
+            for start in range(lo, hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                n_mask = offs_n < hi
+                loc = tl.load(kv_indices + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
+                k_ptr = KV + loc[:, None] * stride_kv
+                k_nope = tl.load(k_ptr + offs_d[None, :], mask=n_mask[:, None], other=0.0)  # also V
+                k_pe = tl.load(k_ptr + D_NOPE + offs_p[None, :], mask=n_mask[:, None], other=0.0)
+                s = tl.dot(q_nope, tl.trans(k_nope))
+                s = tl.dot(q_pe, tl.trans(k_pe), s)
+                s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = tl.dot(p.to(k_nope.dtype), k_nope, acc * alpha[:, None])
+                m_i = m_new
+        else:
+            node = offs_m // n_heads
+            for t0 in range(0, n_nodes, BLOCK_N):
+                offs_t = t0 + tl.arange(0, BLOCK_N)
+                t_mask = offs_t < n_nodes
+                k_ptr = KT + b.to(tl.int64) * stride_kb + offs_t[:, None] * stride_kt
+                k_nope = tl.load(k_ptr + offs_d[None, :], mask=t_mask[:, None], other=0.0)
+                k_pe = tl.load(k_ptr + D_NOPE + offs_p[None, :], mask=t_mask[:, None], other=0.0)
+                s = tl.dot(q_nope, tl.trans(k_nope))
+                s = tl.dot(q_pe, tl.trans(k_pe), s)
+                vis = tl.load(
+                    MASK + b * stride_mb + node[:, None] * stride_mi + offs_t[None, :],
+                    mask=m_mask[:, None] & t_mask[None, :],
+                    other=0,
+                )
+                s = tl.where(vis != 0, s * qk_scale, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.exp2(m_i - m_safe)
+                p = tl.exp2(s - m_safe[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = tl.dot(p.to(k_nope.dtype), k_nope, acc * alpha[:, None])
+                m_i = m_new
 
         has = l_i > 0
         o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        o_ptr = O_part + b.to(tl.int64) * stride_ob + split * stride_os + offs_m[:, None] * stride_or
+        o_ptr = O_part + b.to(tl.int64) * stride_ob + part * stride_os + offs_m[:, None] * stride_or
         tl.store(o_ptr + offs_d[None, :], o.to(O_part.dtype.element_ty), mask=m_mask[:, None])
-        tl.store(LSE_part + b * stride_lb + split * stride_ls + offs_m, lse, mask=m_mask)
+        tl.store(LSE_part + b * stride_lb + part * stride_ls + offs_m, lse, mask=m_mask)
 
     @triton.jit
-    def _tail_merge_kernel(
-        Q,  # [bs, rows, 576]
-        KT,  # [bs, W, 576] tree latent rows
-        MASK,  # [bs, W, W] int8 ancestor-or-self
+    def _combine_kernel(
         O_part,
         LSE_part,
         Out,  # [bs, rows, 512]
-        qk_scale,
-        rows,
-        n_heads,
-        n_nodes,
-        n_splits,
-        stride_qb,
-        stride_qr,
-        stride_kb,
-        stride_kt,
-        stride_mb,
-        stride_mi,
+        n_parts,
         stride_ob,
         stride_os,
         stride_or,
@@ -249,73 +271,31 @@ if triton is not None:
         stride_ls,
         stride_outb,
         stride_outr,
-        D_NOPE: tl.constexpr,
-        D_PE: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_T: tl.constexpr,
+        NS_PAD: tl.constexpr,
+        D_CHUNK: tl.constexpr,
     ):
-        tile = tl.program_id(0)
-        b = tl.program_id(1)
-        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_mask = offs_m < rows
-        node = offs_m // n_heads
-        offs_d = tl.arange(0, D_NOPE)
-        offs_p = tl.arange(0, D_PE)
-        q_ptr = Q + b.to(tl.int64) * stride_qb + offs_m[:, None] * stride_qr
-        q_nope = tl.load(q_ptr + offs_d[None, :], mask=m_mask[:, None], other=0.0)
-        q_pe = tl.load(q_ptr + D_NOPE + offs_p[None, :], mask=m_mask[:, None], other=0.0)
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
-        # Tree tail: ancestor-masked attention over the W tree rows.
-        for t0 in range(0, n_nodes, BLOCK_T):
-            offs_t = t0 + tl.arange(0, BLOCK_T)
-            t_mask = offs_t < n_nodes
-            k_ptr = KT + b.to(tl.int64) * stride_kb + offs_t[:, None] * stride_kt
-            k_nope = tl.load(k_ptr + offs_d[None, :], mask=t_mask[:, None], other=0.0)
-            k_pe = tl.load(k_ptr + D_NOPE + offs_p[None, :], mask=t_mask[:, None], other=0.0)
-            s = tl.dot(q_nope, tl.trans(k_nope))
-            s = tl.dot(q_pe, tl.trans(k_pe), s)
-            vis = tl.load(
-                MASK + b * stride_mb + node[:, None] * stride_mi + offs_t[None, :],
-                mask=m_mask[:, None] & t_mask[None, :],
-                other=0,
-            )
-            s = tl.where(vis != 0, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(k_nope.dtype), k_nope, acc * alpha[:, None])
-            m_i = m_new
-        # Log-sum-exp merge of the prefix splits (every row has a finite tail: it sees itself).
-        for sp in range(0, n_splits):
-            lse = tl.load(
-                LSE_part + b * stride_lb + sp * stride_ls + offs_m, mask=m_mask, other=float("-inf")
-            )
-            o_s = tl.load(
-                O_part
-                + b.to(tl.int64) * stride_ob
-                + sp * stride_os
-                + offs_m[:, None] * stride_or
-                + offs_d[None, :],
-                mask=m_mask[:, None],
-                other=0.0,
-            ).to(tl.float32)
-            m_new = tl.maximum(m_i, lse)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            beta = tl.exp2(lse - m_safe)
-            acc = acc * alpha[:, None] + o_s * beta[:, None]
-            l_i = l_i * alpha + beta
-            m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        """Log-sum-exp merge of all parts of one row (one D chunk), in one 2D load: no serial chain."""
+        row = tl.program_id(0)
+        dc = tl.program_id(1)
+        b = tl.program_id(2)
+        offs_s = tl.arange(0, NS_PAD)
+        s_mask = offs_s < n_parts
+        offs_d = dc * D_CHUNK + tl.arange(0, D_CHUNK)
+        lse = tl.load(LSE_part + b * stride_lb + offs_s * stride_ls + row, mask=s_mask, other=float("-inf"))
+        m = tl.max(lse, 0)
+        w = tl.exp2(lse - m)
+        o = tl.load(
+            O_part
+            + b.to(tl.int64) * stride_ob
+            + offs_s[:, None] * stride_os
+            + row * stride_or
+            + offs_d[None, :],
+            mask=s_mask[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
         tl.store(
-            Out + b.to(tl.int64) * stride_outb + offs_m[:, None] * stride_outr + offs_d[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=m_mask[:, None],
+            Out + b.to(tl.int64) * stride_outb + row * stride_outr + offs_d, out.to(Out.dtype.element_ty)
         )
 
 
@@ -325,20 +305,18 @@ class SplitConfig:
     block_n: int = 32
     num_warps: int = 8
     num_stages: int = 2
-    tail_block_m: int = 64
-    tail_block_t: int = 32
-    tail_warps: int = 8
 
     def label(self) -> str:
         return f"M{self.block_m}N{self.block_n}w{self.num_warps}s{self.num_stages}"
 
 
 CANDIDATE_CONFIGS = (
-    SplitConfig(64, 32, 8, 2),
     SplitConfig(64, 64, 8, 2),
+    SplitConfig(64, 32, 8, 2),
     SplitConfig(32, 64, 4, 2),
     SplitConfig(16, 64, 4, 3),
-    SplitConfig(64, 32, 4, 3),
+    SplitConfig(16, 32, 4, 4),
+    SplitConfig(32, 32, 4, 3),
 )
 
 
@@ -349,49 +327,62 @@ def choose_splits(bs: int, rows: int, prefix_len: int, block_m: int, sms: int, m
     return int(max(1, min(want, -(-prefix_len // min_keys), 64)))
 
 
+def choose_d_chunks(bs: int, rows: int, sms: int) -> int:
+    """Split the 512 output columns of the merge across programs until there are ~4 per SM."""
+    chunks = 1
+    while chunks < 8 and bs * rows * chunks < 4 * sms:
+        chunks *= 2
+    return chunks
+
+
 class SplitTreeAttention:
-    """Prefix split-KV pass + tree tail with fused LSE merge, buffers owned (graph-safe)."""
+    """Prefix split-KV parts + masked tree tail part, then one LSE merge; buffers owned (graph-safe)."""
 
     def __init__(self, p: TreeVerifyProblem, cfg: SplitConfig, sms: int):
-        self.p, self.cfg = p, cfg
+        self.p, self.cfg, self.sms = p, cfg, sms
         self.rows = p.n_nodes * p.heads
         L = p.kv_pool.shape[0] // p.bs
-        self.n_splits = choose_splits(p.bs, self.rows, L, cfg.block_m, sms)
-        dev = p.q.device
-        self.o_part = torch.empty(p.bs, self.n_splits, self.rows, D_LATENT, device=dev, dtype=torch.bfloat16)
-        self.lse_part = torch.empty(p.bs, self.n_splits, self.rows, device=dev, dtype=torch.float32)
-        self.out = torch.empty(p.bs, self.rows, D_LATENT, device=dev, dtype=torch.bfloat16)
         self.q = p.q.view(p.bs, self.rows, D_QK)
+        self.out = torch.empty(p.bs, self.rows, D_LATENT, device=p.q.device, dtype=p.q.dtype)
+        self.d_chunks = choose_d_chunks(p.bs, self.rows, sms)
+        self.set_splits(choose_splits(p.bs, self.rows, L, cfg.block_m, sms))
 
-    def prefix(self):
+    def set_splits(self, n_splits: int, dtype=None) -> None:
+        p = self.p
+        self.n_splits = n_splits
+        dt = dtype or (torch.bfloat16 if p.q.dtype == torch.bfloat16 else p.q.dtype)
+        self.o_part = torch.empty(p.bs, n_splits + 1, self.rows, D_LATENT, device=p.q.device, dtype=dt)
+        self.lse_part = torch.empty(p.bs, n_splits + 1, self.rows, device=p.q.device, dtype=torch.float32)
+
+    def partials(self):
         p, c = self.p, self.cfg
-        grid = (-(-self.rows // c.block_m), self.n_splits, p.bs)
-        _prefix_partial_kernel[grid](
-            self.q, p.kv_pool, p.kv_indptr, p.kv_indices, self.o_part, self.lse_part, SM_SCALE * LOG2E,
-            self.rows, self.n_splits, self.q.stride(0), self.q.stride(1), p.kv_pool.stride(0),
+        grid = (-(-self.rows // c.block_m), self.n_splits + 1, p.bs)
+        _partial_kernel[grid](
+            self.q, p.kv_pool, p.kv_indptr, p.kv_indices, p.k_tree, p.tree_mask, self.o_part, self.lse_part,
+            SM_SCALE * LOG2E, self.rows, p.heads, p.n_nodes, self.n_splits,
+            self.q.stride(0), self.q.stride(1), p.kv_pool.stride(0), p.k_tree.stride(0), p.k_tree.stride(1),
+            p.tree_mask.stride(0), p.tree_mask.stride(1),
             self.o_part.stride(0), self.o_part.stride(1), self.o_part.stride(2),
             self.lse_part.stride(0), self.lse_part.stride(1),
             D_NOPE=D_LATENT, D_PE=D_ROPE, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
 
-    def tail(self):
-        p, c = self.p, self.cfg
-        grid = (-(-self.rows // c.tail_block_m), p.bs)
-        _tail_merge_kernel[grid](
-            self.q, p.k_tree, p.tree_mask, self.o_part, self.lse_part, self.out, SM_SCALE * LOG2E,
-            self.rows, p.heads, p.n_nodes, self.n_splits,
-            self.q.stride(0), self.q.stride(1), p.k_tree.stride(0), p.k_tree.stride(1),
-            p.tree_mask.stride(0), p.tree_mask.stride(1),
+    def combine(self):
+        p = self.p
+        n_parts = self.n_splits + 1
+        grid = (self.rows, self.d_chunks, p.bs)
+        _combine_kernel[grid](
+            self.o_part, self.lse_part, self.out, n_parts,
             self.o_part.stride(0), self.o_part.stride(1), self.o_part.stride(2),
             self.lse_part.stride(0), self.lse_part.stride(1), self.out.stride(0), self.out.stride(1),
-            D_NOPE=D_LATENT, D_PE=D_ROPE, BLOCK_M=c.tail_block_m, BLOCK_T=c.tail_block_t,
-            num_warps=c.tail_warps, num_stages=1,
+            NS_PAD=max(2, triton.next_power_of_2(n_parts)), D_CHUNK=D_LATENT // self.d_chunks,
+            num_warps=4 if D_LATENT // self.d_chunks >= 256 else 2,
         )  # fmt: skip
 
     def __call__(self) -> torch.Tensor:
-        self.prefix()
-        self.tail()
+        self.partials()
+        self.combine()
         return self.out.view(self.p.bs, self.p.n_nodes, self.p.heads, D_LATENT)
 
 
@@ -480,7 +471,7 @@ def tune(sms: int, heads_list, nodes_list, configs) -> dict:
             for cfg in configs:
                 try:
                     att = SplitTreeAttention(p, cfg, sms)
-                    timings[cfg.label()] = _time(att.prefix)
+                    timings[cfg.label()] = _time(att.partials)
                 except Exception as exc:  # out of resources and the like: skip the config
                     timings[cfg.label()] = None
                     print(
@@ -519,12 +510,12 @@ def run_sweep(
                     r = {"heads": heads, "n_nodes": n_nodes, "budget": n_nodes - 1, "bs": bs, "prefix": L,
                          "config": cfg.label(), "n_splits": att.n_splits}  # fmt: skip
                     r["split_ms"] = _time(att)
-                    r["prefix_ms"] = _time(att.prefix)
-                    r["tail_merge_ms"] = _time(att.tail)
+                    r["prefix_ms"] = _time(att.partials)
+                    r["merge_ms"] = _time(att.combine)
                     naive_elems = bs * heads * n_nodes * (L + n_nodes)
                     r["naive_ms"] = _time(lambda p=p: naive_tree_attention(p)) if naive_elems <= args.max_naive_elems else None  # fmt: skip
                     pb = prefix_bytes(bs, L)
-                    part = 2 * bs * att.n_splits * att.rows * (D_LATENT * 2 + 4)
+                    part = 2 * bs * (att.n_splits + 1) * att.rows * (D_LATENT * 2 + 4)
                     r.update(prefix_bytes=pb, io_bytes=io_bytes(bs, n_nodes, heads), partial_bytes=part,
                              prefix_flops=fl_pre, tail_flops=fl_tail)  # fmt: skip
                     r["prefix_gbs"] = pb / (r["prefix_ms"] / 1e3) / 1e9
@@ -585,14 +576,14 @@ def render_markdown(res: dict) -> str:
             "",
         ]
         rows = [
-            [r["budget"], r["bs"], r["prefix"], r["split_ms"], r["prefix_ms"], r["tail_merge_ms"],
+            [r["budget"], r["bs"], r["prefix"], r["split_ms"], r["prefix_ms"], r["merge_ms"],
              r["naive_ms"] if r["naive_ms"] else "-", f"{r['speedup_vs_naive']:.1f}x" if r["speedup_vs_naive"] else "-",
              f"{100 * r['prefix_bw_frac']:.0f}%", f"{100 * r['prefix_mm_frac']:.0f}%", r["prefix_bound"],
              f"{100 * r['prefix_roofline_frac']:.0f}%"]
             for r in res["rows"] if r["heads"] == heads
         ]  # fmt: skip
         out.append(md_table(
-            ["budget", "bs", "prefix", "split ms", "prefix ms", "tail+merge ms", "naive ms", "split speedup",
+            ["budget", "bs", "prefix", "split ms", "prefix+tail ms", "merge ms", "naive ms", "split speedup",
              "prefix of copy BW", "prefix of mm rate", "prefix bound", "prefix of roofline"], rows))  # fmt: skip
         out.append("")
     return "\n".join(out)

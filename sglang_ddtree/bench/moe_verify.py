@@ -164,6 +164,7 @@ def _install_placeholders() -> None:
         disp.HTML = lambda *a, **k: None
         disp.display = lambda *a, **k: None
         ipy.display = disp
+        ipy.get_ipython = lambda: None  # matplotlib asks for a running shell
         sys.modules.setdefault("IPython", ipy)
         sys.modules.setdefault("IPython.display", disp)
     if importlib.util.find_spec("sniffio") is None:
@@ -427,6 +428,12 @@ class MarlinMoE:
         return out
 
 
+def route_uniform(m: int, num_experts: int, top_k: int, gen: torch.Generator, device="cuda"):
+    """Uniformly random distinct experts per token with random normalised weights (no router)."""
+    vals, ids = torch.rand(m, num_experts, device=device, generator=gen).topk(top_k, dim=-1)
+    return vals / vals.sum(dim=-1, keepdim=True), ids.to(torch.int32)
+
+
 def route(x: torch.Tensor, router_w: torch.Tensor, top_k: int):
     """Router logits -> softmax top-k (renormalised): fp32 weights, int32 ids."""
     logits = x @ router_w.t()
@@ -470,8 +477,13 @@ def sweep_moe(
     check_ms=(1, 9, 33),
     into=None,
     on_row=None,
+    routing: str = "router",
 ) -> dict:
-    """Check, then time every M; fills and returns ``into`` (a dict), calling ``on_row()`` after each M."""
+    """Check, then time every M; fills and returns ``into`` (a dict), calling ``on_row()`` after each M.
+
+    routing: "router" (router GEMM -> softmax top-k on random tokens: somewhat uneven expert
+    loads, as a real router gives) or "uniform" (distinct uniformly random experts per token).
+    """
     from sglang_ddtree.bench._stamp import time_eager, time_graph
 
     res = {} if into is None else into
@@ -504,7 +516,10 @@ def sweep_moe(
 
     def inputs(m):
         x = torch.randn(m, shape.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
-        w, ids = route(x, router_w, shape.top_k)
+        if routing == "uniform":
+            w, ids = route_uniform(m, shape.num_experts, shape.top_k, gen, dev)
+        else:
+            w, ids = route(x, router_w, shape.top_k)
         return x, w, ids
 
     checks = []
@@ -525,7 +540,14 @@ def sweep_moe(
 
     eb = shape.expert_weight_bytes()
     rows = []
-    res.update(shape=asdict(shape), expert_weight_bytes=eb, build_s=build_s, checks=checks, rows=rows)
+    res.update(
+        shape=asdict(shape),
+        routing=routing,
+        expert_weight_bytes=eb,
+        build_s=build_s,
+        checks=checks,
+        rows=rows,
+    )
     for m in ms:
         x, w, ids = inputs(m)
         touched = int(ids.unique().numel())
@@ -626,7 +648,8 @@ def render_markdown(res: dict) -> str:
         out += [
             f"## Routed experts, expert FFN {sh['ffn']} ({'one GPU, full' if sh['ffn'] == 2048 else 'one TP-8 shard'})",
             "",
-            f"E={sh['num_experts']}, top-{sh['top_k']}, hidden {sh['hidden']}, group {sh['group_size']}, uint4b8; "
+            f"E={sh['num_experts']}, top-{sh['top_k']}, hidden {sh['hidden']}, group {sh['group_size']}, uint4b8, "
+            f"routing: {moe.get('routing', 'router')}; "
             f"{moe['expert_weight_bytes'] / 1e6:.2f} MB streamed per touched expert. Correctness against a float32 "
             "dequantised reference: "
             + ", ".join(f"M={c['M']} ({c['align_path']}) rel err {c['rel_err']:.1e} {'ok' if c['ok'] else 'FAILED'}" for c in moe["checks"]),
@@ -653,14 +676,15 @@ def render_markdown(res: dict) -> str:
             f"{p['eager']['compute_bound_onset_m']}, graph {p['graph']['compute_bound_onset_m']}.",
             "",
         ]
-    out += ["## bf16 dense MLPs (shared expert, first-layer dense MLP), graph replay", ""]
-    names = list(res["dense"])
-    ms = [r["M"] for r in res["dense"][names[0]]["rows"]]
-    rows = [[m] + [res["dense"][n]["rows"][i]["graph"] for n in names] for i, m in enumerate(ms)]
-    out.append(md_table(["M"] + [f"{n} ms" for n in names], rows))
-    out += ["", "Weight bandwidth at M=1 (graph): " + ", ".join(
-        f"{n} {res['dense'][n]['rows'][0]['weight_gbs_graph']:.0f} GB/s ({100 * res['dense'][n]['rows'][0]['bw_frac_graph']:.0f}%)"
-        for n in names), ""]  # fmt: skip
+    if res["dense"]:
+        out += ["## bf16 dense MLPs (shared expert, first-layer dense MLP), graph replay", ""]
+        names = list(res["dense"])
+        ms = [r["M"] for r in res["dense"][names[0]]["rows"]]
+        rows = [[m] + [res["dense"][n]["rows"][i]["graph"] for n in names] for i, m in enumerate(ms)]
+        out.append(md_table(["M"] + [f"{n} ms" for n in names], rows))
+        out += ["", "Weight bandwidth at M=1 (graph): " + ", ".join(
+            f"{n} {res['dense'][n]['rows'][0]['weight_gbs_graph']:.0f} GB/s ({100 * res['dense'][n]['rows'][0]['bw_frac_graph']:.0f}%)"
+            for n in names), ""]  # fmt: skip
     return "\n".join(out)
 
 
@@ -792,6 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ms", type=int, nargs="+", default=list(M_SWEEP))
     ap.add_argument("--ffn", type=int, nargs="+", default=[2048, 256], help="per-rank expert FFN sizes")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--routing", choices=["router", "uniform"], default="router")
+    ap.add_argument("--no-dense", dest="dense", action="store_false", help="skip the bf16 dense MLPs")
     ap.add_argument("--bundle", default=None, help="folder from --make-bundle (prebuilt JIT kernels)")
     ap.add_argument("--make-bundle", default=None, metavar="DIR", help="CPU host: build the bundle and exit")
     args = ap.parse_args(argv)
@@ -831,15 +857,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for f in args.ffn:
         res["moe"][f"ffn{f}"] = {}
-        sweep_moe(
-            sg, MoEShape(ffn=f), args.ms, copy_gbs, args.reps, into=res["moe"][f"ffn{f}"], on_row=checkpoint
-        )
-    for label, ffn in (
+        sweep_moe(sg, MoEShape(ffn=f), args.ms, copy_gbs, args.reps, into=res["moe"][f"ffn{f}"], on_row=checkpoint,
+                  routing=args.routing)  # fmt: skip
+    dense = (
         ("shared_ffn2048", 2048),
         ("shared_ffn256", 256),
         ("dense_ffn18432", 18432),
         ("dense_ffn2304", 2304),
-    ):
+    )
+    for label, ffn in dense if args.dense else ():
         res["dense"][label] = sweep_dense(7168, ffn, args.ms, copy_gbs, args.reps)
         print(f"[moe_verify] {label}: M=1 {res['dense'][label]['rows'][0]['graph']:.3f} ms", flush=True)
         checkpoint()
