@@ -40,6 +40,7 @@ def _install_cli_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .adapter import server_args
+    from .adapter.spec import ALGORITHM_NAME
 
     def add_cli_args(original, *args, **kwargs):
         result = original(*args, **kwargs)
@@ -49,12 +50,24 @@ def _install_cli_hooks() -> None:
 
     def from_cli_args(original, *args, **kwargs):
         namespace = args[-1] if args else kwargs["args"]
-        server_args.apply_budget_flag(namespace)
+        server_args.check_cli_namespace(namespace)
         return original(*args, **kwargs)
+
+    def resolve_algorithm_alias(original, algorithm, draft_path, *args, **kwargs):
+        # SGLang reads the drafter's config here, before any validator runs; a
+        # wrong path would surface as a hub-lookup traceback.
+        if algorithm is not None and str(algorithm).upper() == ALGORITHM_NAME:
+            server_args.read_drafter_config(draft_path)
+        return original(algorithm, draft_path, *args, **kwargs)
 
     target = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{target}.add_cli_args", add_cli_args, HookType.AROUND)
     HookRegistry.register(f"{target}.from_cli_args", from_cli_args, HookType.AROUND)
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook._resolve_speculative_algorithm_alias",
+        resolve_algorithm_alias,
+        HookType.AROUND,
+    )
 
 
 def _install_error_reporting() -> None:

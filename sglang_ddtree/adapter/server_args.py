@@ -26,6 +26,10 @@ BUDGET_FLAG = "--speculative-ddtree-budget"
 CPU_ATTENTION_BACKEND = "torch_native"
 
 
+def _fail(message: str):
+    raise DDTreeConfigError("DDTREE: " + message)
+
+
 def add_cli_args(parser) -> None:
     """Add DDTREE's own flag to SGLang's argument parser."""
     if any(BUDGET_FLAG in action.option_strings for action in parser._actions):
@@ -42,6 +46,16 @@ def add_cli_args(parser) -> None:
     )
 
 
+def check_cli_namespace(args) -> None:
+    """Checks that must run on the parsed command line, before SGLang's argument
+    resolution imports anything that needs a GPU or reads the drafter."""
+    apply_budget_flag(args)
+    if str(getattr(args, "speculative_algorithm", None) or "").upper() != "DDTREE":
+        return
+    _check_device(args)
+    read_drafter_config(getattr(args, "speculative_draft_model_path", None))
+
+
 def apply_budget_flag(args) -> None:
     """Fold ``--speculative-ddtree-budget`` into ``speculative_num_draft_tokens``
     (a ServerArgs field, so it reaches every scheduler process)."""
@@ -49,18 +63,14 @@ def apply_budget_flag(args) -> None:
     if budget is None:
         return
     if budget < 1:
-        raise DDTreeConfigError(f"{BUDGET_FLAG} must be >= 1, got {budget}.")
+        _fail(f"{BUDGET_FLAG} must be >= 1, got {budget}.")
     width = getattr(args, "speculative_num_draft_tokens", None)
     if width is not None and int(width) != budget + 1:
-        raise DDTreeConfigError(
+        _fail(
             f"{BUDGET_FLAG} {budget} implies --speculative-num-draft-tokens {budget + 1} "
             f"(budget + root), but {width} was given. Pass only one of them."
         )
     args.speculative_num_draft_tokens = budget + 1
-
-
-def _fail(message: str):
-    raise DDTreeConfigError("DDTREE: " + message)
 
 
 def _load_json(path: str) -> dict:
@@ -111,11 +121,21 @@ def _check_vocab_match(target_path: str | None, draft_config: dict) -> None:
 
 
 def _check_device(cfg) -> None:
-    device = str(cfg.device or "")
-    if device == "cpu" and not cpu_engine_requested():
+    device = str(getattr(cfg, "device", None) or "")
+    if device != "cpu":
+        return
+    if not cpu_engine_requested():
         _fail(
             "--device cpu needs the CPU serving mode: set SGLANG_USE_CPU_ENGINE=1 "
             "(and install its start-up hook once: python -m sglang_ddtree.cpu install-hook)."
+        )
+    from ..cpu.hook import hook_path
+
+    if not hook_path().exists():
+        _fail(
+            f"the CPU serving mode's start-up hook is not installed ({hook_path()}); "
+            "SGLang's scheduler processes would fail to import sgl_kernel. "
+            "Run: python -m sglang_ddtree.cpu install-hook"
         )
 
 

@@ -1,0 +1,203 @@
+"""Registration with SGLang and start-up validation (no model is served here,
+except by the launcher tests, which must stop before loading one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_ddtree.adapter import server_args as ddtree_args
+from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError
+
+
+def test_ddtree_resolves_after_load_plugins():
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ddtree.adapter.spec import DDTreeSpecAlgo
+
+    load_plugins()
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    assert isinstance(algo, DDTreeSpecAlgo)
+    assert SpeculativeAlgorithm.from_string("ddtree") is algo
+    assert algo.is_dflash_family() and algo.is_dflash() and algo.is_speculative()
+    assert not algo.is_eagle() and not algo.need_topk() and not algo.carries_draft_hidden_states()
+    assert algo.supports_overlap
+    assert hasattr(algo, "create_future_map")
+
+
+def test_registration_is_idempotent():
+    from sglang_ddtree.adapter.spec import register_algorithm
+    from sglang_ddtree.plugin import register
+
+    register()
+    register()
+    assert register_algorithm() is False  # already there: no error, no second entry
+
+
+def test_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    names = {ep.name: ep.value for ep in entry_points(group="sglang.srt.plugins")}
+    assert names.get("ddtree") == "sglang_ddtree.plugin:register"
+
+
+def test_draft_verify_widths():
+    from sglang_ddtree.adapter.spec import DDTreeSpecAlgo
+
+    algo = DDTreeSpecAlgo("DDTREE", lambda args: None)
+    assert algo.get_num_tokens_per_req_for_target_verify(33, is_draft_worker=False) == 33
+
+
+@pytest.mark.parametrize(
+    "budget, block, message",
+    [(0, 8, ">= 1"), (3, 8, "smaller than the drafter's depth"), (2000, 8, "exceeds"), (7, 1, "block size")],
+)
+def test_config_rejects_bad_budgets(budget, block, message):
+    with pytest.raises(DDTreeConfigError, match=message):
+        DDTreeConfig(budget=budget, block_size=block).validate()
+
+
+def test_config_widths_and_topk():
+    config = DDTreeConfig(budget=32, block_size=8, max_topk=4)
+    config.validate()
+    assert (config.verify_width, config.depth, config.topk(163840), config.topk(3)) == (33, 7, 4, 3)
+    assert DDTreeConfig(budget=32, block_size=8).topk(163840) == 32
+
+
+def test_budget_flag_sets_verify_width():
+    args = SimpleNamespace(speculative_ddtree_budget=16, speculative_num_draft_tokens=None)
+    ddtree_args.apply_budget_flag(args)
+    assert args.speculative_num_draft_tokens == 17
+    args = SimpleNamespace(speculative_ddtree_budget=16, speculative_num_draft_tokens=9)
+    with pytest.raises(DDTreeConfigError, match="Pass only one"):
+        ddtree_args.apply_budget_flag(args)
+
+
+def _cfg(tiny, **overrides):
+    base = dict(
+        device="cpu",
+        model_path=str(tiny.target),
+        speculative_draft_model_path=str(tiny.drafter),
+        speculative_dflash_block_size=None,
+        speculative_num_draft_tokens=17,
+        attention_backend="torch_native",
+        decode_attention_backend=None,
+        prefill_attention_backend=None,
+        pp_size=1,
+        speculative_draft_window_size=None,
+        speculative_adaptive=False,
+        disaggregation_mode="null",
+    )
+    base.update(overrides)
+    return SimpleNamespace(**base)
+
+
+def test_validation_accepts_the_tiny_pair(tiny, monkeypatch):
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    ddtree_args.validate_server_args(_cfg(tiny, device="cuda"))
+    assert ddtree_args.resolve_config(_cfg(tiny)) == DDTreeConfig(budget=16, block_size=8)
+
+
+def _drafter_copy(tiny, tmp_path, **config_changes):
+    folder = tmp_path / "drafter"
+    shutil.copytree(tiny.drafter, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(config_changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"vocab_size": 1000}, "does not match the target"),
+        ({"architectures": ["Qwen3ForCausalLM"], "dflash_config": None}, "not a DFlash model"),
+    ],
+)
+def test_validation_rejects_bad_drafters(tiny, tmp_path, change, message):
+    folder = _drafter_copy(tiny, tmp_path, **change)
+    if change.get("dflash_config", 1) is None:
+        config = json.loads((folder / "config.json").read_text())
+        config.pop("dflash_config")
+        (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DDTreeConfigError, match=message):
+        ddtree_args.validate_server_args(_cfg(tiny, device="cuda", speculative_draft_model_path=str(folder)))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"speculative_draft_model_path": None}, "is required"),
+        ({"attention_backend": "trtllm_mla"}, "no tree-masked verify path"),
+        ({"pp_size": 2}, "pipeline parallelism"),
+    ],
+)
+def test_validation_rejects_bad_arguments(tiny, overrides, message):
+    with pytest.raises(DDTreeConfigError, match=message):
+        ddtree_args.validate_server_args(_cfg(tiny, device="cuda", **overrides))
+
+
+# --- the real launcher: one line, non-zero exit, no traceback, no model loaded -------------
+
+
+def _launch(tiny, extra, env_changes):
+    env = {**os.environ, **env_changes}
+    for key, value in env_changes.items():
+        if value is None:
+            env.pop(key, None)
+    args = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(tiny.target),
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--max-total-tokens",
+        "2048",
+        "--speculative-algorithm",
+        "DDTREE",
+        *extra,
+    ]
+    started = time.monotonic()
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+    return result, time.monotonic() - started
+
+
+@pytest.mark.server
+@pytest.mark.parametrize(
+    "case",
+    ["missing-drafter", "vocab-mismatch", "cpu-without-cpu-mode", "bad-budget"],
+)
+def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
+    env = {}
+    extra = ["--speculative-draft-model-path", str(tiny.drafter)]
+    message = {
+        "missing-drafter": "does not exist",
+        "vocab-mismatch": "does not match the target",
+        "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
+        "bad-budget": "must be >= 1",
+    }[case]
+    if case == "missing-drafter":
+        extra = ["--speculative-draft-model-path", str(tmp_path / "no-such-drafter")]
+    elif case == "vocab-mismatch":
+        extra = ["--speculative-draft-model-path", str(_drafter_copy(tiny, tmp_path, vocab_size=1000))]
+    elif case == "cpu-without-cpu-mode":
+        env = {"SGLANG_USE_CPU_ENGINE": None}
+    elif case == "bad-budget":
+        extra += ["--speculative-ddtree-budget", "0"]
+    result, seconds = _launch(tiny, extra, env)
+    assert result.returncode != 0
+    assert f"error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "Load weight" not in result.stderr + result.stdout  # stopped before any model loaded
