@@ -186,13 +186,16 @@ if triton is not None:
         D_PE: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        IS_TAIL: tl.constexpr,
+        CONTIG: tl.constexpr,
     ):
-        """Parts 0..n_splits-1: one slice of the prefix each; part n_splits: the masked tree tail.
-
-        The W x H query rows of a request share every key tile a program loads.
+        """Prefix launch (IS_TAIL=False): part p = slice p of the prefix.  Tail launch: part
+        n_splits = the tree tail under the ancestor mask.  Two specialisations of one kernel, so
+        each compiles only its own loop.  The W x H query rows of a request share every key tile.
+        CONTIG: the request's cache slots are consecutive (index arithmetic instead of a gather).
         """
         tile = tl.program_id(0)
-        part = tl.program_id(1)
+        part = tl.program_id(1) + (n_splits if IS_TAIL else 0)
         b = tl.program_id(2)
         offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         m_mask = offs_m < rows
@@ -205,7 +208,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
-        if part < n_splits:
+        if not IS_TAIL:
             kv_start = tl.load(kv_indptr + b)
             kv_len = tl.load(kv_indptr + b + 1) - kv_start
             blocks_per_split = tl.cdiv(tl.cdiv(kv_len, BLOCK_N), n_splits)
@@ -214,7 +217,10 @@ if triton is not None:
             for start in range(lo, hi, BLOCK_N):
                 offs_n = start + tl.arange(0, BLOCK_N)
                 n_mask = offs_n < hi
-                loc = tl.load(kv_indices + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
+                if CONTIG:
+                    loc = (tl.load(kv_indices + kv_start) + offs_n).to(tl.int64)
+                else:
+                    loc = tl.load(kv_indices + kv_start + offs_n, mask=n_mask, other=0).to(tl.int64)
                 k_ptr = KV + loc[:, None] * stride_kv
                 k_nope = tl.load(k_ptr + offs_d[None, :], mask=n_mask[:, None], other=0.0)  # also V
                 k_pe = tl.load(k_ptr + D_NOPE + offs_p[None, :], mask=n_mask[:, None], other=0.0)
@@ -354,9 +360,14 @@ class SplitTreeAttention:
         self.o_part = torch.empty(p.bs, n_splits + 1, self.rows, D_LATENT, device=p.q.device, dtype=dt)
         self.lse_part = torch.empty(p.bs, n_splits + 1, self.rows, device=p.q.device, dtype=torch.float32)
 
-    def partials(self):
+    def partials(self, contiguous: bool = False):
+        """Prefix parts and the tree-tail part (two launches of the partial kernel)."""
+        self._launch_partial(False, contiguous)
+        self._launch_partial(True, False)
+
+    def _launch_partial(self, tail: bool, contiguous: bool):
         p, c = self.p, self.cfg
-        grid = (-(-self.rows // c.block_m), self.n_splits + 1, p.bs)
+        grid = (-(-self.rows // c.block_m), 1 if tail else self.n_splits, p.bs)
         _partial_kernel[grid](
             self.q, p.kv_pool, p.kv_indptr, p.kv_indices, p.k_tree, p.tree_mask, self.o_part, self.lse_part,
             SM_SCALE * LOG2E, self.rows, p.heads, p.n_nodes, self.n_splits,
@@ -364,7 +375,7 @@ class SplitTreeAttention:
             p.tree_mask.stride(0), p.tree_mask.stride(1),
             self.o_part.stride(0), self.o_part.stride(1), self.o_part.stride(2),
             self.lse_part.stride(0), self.lse_part.stride(1),
-            D_NOPE=D_LATENT, D_PE=D_ROPE, BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+            D_NOPE=D_LATENT, D_PE=D_ROPE, BLOCK_M=c.block_m, BLOCK_N=c.block_n, IS_TAIL=tail, CONTIG=contiguous,
             num_warps=c.num_warps, num_stages=c.num_stages,
         )  # fmt: skip
 
@@ -471,7 +482,7 @@ def tune(sms: int, heads_list, nodes_list, configs) -> dict:
             for cfg in configs:
                 try:
                     att = SplitTreeAttention(p, cfg, sms)
-                    timings[cfg.label()] = _time(att.partials)
+                    timings[cfg.label()] = _time(lambda att=att: att._launch_partial(False, False))
                 except Exception as exc:  # out of resources and the like: skip the config
                     timings[cfg.label()] = None
                     print(
@@ -510,8 +521,16 @@ def run_sweep(
                     r = {"heads": heads, "n_nodes": n_nodes, "budget": n_nodes - 1, "bs": bs, "prefix": L,
                          "config": cfg.label(), "n_splits": att.n_splits}  # fmt: skip
                     r["split_ms"] = _time(att)
-                    r["prefix_ms"] = _time(att.partials)
+                    r["prefix_ms"] = _time(lambda att=att: att._launch_partial(False, False))
+                    r["tail_ms"] = _time(lambda att=att: att._launch_partial(True, False))
                     r["merge_ms"] = _time(att.combine)
+                    if heads == 8 and n_nodes in (1, 17) and L >= 8192:
+                        # What bounds the prefix pass: the same launch with index arithmetic instead
+                        # of the per-token gather through kv_indices (valid here: slots are consecutive).
+                        r["prefix_contig_ms"] = _time(lambda att=att: att._launch_partial(False, True))
+                        r["prefix_contig_bw_frac"] = (
+                            prefix_bytes(bs, L) / (r["prefix_contig_ms"] / 1e3) / 1e9 / copy_gbs
+                        )
                     naive_elems = bs * heads * n_nodes * (L + n_nodes)
                     r["naive_ms"] = _time(lambda p=p: naive_tree_attention(p)) if naive_elems <= args.max_naive_elems else None  # fmt: skip
                     pb = prefix_bytes(bs, L)
@@ -576,16 +595,46 @@ def render_markdown(res: dict) -> str:
             "",
         ]
         rows = [
-            [r["budget"], r["bs"], r["prefix"], r["split_ms"], r["prefix_ms"], r["merge_ms"],
+            [r["budget"], r["bs"], r["prefix"], r["split_ms"], r["prefix_ms"], r.get("tail_ms", "-"), r["merge_ms"],
              r["naive_ms"] if r["naive_ms"] else "-", f"{r['speedup_vs_naive']:.1f}x" if r["speedup_vs_naive"] else "-",
              f"{100 * r['prefix_bw_frac']:.0f}%", f"{100 * r['prefix_mm_frac']:.0f}%", r["prefix_bound"],
              f"{100 * r['prefix_roofline_frac']:.0f}%"]
             for r in res["rows"] if r["heads"] == heads
         ]  # fmt: skip
         out.append(md_table(
-            ["budget", "bs", "prefix", "split ms", "prefix+tail ms", "merge ms", "naive ms", "split speedup",
+            ["budget", "bs", "prefix", "split ms", "prefix ms", "tail ms", "merge ms", "naive ms", "split speedup",
              "prefix of copy BW", "prefix of mm rate", "prefix bound", "prefix of roofline"], rows))  # fmt: skip
         out.append("")
+    probe = [r for r in res["rows"] if "prefix_contig_ms" in r]
+    if probe:
+        out += [
+            "## What bounds the memory-bound prefix pass: gather vs consecutive slots (8 heads)",
+            "",
+            md_table(
+                [
+                    "budget",
+                    "bs",
+                    "prefix",
+                    "prefix ms (gather)",
+                    "of copy BW",
+                    "prefix ms (consecutive)",
+                    "of copy BW",
+                ],
+                [
+                    [
+                        r["budget"],
+                        r["bs"],
+                        r["prefix"],
+                        r["prefix_ms"],
+                        f"{100 * r['prefix_bw_frac']:.0f}%",
+                        r["prefix_contig_ms"],
+                        f"{100 * r['prefix_contig_bw_frac']:.0f}%",
+                    ]
+                    for r in probe
+                ],
+            ),  # fmt: skip
+            "",
+        ]
     return "\n".join(out)
 
 
