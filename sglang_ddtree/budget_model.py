@@ -293,6 +293,34 @@ def render(choices: Sequence[BudgetChoice], title: str, notes: Sequence[str] = (
     return "\n".join(lines) + "\n"
 
 
+def plot(choices: Sequence[BudgetChoice], path: Path, title: str) -> Path | None:
+    """Throughput vs budget, one line per stream count, best budget marked (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    for c in choices:
+        xs = [r["budget"] for r in c.table]
+        ys = [1e3 * r["tokens_per_ms"] for r in c.table]
+        (line,) = ax.plot(xs, ys, lw=1.2, label=f"{c.streams} streams (best budget {c.budget})")
+        ax.plot([c.budget], [1e3 * c.tokens_per_ms], "o", color=line.get_color())
+    ax.set_xscale("symlog", linthresh=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("budget (drafted tree nodes per stream)")
+    ax.set_ylabel("committed tokens / s, all streams")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", lw=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Budget that maximises accepted tokens per unit verify time")
     ap.add_argument("--moe-json", default="bench_results/moe_verify.json")
@@ -306,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-budget", type=int, default=256)
     ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCIES))
     ap.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    ap.add_argument("--png", action="store_true", help="with --out: also <out>.png (throughput vs budget)")
     args = ap.parse_args(argv)
 
     res = json.loads(Path(args.moe_json).read_text())
@@ -341,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps({"notes": notes, "choices": [asdict(c) for c in choices], "tau": tau}, indent=1) + "\n"
         )
         out.with_suffix(".md").write_text(md)
+        if args.png:
+            plot(choices, out.with_suffix(".png"), "; ".join(notes[1:2] + notes[3:]) or "budget model")
     return 0
 
 

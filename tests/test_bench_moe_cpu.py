@@ -258,3 +258,24 @@ def test_mla_report_renders(tmp_path):
     pytest.importorskip("matplotlib")
     assert mla.plot(res, tmp_path / "a.png").exists()
     assert math.isfinite(row["split_ms"])
+
+
+def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):
+    from sglang_ddtree.bench import moe_tp_allreduce as tp
+    from sglang_ddtree.budget_model import allreduce_ms
+
+    ref = {"stamp": {"device": "H200"}, "moe": {
+        "ffn2048": {"rows": [{"M": m, "core_combine_graph": 0.1 * m} for m in (1, 64)]},
+        "ffn256": {"rows": [{"M": m, "core_combine_graph": 0.02 * m} for m in (1, 64)]},
+    }}  # fmt: skip
+    src = tmp_path / "moe.json"
+    src.write_text(json.dumps(ref))
+    res = tp.model_from_one_gpu(str(src), world=8)
+    r64 = res["rows"][1]
+    assert r64["allreduce_ms_max"] == pytest.approx(allreduce_ms(64 * 7168 * 2, n_gpus=8))
+    assert r64["total_ms_max"] == pytest.approx(1.28 + r64["allreduce_ms_max"])
+    assert r64["scaling"] == pytest.approx(6.4 / r64["total_ms_max"])
+    with pytest.raises(SystemExit):
+        tp.model_from_one_gpu(str(src), world=4)  # no ffn512 sweep measured
+    assert tp.main(["--model", "--baseline-json", str(src), "--out", str(tmp_path), "--name", "m"]) == 0
+    assert "MODEL" in (tmp_path / "m.md").read_text()

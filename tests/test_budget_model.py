@@ -240,3 +240,6 @@ def test_cli_writes_report(tmp_path):
     assert all(0 <= c["budget"] <= 64 for c in data["choices"])
     assert "best budget" in out.with_suffix(".md").read_text()
     assert math.isclose(data["tau"][0], 1.0)
+    pytest.importorskip("matplotlib")
+    assert main(["--moe-json", str(src), "--out", str(out), "--png", "--max-budget", "16"]) == 0
+    assert out.with_suffix(".png").stat().st_size > 0

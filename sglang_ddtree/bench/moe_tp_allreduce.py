@@ -252,12 +252,22 @@ def render_markdown(res: dict) -> str:
     from sglang_ddtree.bench._stamp import md_table, stamp_markdown
 
     w = res["world"]
-    lines = [
-        f"# TP-{w} MoE verify cost with all-reduce"
-        + (" (CPU dry run: gloo, stand-in MoE)" if res["dry_run"] else ""),
-        "",
-        stamp_markdown(res["stamp"]),
-        "",
+    title = f"# TP-{w} MoE verify cost with all-reduce"
+    if res["dry_run"]:
+        title += " (CPU dry run: gloo, stand-in MoE)"
+    if "model" in res:
+        title += " -- MODEL (one-GPU shard measured, all-reduce modelled)"
+    lines = [title, "", stamp_markdown(res["stamp"]), ""]
+    if "model" in res:
+        mdl = res["model"]
+        lines += [
+            f"Shard: {res['shard_source']}. All-reduce: **modelled**, not measured: t = {mdl['latency_us']} us + "
+            f"2 (N-1)/N x bytes / {mdl['bus_gbs']} GB/s (NCCL ring busBW on 8x H100/H200 NVLink without NVLink "
+            "SHARP, NVIDIA/nccl issues #1442 and #1455; alpha is an assumption). Measured on: "
+            f"{stamp_markdown(res.get('measured_stamp') or {})}.",
+            "",
+        ]
+    lines += [
         f"Per rank: routed-expert shard (FFN {res['ffn']}/{w}) then all-reduce of [M, {res['hidden']}]. Times are "
         f"the slowest rank's medians; baseline: {res['baseline_source']}.",
         "",
@@ -300,6 +310,48 @@ def plot(res: dict, path: Path):
     )
 
 
+# =========================================================================== model (no GPUs)
+
+
+def model_from_one_gpu(
+    moe_json: str, world: int = 8, bus_gbs: float = 370.0, latency_us: float = 15.0, hidden: int = HIDDEN
+) -> dict:
+    """MODEL of the TP-N layer from one-GPU measurements: the measured 1/N shard (moe_verify's
+    ``ffn{2048/N}`` rows, CUDA graphs) plus a modelled NCCL all-reduce of [M, hidden] bf16
+    (``budget_model.allreduce_ms``: alpha + 2 (N - 1) / N * bytes / busBW), against the
+    measured one-GPU full-size MoE.  Assumes every rank's shard costs the same (same routing)."""
+    from sglang_ddtree.budget_model import allreduce_ms
+
+    ref = json.loads(Path(moe_json).read_text())
+    key = f"ffn{2048 // world}"
+    if key not in ref["moe"]:
+        raise SystemExit(f"{moe_json} has no {key} sweep (run moe_verify --ffn {2048 // world})")
+    full = {r["M"]: r["core_combine_graph"] for r in ref["moe"]["ffn2048"]["rows"]}
+    rows = []
+    for r in ref["moe"][key]["rows"]:
+        m = r["M"]
+        ar = allreduce_ms(m * hidden * 2, n_gpus=world, bus_gbs=bus_gbs, latency_us=latency_us)
+        row = {"M": m, "moe_ms_max": r["core_combine_graph"], "allreduce_ms_max": ar, "modes": ["model"] * 3}
+        row["total_ms_max"] = row["moe_ms_max"] + ar
+        if m in full:
+            row["one_gpu_full_ms"] = full[m]
+            row["scaling"] = full[m] / row["total_ms_max"]
+            row["scaling_efficiency"] = row["scaling"] / world
+        rows.append(row)
+    return {
+        "world": world,
+        "model": {
+            "bus_gbs": bus_gbs,
+            "latency_us": latency_us,
+            "formula": "alpha + 2 (N-1)/N * M*hidden*2 B / busBW",
+        },
+        "baseline_source": f"{moe_json} (ffn2048 core_combine_graph, measured)",
+        "shard_source": f"{moe_json} ({key} core_combine_graph, measured on one GPU)",
+        "measured_stamp": ref.get("stamp"),
+        "rows": rows,
+    }
+
+
 # =========================================================================== main
 
 
@@ -324,12 +376,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--dry-run", action="store_true", help="CPU + gloo with a stand-in MoE (tests the orchestration)"
     )
+    ap.add_argument(
+        "--model", action="store_true", help="no GPUs: measured one-GPU shard + modelled all-reduce"
+    )
+    ap.add_argument("--bus-gbs", type=float, default=370.0, help="--model: NCCL all-reduce bus bandwidth")
+    ap.add_argument(
+        "--latency-us", type=float, default=15.0, help="--model: all-reduce small-message latency"
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
     if args.dry_run and args.ms == list(M_SWEEP):
         args.ms = [1, 8, 64]
 
+    if args.model:
+        world = args.world or 8
+        res = model_from_one_gpu(args.baseline_json, world, args.bus_gbs, args.latency_us, args.hidden)
+        res.update(
+            stamp=_stamp.stamp(),
+            dry_run=False,
+            ffn=args.ffn,
+            hidden=args.hidden,
+            ms=[r["M"] for r in res["rows"]],
+        )
+        name = args.name or f"moe_tp{world}_allreduce_model"
+        out_dir = _stamp.results_dir(args.out)
+        md = render_markdown(res)
+        _stamp.write_outputs(out_dir, name, res, md)
+        plot(res, out_dir / f"{name}.png")
+        print(md)
+        return 0
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # started by torchrun
         world = int(os.environ["WORLD_SIZE"])
         raw = worker(int(os.environ["RANK"]), world, args, "env://")
