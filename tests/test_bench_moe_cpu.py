@@ -239,7 +239,7 @@ def test_split_kernels_match_reference_in_triton_interpreter():
 
 def test_mla_report_renders(tmp_path):
     row = {
-        "heads": 8, "n_nodes": 17, "budget": 16, "bs": 4, "prefix": 8192, "split_ms": 0.1, "prefix_ms": 0.08,
+        "heads": 8, "n_nodes": 17, "budget": 16, "bs": 16, "prefix": 8192, "split_ms": 0.1, "prefix_ms": 0.08,
         "merge_ms": 0.02, "naive_ms": 1.0, "speedup_vs_naive": 10.0, "prefix_bw_frac": 0.5,
         "prefix_mm_frac": 0.4, "prefix_bound": "compute", "prefix_roofline_frac": 0.6,
     }  # fmt: skip
