@@ -1,0 +1,152 @@
+// The kernels of cuda/*.cu run on the CPU through emu.h, exposed to Python (numpy in and
+// out) with the launch geometry and shared-memory sizes the launchers in
+// sglang_ddtree/kernels/ use. Test-only: see tests/test_kernels_emulated.py.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "emu.h"
+
+// clang-format off
+#include "ddtree_tree.cu"
+#include "ddtree_accept.cu"
+#include "ddtree_topk.cu"
+// clang-format on
+
+namespace py = pybind11;
+using I64 = py::array_t<long long, py::array::c_style>;
+using I32 = py::array_t<int, py::array::c_style>;
+using F32 = py::array_t<float, py::array::c_style>;
+using U8 = py::array_t<unsigned char, py::array::c_style>;
+
+static long long* ptr(I64& a) { return a.mutable_data(); }
+
+py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long long budget, long long W,
+                     long long lp_in_smem, int block, size_t smem_bytes) {
+  const long long bs = lp.shape(0), D = lp.shape(1), K = lp.shape(2), NW = (W + 31) / 32;
+  I64 tokens({bs, W}), depths({bs, W}), parents({bs, W}), sizes(bs), positions({bs, W}), first({bs, W}),
+      next({bs, W});
+  I32 words({bs, W, NW});
+  // poison outputs: every element must be written
+  for (I64* a : {&tokens, &depths, &parents, &sizes, &positions, &first, &next})
+    std::fill(a->mutable_data(), a->mutable_data() + a->size(), (long long)0x5a5a5a5a5a5a5a5aLL);
+  std::fill(words.mutable_data(), words.mutable_data() + words.size(), 0x5a5a5a5a);
+  const long long* pre = nullptr;
+  I64 prefix;
+  if (!prefix_obj.is_none()) {
+    prefix = prefix_obj.cast<I64>();
+    pre = prefix.data();
+  }
+  const float* plp = lp.data();
+  const long long* pids = ids.data();
+  const long long* proots = roots.data();
+  long long *pt = ptr(tokens), *pd = ptr(depths), *pp = ptr(parents), *ps = ptr(sizes), *ppos = ptr(positions),
+            *pf = ptr(first), *pn = ptr(next);
+  int* pw = words.mutable_data();
+  emu::launch(dim3((unsigned)bs), dim3(block), smem_bytes, [=] {
+    ddtree_build_tree(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw, pf, pn);
+  });
+  return py::make_tuple(tokens, depths, parents, sizes, positions, words, first, next);
+}
+
+U8 flat_mask(I32 words, I64 prefix, long long W, long long out_numel, int grid_x, int block) {
+  const long long bs = prefix.shape(0);
+  U8 out(out_numel);
+  std::fill(out.mutable_data(), out.mutable_data() + out_numel, (unsigned char)7);
+  const int* pw = words.data();
+  const long long* pp = prefix.data();
+  unsigned char* po = out.mutable_data();
+  emu::launch(dim3(grid_x, (unsigned)bs), dim3(block), 0,
+              [=] { ddtree_flat_mask(pw, pp, W, out_numel, po); });
+  return out;
+}
+
+py::tuple accept_walk(I64 tokens, I64 parents, I64 sizes, I64 posterior, py::object prefix_obj) {
+  const long long bs = tokens.shape(0), W = tokens.shape(1);
+  I64 path({bs, W}), acc(bs), bonus(bs), out({bs, W}), newlens(bs);
+  for (I64* a : {&path, &acc, &bonus, &out, &newlens})
+    std::fill(a->mutable_data(), a->mutable_data() + a->size(), (long long)0x5a5a5a5a5a5a5a5aLL);
+  const long long* pre = nullptr;
+  I64 prefix;
+  if (!prefix_obj.is_none()) {
+    prefix = prefix_obj.cast<I64>();
+    pre = prefix.data();
+  }
+  const long long *pt = tokens.data(), *pp = parents.data(), *ps = sizes.data(), *pq = posterior.data();
+  long long *ph = ptr(path), *pa = ptr(acc), *pb = ptr(bonus), *po = ptr(out), *pn = ptr(newlens);
+  emu::launch(dim3((unsigned)bs), dim3(32), (size_t)32 * W,
+              [=] { ddtree_accept_walk(pt, pp, ps, pq, pre, W, ph, pa, pb, po, pn); });
+  return py::make_tuple(path, acc, bonus, out, newlens);
+}
+
+py::array commit_table(py::array table, I64 rpi, I64 prefix, I64 path, I64 acc) {
+  const long long bs = rpi.shape(0), W = path.shape(1), stride = table.shape(1);
+  py::array t = table.attr("copy")();
+  const long long *pr = rpi.data(), *pp = prefix.data(), *ph = path.data(), *pa = acc.data();
+  if (t.dtype().is(py::dtype::of<int>())) {
+    int* pt = static_cast<int*>(t.mutable_data());
+    emu::launch(dim3((unsigned)bs), dim3(32), (size_t)16 * W,
+                [=] { ddtree_commit_req_to_token_i32(pt, stride, pr, pp, ph, pa, W); });
+  } else {
+    long long* pt = static_cast<long long*>(t.mutable_data());
+    emu::launch(dim3((unsigned)bs), dim3(32), (size_t)16 * W,
+                [=] { ddtree_commit_req_to_token_i64(pt, stride, pr, pp, ph, pa, W); });
+  }
+  return t;
+}
+
+// layers: list of uint8 arrays [slots * row_bytes], moved in place (copies returned)
+std::vector<U8> move_kv(std::vector<U8> layers, long long row_bytes, py::array table, I64 rpi, I64 prefix, I64 path,
+                        I64 acc, int vec, int grid_x) {
+  const long long bs = rpi.shape(0), W = path.shape(1), stride = table.shape(1);
+  std::vector<U8> out;
+  std::vector<long long> ptrs;
+  for (auto& l : layers) {
+    U8 c = l.attr("copy")().cast<U8>();
+    ptrs.push_back((long long)c.mutable_data());
+    out.push_back(c);
+  }
+  const long long* lp = ptrs.data();
+  const long long nl = (long long)ptrs.size();
+  const long long *pr = rpi.data(), *pp = prefix.data(), *ph = path.data(), *pa = acc.data();
+  const bool t32 = table.dtype().is(py::dtype::of<int>());
+  const void* tp = table.data();
+  emu::launch(dim3(grid_x, (unsigned)bs), dim3(256), (size_t)16 * W, [=] {
+    if (t32) {
+      const int* t = static_cast<const int*>(tp);
+      if (vec == 16) ddtree_move_kv_i32_v16(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
+      else if (vec == 4) ddtree_move_kv_i32_v4(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
+      else ddtree_move_kv_i32_v1(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
+    } else {
+      const long long* t = static_cast<const long long*>(tp);
+      if (vec == 16) ddtree_move_kv_i64_v16(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
+      else if (vec == 4) ddtree_move_kv_i64_v4(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
+      else ddtree_move_kv_i64_v1(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
+    }
+  });
+  return out;
+}
+
+// logits: float32 [rows, V] (dtype 0) or the raw 16-bit patterns of bfloat16 (1) / float16 (2)
+py::tuple topk(py::array logits, int dtype, long long k) {
+  const long long rows = logits.shape(0), V = logits.shape(1);
+  F32 lp({rows, k});
+  I64 ids({rows, k});
+  std::fill(lp.mutable_data(), lp.mutable_data() + lp.size(), 12345.f);
+  std::fill(ids.mutable_data(), ids.mutable_data() + ids.size(), -7LL);
+  const void* pl = logits.data();
+  float* plp = lp.mutable_data();
+  long long* pid = ids.mutable_data();
+  emu::launch(dim3((unsigned)rows), dim3(DDT_TOPK_THREADS), 0,
+              [=] { ddtree_topk_logprobs(pl, dtype, V, V, k, plp, pid); });
+  return py::make_tuple(lp, ids);
+}
+
+PYBIND11_MODULE(_ddtree_emu, m) {
+  m.def("topk", &topk);
+  m.def("build_tree", &build_tree);
+  m.def("flat_mask", &flat_mask);
+  m.def("accept_walk", &accept_walk);
+  m.def("commit_table", &commit_table);
+  m.def("move_kv", &move_kv);
+}
