@@ -1,0 +1,14 @@
+"""Fast DDTree paths: CUDA kernels (``cuda/*.cu`` through CuPy), a C++ CPU builder, and
+the choice between them.
+
+* :mod:`.gpu` - typed launchers of the CUDA kernels (top-k log-probs, tree build and
+  layout, flat verify mask, accept walk, KV commit); CuPy compiles them on first use.
+* :mod:`.cpp` - the C++ builder (tree build, layout, accept walk), compiled on first use.
+* :mod:`.backend` - picks CUDA, C++ or the Python reference (``SGLANG_DDTREE_TREE_BACKEND``).
+
+Importing this package (or any of its modules) never needs CuPy, a GPU or a compiler.
+"""
+
+from .backend import get_tree_backend, select_backend
+
+__all__ = ["get_tree_backend", "select_backend"]

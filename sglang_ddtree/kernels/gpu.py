@@ -1,0 +1,538 @@
+"""Typed launchers of the CUDA kernels (``cuda/*.cu``), one per reference function.
+
+Every launcher checks shapes and dtypes on the host (no device synchronisation), writes
+only caller-owned output tensors (allocated here only when ``out`` is None), and launches
+on ``torch.cuda.current_stream()``: with preallocated outputs the launches can be captured
+in a CUDA graph and replayed. CuPy compiles each kernel module on first use.
+
+=========================================  ===========================================
+launcher                                   reference (``sglang_ddtree.tree``)
+=========================================  ===========================================
+:func:`topk_log_probs`                     ``build.topk_log_probs`` (batched)
+:func:`build_tree_batch`                   ``layout.build_tree_batch_ref`` + ``pack_mask_words``
+:func:`flat_custom_mask`                   ``layout.flat_custom_mask``
+:func:`accept_walk`                        ``accept.accept_walk_ref``
+:func:`rewrite_req_to_token`               ``accept.rewrite_req_to_token_ref`` (in place)
+:func:`move_kv`                            ``accept.move_kv_ref`` (in place, many layers)
+=========================================  ===========================================
+
+Integer outputs are identical to the references (``tests/test_kernels_gpu.py``); top-k
+log-prob values differ from the CPU reference only by the rounding of the log-sum-exp.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ._cupy import kernel, ptr
+
+TOPK_MAX_K = 1024
+_TOPK_THREADS = 512
+_BUILD_THREADS = 256
+_SMEM_MAX = 227 * 1024  # per-block opt-in limit of sm_90
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int | None]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be on a CUDA device")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        want = "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _as_i64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
+
+
+# =========================================================================== top-k
+
+
+def topk_log_probs(
+    draft_logits: torch.Tensor,
+    k: int,
+    out_log_probs: torch.Tensor | None = None,
+    out_token_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row top-k log-probs and token ids of draft logits, ties to the smaller id.
+
+    Parameters
+    ----------
+    draft_logits : float32 / bfloat16 / float16 ``[..., vocab]`` (e.g. ``[bs, depth, vocab]``),
+        contiguous, on the GPU.
+    k : int, ``1 <= k <= vocab``. Up to 1024 the fused kernel runs; above, a torch path
+        with the same result.
+    out_log_probs : float32 ``[..., k]`` or None.
+    out_token_ids : int64 ``[..., k]`` or None.
+
+    Returns
+    -------
+    (log_probs, token_ids)
+        float32 ``[..., k]`` (``logit - logsumexp(row)``, descending) and int64 ``[..., k]``.
+    """
+    if draft_logits.dtype not in _DTYPE_CODE:
+        raise TypeError(f"draft_logits must be float32, bfloat16 or float16, got {draft_logits.dtype}")
+    lead, vocab = tuple(draft_logits.shape[:-1]), int(draft_logits.shape[-1])
+    k = int(k)
+    if not 1 <= k <= vocab:
+        raise ValueError(f"need 1 <= k <= vocab, got k={k}, vocab={vocab}")
+    _check(draft_logits, "draft_logits", draft_logits.dtype, [*lead, vocab])
+    dev = draft_logits.device
+    if out_log_probs is None:
+        out_log_probs = torch.empty((*lead, k), dtype=torch.float32, device=dev)
+    if out_token_ids is None:
+        out_token_ids = torch.empty((*lead, k), dtype=torch.int64, device=dev)
+    _check(out_log_probs, "out_log_probs", torch.float32, [*lead, k])
+    _check(out_token_ids, "out_token_ids", torch.int64, [*lead, k])
+    rows = draft_logits.numel() // max(vocab, 1)
+    if rows == 0:
+        return out_log_probs, out_token_ids
+    if k > TOPK_MAX_K:
+        lp, ids = topk_log_probs_torch(draft_logits, k)
+        out_log_probs.copy_(lp)
+        out_token_ids.copy_(ids)
+        return out_log_probs, out_token_ids
+    kernel("ddtree_topk", "ddtree_topk_logprobs")(
+        (rows,),
+        (_TOPK_THREADS,),
+        (ptr(draft_logits), _DTYPE_CODE[draft_logits.dtype], vocab, vocab, k, ptr(out_log_probs), ptr(out_token_ids)),
+    )
+    return out_log_probs, out_token_ids
+
+
+def topk_log_probs_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch-only version of :func:`topk_log_probs` (any device, any k): ``torch.topk`` on
+    an int64 key (orderable float bits, inverted id), so ties go to the smaller id."""
+    x = draft_logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    bits = (x + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0 == +0 as in a sort
+    order = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed-orderable
+    ids = torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
+    key = order * (1 << 32) + (0xFFFFFFFF - ids)
+    top = torch.topk(key, k, dim=-1, sorted=True).values
+    top_ids = 0xFFFFFFFF - (top & 0xFFFFFFFF)
+    return torch.gather(x, -1, top_ids) - lse, top_ids
+
+
+# =========================================================================== tree build
+
+
+@dataclass
+class TreeBuffers:
+    """Caller-owned outputs of :func:`build_tree_batch` (the layout of ``TreeBatch``)."""
+
+    tokens: torch.Tensor  # [bs, W] int64, slot 0 root, padding = root token
+    depths: torch.Tensor  # [bs, W] int64, 0 for root and padding
+    parents: torch.Tensor  # [bs, W] int64, -1 for root and padding
+    tree_sizes: torch.Tensor  # [bs] int64, nodes + 1
+    positions: torch.Tensor  # [bs, W] int64, prefix_len + depth
+    mask_words: torch.Tensor  # [bs, W, ceil(W/32)] int32, ancestor mask bit-packed
+    first_child: torch.Tensor | None = None  # [bs, W] int64, -1 if none
+    next_sibling: torch.Tensor | None = None  # [bs, W] int64, -1 if none
+
+    @classmethod
+    def allocate(cls, bs: int, width: int, device, links: bool = False) -> TreeBuffers:
+        def e():
+            return torch.empty((bs, width), dtype=torch.int64, device=device)
+
+        return cls(
+            tokens=e(),
+            depths=e(),
+            parents=e(),
+            tree_sizes=torch.empty(bs, dtype=torch.int64, device=device),
+            positions=e(),
+            mask_words=torch.empty((bs, width, (width + 31) // 32), dtype=torch.int32, device=device),
+            first_child=e() if links else None,
+            next_sibling=e() if links else None,
+        )
+
+
+def build_smem_bytes(width: int, depth: int, k: int) -> tuple[int, bool]:
+    """Dynamic shared memory of the build kernel and whether the log-probs are staged there."""
+    base = 44 * width + 16
+    if base > _SMEM_MAX:
+        raise ValueError(f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 44})")
+    with_lp = base + 4 * depth * k
+    return (with_lp, True) if with_lp <= 160 * 1024 else (base, False)
+
+
+def build_tree_batch(
+    log_probs: torch.Tensor,
+    token_ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    budget: int,
+    width: int,
+    prefix_lens: torch.Tensor | None = None,
+    out: TreeBuffers | None = None,
+    links: bool = False,
+) -> TreeBuffers:
+    """Build every request's draft tree and its verify layout, one block per request.
+
+    Same trees as :func:`sglang_ddtree.tree.layout.build_tree_batch_ref` (tokens, depths,
+    parents, tree sizes) plus positions and the bit-packed ancestor mask of
+    :func:`~sglang_ddtree.tree.layout.pack_mask_words`.
+
+    Parameters
+    ----------
+    log_probs : float32 ``[bs, depth, k]``, per-depth top-k log-probs, descending.
+    token_ids : int64 ``[bs, depth, k]``.
+    root_tokens : int64 ``[bs]``, the token each tree grows from (slot 0).
+    budget : int, nodes per tree (root excluded), ``0 <= budget <= width - 1``.
+    width : int, verify width ``W``.
+    prefix_lens : int64 ``[bs]`` or None; positions are ``prefix_lens + depth``.
+    out : :class:`TreeBuffers` for ``(bs, width)`` or None (allocated).
+    links : allocate ``first_child`` / ``next_sibling`` when ``out`` is None (they are
+        written whenever ``out`` has them).
+
+    Returns
+    -------
+    TreeBuffers
+        ``tokens``, ``depths``, ``parents``, ``positions`` ``[bs, W]`` int64;
+        ``tree_sizes [bs]`` int64; ``mask_words [bs, W, ceil(W/32)]`` int32.
+    """
+    bs, depth, k = (int(s) for s in log_probs.shape) if log_probs.dim() == 3 else (0, 0, 0)
+    _check(log_probs, "log_probs", torch.float32, [None, None, None])
+    _check(token_ids, "token_ids", torch.int64, [bs, depth, k])
+    _check(root_tokens, "root_tokens", torch.int64, [bs])
+    if prefix_lens is not None:
+        _check(prefix_lens, "prefix_lens", torch.int64, [bs])
+    budget, width = int(budget), int(width)
+    if budget < 0 or width < budget + 1:
+        raise ValueError(f"need 0 <= budget <= width - 1, got budget={budget}, width={width}")
+    if out is None:
+        out = TreeBuffers.allocate(bs, width, log_probs.device, links)
+    nw = (width + 31) // 32
+    for name in ("tokens", "depths", "parents", "positions", "first_child", "next_sibling"):
+        t = getattr(out, name)
+        if t is not None:
+            _check(t, f"out.{name}", torch.int64, [bs, width])
+    _check(out.tree_sizes, "out.tree_sizes", torch.int64, [bs])
+    _check(out.mask_words, "out.mask_words", torch.int32, [bs, width, nw])
+    if bs == 0:
+        return out
+    smem, lp_in_smem = build_smem_bytes(width, depth, k)
+    kernel("ddtree_tree", "ddtree_build_tree")(
+        (bs,),
+        (_BUILD_THREADS,),
+        (
+            ptr(log_probs),
+            ptr(token_ids),
+            ptr(root_tokens),
+            ptr(prefix_lens),
+            depth,
+            k,
+            budget,
+            width,
+            int(lp_in_smem),
+            ptr(out.tokens),
+            ptr(out.depths),
+            ptr(out.parents),
+            ptr(out.tree_sizes),
+            ptr(out.positions),
+            ptr(out.mask_words),
+            ptr(out.first_child),
+            ptr(out.next_sibling),
+        ),
+        shared_mem=smem,
+    )
+    return out
+
+
+# =========================================================================== flat mask
+
+
+def flat_mask_numel(prefix_lens: Sequence[int], width: int) -> int:
+    """Elements of the flat custom mask for host-side ``prefix_lens``."""
+    return sum(int(width) * (int(p) + int(width)) for p in prefix_lens)
+
+
+def flat_custom_mask(
+    mask_words: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    out: torch.Tensor,
+    chunks: int = 16,
+) -> torch.Tensor:
+    """SGLang's flat verify ``custom_mask`` from the packed ancestor mask.
+
+    Per request ``b``, row-major ``[W, prefix_lens[b] + W]`` (prefix all True, the tree
+    block from ``mask_words``), concatenated over the batch; the offsets are computed on
+    the device, so nothing is read back to the host.
+
+    Parameters
+    ----------
+    mask_words : int32 ``[bs, W, ceil(W/32)]``.
+    prefix_lens : int64 ``[bs]`` on the GPU.
+    out : bool or uint8 ``[N]``, ``N >= sum_b W * (prefix_lens[b] + W)`` (see
+        :func:`flat_mask_numel`); elements past the mask are left untouched, writes past
+        ``N`` are dropped.
+    chunks : blocks per request.
+
+    Returns
+    -------
+    out
+    """
+    if mask_words.dim() != 3:
+        raise ValueError(f"mask_words must be [bs, W, ceil(W/32)], got {list(mask_words.shape)}")
+    bs, width, nw = (int(s) for s in mask_words.shape)
+    if nw != (width + 31) // 32:
+        raise ValueError(f"mask_words must be [bs, W, ceil(W/32)], got {list(mask_words.shape)}")
+    _check(mask_words, "mask_words", torch.int32, [bs, width, nw])
+    _check(prefix_lens, "prefix_lens", torch.int64, [bs])
+    if out.dtype not in (torch.bool, torch.uint8):
+        raise TypeError(f"out must be bool or uint8, got {out.dtype}")
+    _check(out, "out", out.dtype, [None])
+    if bs == 0:
+        return out
+    kernel("ddtree_tree", "ddtree_flat_mask")(
+        (max(1, int(chunks)), bs),
+        (256,),
+        (ptr(mask_words), ptr(prefix_lens), width, out.numel(), ptr(out)),
+    )
+    return out
+
+
+# =========================================================================== accept
+
+
+@dataclass
+class AcceptBuffers:
+    """Caller-owned outputs of :func:`accept_walk` (the fields of ``Acceptance``)."""
+
+    path: torch.Tensor  # [bs, W] int64, accepted slots root first, -1 padded
+    accept_lens: torch.Tensor  # [bs] int64, accepted draft nodes (root excluded)
+    bonus: torch.Tensor  # [bs] int64
+    out_tokens: torch.Tensor  # [bs, W] int64, accepted drafts then bonus, 0 padded
+    new_seq_lens: torch.Tensor | None = None  # [bs] int64, prefix + accept_len + 1
+
+    @classmethod
+    def allocate(cls, bs: int, width: int, device, seq_lens: bool = True) -> AcceptBuffers:
+        return cls(
+            path=torch.empty((bs, width), dtype=torch.int64, device=device),
+            accept_lens=torch.empty(bs, dtype=torch.int64, device=device),
+            bonus=torch.empty(bs, dtype=torch.int64, device=device),
+            out_tokens=torch.empty((bs, width), dtype=torch.int64, device=device),
+            new_seq_lens=torch.empty(bs, dtype=torch.int64, device=device) if seq_lens else None,
+        )
+
+
+def accept_walk(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    tree_sizes: torch.Tensor,
+    posterior: torch.Tensor,
+    prefix_lens: torch.Tensor | None = None,
+    out: AcceptBuffers | None = None,
+) -> AcceptBuffers:
+    """Walk every tree along the target's ``posterior``, one warp per request.
+
+    Greedy (posterior = argmax per slot) and sampled (one target sample per slot) are the
+    same walk; exactly :func:`sglang_ddtree.tree.accept.accept_walk_ref`.
+
+    Parameters
+    ----------
+    tokens, parents : int64 ``[bs, W]`` (the tree layout).
+    tree_sizes : int64 ``[bs]``.
+    posterior : int64 ``[bs, W]``, the target's token at every slot.
+    prefix_lens : int64 ``[bs]`` or None; with it ``new_seq_lens = prefix + accept + 1``.
+    out : :class:`AcceptBuffers` or None (allocated).
+
+    Returns
+    -------
+    AcceptBuffers
+        ``path [bs, W]`` (-1 padded), ``accept_lens [bs]``, ``bonus [bs]``,
+        ``out_tokens [bs, W]`` (0 padded), ``new_seq_lens [bs]`` (if the buffer exists).
+    """
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must be [bs, W], got {list(tokens.shape)}")
+    bs, width = (int(s) for s in tokens.shape)
+    _check(tokens, "tokens", torch.int64, [bs, width])
+    _check(parents, "parents", torch.int64, [bs, width])
+    _check(tree_sizes, "tree_sizes", torch.int64, [bs])
+    _check(posterior, "posterior", torch.int64, [bs, width])
+    if prefix_lens is not None:
+        _check(prefix_lens, "prefix_lens", torch.int64, [bs])
+    if out is None:
+        out = AcceptBuffers.allocate(bs, width, tokens.device, seq_lens=True)
+    _check(out.path, "out.path", torch.int64, [bs, width])
+    _check(out.accept_lens, "out.accept_lens", torch.int64, [bs])
+    _check(out.bonus, "out.bonus", torch.int64, [bs])
+    _check(out.out_tokens, "out.out_tokens", torch.int64, [bs, width])
+    if out.new_seq_lens is not None:
+        _check(out.new_seq_lens, "out.new_seq_lens", torch.int64, [bs])
+    if bs == 0:
+        return out
+    kernel("ddtree_accept", "ddtree_accept_walk")(
+        (bs,),
+        (32,),
+        (
+            ptr(tokens),
+            ptr(parents),
+            ptr(tree_sizes),
+            ptr(posterior),
+            ptr(prefix_lens),
+            width,
+            ptr(out.path),
+            ptr(out.accept_lens),
+            ptr(out.bonus),
+            ptr(out.out_tokens),
+            ptr(out.new_seq_lens),
+        ),
+        shared_mem=32 * width,
+    )
+    return out
+
+
+# =========================================================================== KV commit
+
+
+def _check_commit(req_to_token, req_pool_indices, prefix_lens, path, accept_lens):
+    if req_to_token.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"req_to_token must be int32 or int64, got {req_to_token.dtype}")
+    if req_to_token.dim() != 2 or req_to_token.stride(1) != 1:
+        raise ValueError("req_to_token must be [rows, context] with contiguous rows")
+    if not req_to_token.is_cuda:
+        raise ValueError("req_to_token must be on a CUDA device")
+    if path.dim() != 2:
+        raise ValueError(f"path must be [bs, W], got {list(path.shape)}")
+    bs, width = (int(s) for s in path.shape)
+    _check(path, "path", torch.int64, [bs, width])
+    _check(accept_lens, "accept_lens", torch.int64, [bs])
+    req_pool_indices = _as_i64(req_pool_indices).contiguous()
+    prefix_lens = _as_i64(prefix_lens).contiguous()
+    _check(req_pool_indices, "req_pool_indices", torch.int64, [bs])
+    _check(prefix_lens, "prefix_lens", torch.int64, [bs])
+    return bs, width, req_pool_indices, prefix_lens
+
+
+def rewrite_req_to_token(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    path: torch.Tensor,
+    accept_lens: torch.Tensor,
+) -> torch.Tensor:
+    """Page size 1 KV commit, in place: swap ``req_to_token`` entries so that position
+    ``prefix + d`` names the slot the accepted node ``path[d]`` was verified in
+    (:func:`sglang_ddtree.tree.accept.rewrite_req_to_token_ref`, in its order).
+
+    Parameters
+    ----------
+    req_to_token : int32 / int64 ``[rows, context]`` (SGLang's ``req_to_token`` table).
+    req_pool_indices : int64 ``[bs]``, distinct rows.
+    prefix_lens : int64 ``[bs]``, committed length before the verified tree.
+    path : int64 ``[bs, W]``; accept_lens : int64 ``[bs]`` (from :func:`accept_walk`).
+
+    Returns
+    -------
+    req_to_token (modified in place)
+    """
+    bs, width, rpi, pre = _check_commit(req_to_token, req_pool_indices, prefix_lens, path, accept_lens)
+    if bs == 0:
+        return req_to_token
+    name = "ddtree_commit_req_to_token_" + ("i32" if req_to_token.dtype == torch.int32 else "i64")
+    kernel("ddtree_accept", name)(
+        (bs,),
+        (32,),
+        (ptr(req_to_token), req_to_token.stride(0), ptr(rpi), ptr(pre), ptr(path), ptr(accept_lens), width),
+        shared_mem=16 * width,
+    )
+    return req_to_token
+
+
+@dataclass(frozen=True)
+class KVLayers:
+    """Base addresses of per-layer KV tensors ``[slots, ...]`` for :func:`move_kv`.
+
+    Build it once per pool (it allocates and copies the address table): SGLang keeps one
+    tensor per layer (``k_buffer[i]``, ``v_buffer[i]``, or the MLA ``kv_buffer[i]``).
+    """
+
+    pointers: torch.Tensor  # [L] int64 on the device
+    row_bytes: int  # bytes of one slot's row, the same in every layer
+    align: int  # 16, 4 or 1: common alignment of every base address and of row_bytes
+    tensors: tuple = ()  # keeps the buffers alive
+
+    @classmethod
+    def from_tensors(cls, tensors: Sequence[torch.Tensor]) -> KVLayers:
+        tensors = tuple(tensors)
+        if not tensors:
+            raise ValueError("no KV layer tensors")
+        row_bytes = None
+        addrs = []
+        for i, t in enumerate(tensors):
+            if not t.is_cuda or not t.is_contiguous():
+                raise ValueError(f"KV layer {i} must be a contiguous CUDA tensor [slots, ...]")
+            rb = t[0].numel() * t.element_size() if t.shape[0] > 0 else 0
+            if row_bytes is None:
+                row_bytes = rb
+            elif rb != row_bytes:
+                raise ValueError(f"KV layer {i} has {rb}-byte rows, layer 0 has {row_bytes}")
+            addrs.append(t.data_ptr())
+        align = 1
+        for a in (16, 4):
+            if row_bytes % a == 0 and all(p % a == 0 for p in addrs):
+                align = a
+                break
+        pointers = torch.tensor(addrs, dtype=torch.int64).to(tensors[0].device)
+        return cls(pointers=pointers, row_bytes=int(row_bytes), align=align, tensors=tensors)
+
+
+def move_kv(
+    kv: KVLayers | Sequence[torch.Tensor],
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    path: torch.Tensor,
+    accept_lens: torch.Tensor,
+    chunks: int | None = None,
+) -> None:
+    """Page size > 1 KV commit, in place, every layer in one launch: copy each accepted
+    node's KV row from its verify slot to the slot of its final position
+    (:func:`sglang_ddtree.tree.accept.move_kv_ref` applied to every layer).
+
+    Parameters
+    ----------
+    kv : :class:`KVLayers` (preferred: built once) or the per-layer tensors
+        ``[slots, heads, head_dim]`` / ``[slots, 1, 576]`` (then the address table is
+        built on every call, which a CUDA graph cannot capture).
+    req_to_token : int32 / int64 ``[rows, context]``; req_pool_indices, prefix_lens,
+        accept_lens : int64 ``[bs]``; path : int64 ``[bs, W]``.
+    chunks : blocks per request (default: enough for every column of every layer).
+    """
+    if not isinstance(kv, KVLayers):
+        kv = KVLayers.from_tensors(kv)
+    bs, width, rpi, pre = _check_commit(req_to_token, req_pool_indices, prefix_lens, path, accept_lens)
+    if bs == 0 or kv.row_bytes == 0:
+        return
+    n_layers = int(kv.pointers.numel())
+    vec = {16: "v16", 4: "v4", 1: "v1"}[kv.align]
+    items = n_layers * (kv.row_bytes // kv.align)
+    if chunks is None:
+        chunks = max(1, min(1024, (items + 255) // 256))
+    name = f"ddtree_move_kv_{'i32' if req_to_token.dtype == torch.int32 else 'i64'}_{vec}"
+    kernel("ddtree_accept", name)(
+        (int(chunks), bs),
+        (256,),
+        (
+            ptr(kv.pointers),
+            n_layers,
+            kv.row_bytes,
+            ptr(req_to_token),
+            req_to_token.stride(0),
+            ptr(rpi),
+            ptr(pre),
+            ptr(path),
+            ptr(accept_lens),
+            width,
+        ),
+        shared_mem=16 * width,
+    )

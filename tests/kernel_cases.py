@@ -1,0 +1,112 @@
+"""Inputs and exact comparisons shared by the fast-path tests (C++ builder, emulated CUDA
+kernels, CUDA kernels on a GPU): every fast path must give the reference's integers."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from sglang_ddtree.tree.accept import accept_walk_ref, move_kv_ref, rewrite_req_to_token_ref
+from sglang_ddtree.tree.layout import build_tree_batch_ref, pack_mask_words
+
+TIES = ("none", "dup", "int")
+
+
+def random_topk(rng: np.random.Generator, bs: int, depth: int, vocab: int, budget: int, ties: str = "none"):
+    """Per-depth top-k inputs ``[bs, depth, k]`` (``k = min(budget, vocab)``, at least 1).
+
+    ``ties``: ``"none"`` (continuous log-probs), ``"dup"`` (rounded to 1/2: duplicated
+    log-probs, many equal path scores), ``"int"`` (log-probs in {0, -1, -2, -3}: exact ties
+    everywhere, zeros included, the rank-tuple order decides).
+    """
+    k = max(1, min(budget, vocab))
+    raw = -rng.exponential(2.0, size=(bs, depth, k))
+    if ties == "dup":
+        raw = np.round(raw * 2) / 2
+    elif ties == "int":
+        raw = -rng.integers(0, 4, size=(bs, depth, k)).astype(np.float64)
+    lp = -np.sort(-raw, axis=-1).astype(np.float32)  # descending per row
+    ids = rng.integers(0, vocab, size=(bs, depth, k)).astype(np.int64)
+    return np.ascontiguousarray(lp), ids
+
+
+def reference_tree(lp, ids, roots, budget, width, prefix_lens):
+    """The reference batch layout as a dict of numpy arrays (mask packed per request)."""
+    ref = build_tree_batch_ref(lp, ids, roots, budget, width)
+    words = np.stack([pack_mask_words(v) for v in ref.visibility]) if len(roots) else None
+    return {
+        "tokens": ref.tokens,
+        "depths": ref.depths,
+        "parents": ref.parents,
+        "tree_sizes": ref.tree_sizes,
+        "positions": ref.positions(prefix_lens),
+        "mask_words": words,
+    }
+
+
+def assert_tree_equal(got: dict, ref: dict, context: str = "") -> None:
+    for key, want in ref.items():
+        have = got[key]
+        if isinstance(have, torch.Tensor):
+            have = have.cpu().numpy()
+        assert have.shape == want.shape, f"{context} {key}: shape {have.shape} != {want.shape}"
+        if not np.array_equal(have, want):
+            bad = np.argwhere(have != want)[:5].tolist()
+            raise AssertionError(f"{context} {key}: differs from the reference at {bad}")
+
+
+def links_reference(parents: np.ndarray, sizes: np.ndarray):
+    """First-child / next-sibling arrays ``[bs, W]`` (-1 = none) of a layout."""
+    bs, width = parents.shape
+    first = np.full((bs, width), -1, dtype=np.int64)
+    nxt = np.full((bs, width), -1, dtype=np.int64)
+    for b in range(bs):
+        last: dict[int, int] = {}
+        for c in range(1, int(sizes[b])):
+            p = int(parents[b, c])
+            if p in last:
+                nxt[b, last[p]] = c
+            else:
+                first[b, p] = c
+            last[p] = c
+    return first, nxt
+
+
+def random_posterior(rng, tokens, parents, sizes, vocab: int, follow: float = 0.85) -> np.ndarray:
+    """A target posterior per slot that follows a child of the slot with probability ``follow``."""
+    bs, width = tokens.shape
+    post = rng.integers(0, vocab, size=(bs, width)).astype(np.int64)
+    for b in range(bs):
+        children: dict[int, list[int]] = {}
+        for c in range(1, int(sizes[b])):
+            children.setdefault(int(parents[b, c]), []).append(c)
+        for i, kids in children.items():
+            if rng.random() < follow:
+                post[b, i] = tokens[b, kids[int(rng.integers(len(kids)))]]
+    return post
+
+
+def reference_accept(tokens, parents, sizes, posterior, prefix_lens=None) -> dict:
+    acc = accept_walk_ref(tokens, parents, sizes, posterior)
+    out = {"path": acc.path, "accept_lens": acc.accept_lens, "bonus": acc.bonus, "out_tokens": acc.out_tokens}
+    if prefix_lens is not None:
+        out["new_seq_lens"] = np.asarray(prefix_lens) + acc.accept_lens + 1
+    return out
+
+
+def random_req_to_token(rng, bs: int, prefix_lens: np.ndarray, width: int, dtype=np.int32):
+    """A req_to_token table with ``bs`` distinct rows in use (plus spare rows) and a
+    permutation of slots (distinct slots everywhere)."""
+    rows = bs + 3
+    ctx = int(np.max(prefix_lens)) + width + 5
+    table = rng.permutation(rows * ctx).reshape(rows, ctx).astype(dtype)
+    pool_rows = rng.permutation(rows)[:bs].astype(np.int64)
+    return table, pool_rows
+
+
+def reference_commit(table, pool_rows, prefix_lens, path, accept_lens) -> np.ndarray:
+    return rewrite_req_to_token_ref(torch.from_numpy(table), pool_rows, prefix_lens, path, accept_lens).numpy()
+
+
+def reference_move(layer: torch.Tensor, table, pool_rows, prefix_lens, path, accept_lens) -> torch.Tensor:
+    return move_kv_ref(layer, torch.from_numpy(np.asarray(table)), pool_rows, prefix_lens, path, accept_lens)
