@@ -32,6 +32,9 @@ def register() -> None:
     from .adapter.attention import torch_native
 
     torch_native.install()
+    from .adapter import requests
+
+    requests.install()
     _install_cli_hooks()
     _install_error_reporting()
 

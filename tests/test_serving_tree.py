@@ -1,12 +1,16 @@
-"""What the tree buys, through the real server: a drafter whose proposals the test
-controls puts the right token at rank 1 at some depths. A chain cannot accept
-past those depths; the tree must, and output must stay identical to
-non-speculative decoding."""
+"""What the tree buys, through the real server (CPU mode).
+
+A drafter whose proposals the test controls (``adapter/oracle.py``) puts the right
+token at rank 1 at some depths. A chain cannot accept past those depths; the tree
+must - while every output (greedy tokens, stop conditions, log-probs, seeded
+samples) stays identical to the non-speculative server.
+"""
 
 from __future__ import annotations
 
 import ast
 import re
+import urllib.error
 
 import pytest
 from transformers import AutoTokenizer
@@ -16,14 +20,46 @@ from serving import GREEDY, PROMPTS, ddtree_args, plain_args, run_server, write_
 pytestmark = pytest.mark.server
 
 RANKS = [0, 1, 0, 0, 1, 0, 0]  # rank of the right token at depths 1..7
+SEEDED = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "sampling_seed": 1234}
 
 
-def _requests(tokenizer):
-    return [{"input_ids": tokenizer(p)["input_ids"], "sampling_params": GREEDY} for p in PROMPTS]
+def _requests(tokenizer, params=GREEDY):
+    return [{"input_ids": tokenizer(p)["input_ids"], "sampling_params": params} for p in PROMPTS]
+
+
+def _stop_requests(tokenizer, expected):
+    """Stops that fire inside an accepted path: an odd token budget, a stop token
+    taken from the expected output, and a stop string."""
+    requests = []
+    for i, (prompt, out) in enumerate(zip(PROMPTS, expected)):
+        ids = tokenizer(prompt)["input_ids"]
+        params = {"max_new_tokens": 13 + i, "temperature": 0.0}
+        if i % 3 == 1:
+            params["stop_token_ids"] = [out[9]]
+        if i % 3 == 2:
+            params["stop"] = [tokenizer.decode(out[6:8])]
+        requests.append({"input_ids": ids, "sampling_params": params})
+    return requests
+
+
+def _logprob_requests(tokenizer):
+    params = {**GREEDY, "max_new_tokens": 16}
+    return [
+        {"input_ids": r["input_ids"], "sampling_params": params, "return_logprob": True, "top_logprobs_num": 2}
+        for r in _requests(tokenizer)[:3]
+    ]
 
 
 def _run(server, requests):
-    return [server.generate(r)["output_ids"] for r in requests]
+    return [server.generate(r) for r in requests]
+
+
+def _ids(results):
+    return [r["output_ids"] for r in results]
+
+
+def _logprobs(results):
+    return [[entry[0] for entry in r["meta_info"]["output_token_logprobs"]] for r in results]
 
 
 def _last_stats(log_path) -> dict:
@@ -33,40 +69,82 @@ def _last_stats(log_path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def oracle(tiny, tmp_path_factory):
+def plain(tiny, tmp_path_factory):
+    """Everything the non-speculative server answers, and the oracle built from it."""
     tmp = tmp_path_factory.mktemp("oracle")
     tokenizer = AutoTokenizer.from_pretrained(tiny.target)
     requests = _requests(tokenizer)
-    with run_server(plain_args(tiny), name="plain") as server:
-        expected = _run(server, requests)
-    continuations = [r["input_ids"] + out for r, out in zip(requests, expected)]
-    path = write_json(tmp / "oracle.json", {"continuations": continuations, "ranks": RANKS})
-    return requests, expected, path, tmp
+    # deterministic inference: per-request sampling seeds are honoured
+    with run_server(plain_args(tiny, ["--enable-deterministic-inference"]), name="plain") as server:
+        greedy = _ids(_run(server, requests))
+        stops = _stop_requests(tokenizer, greedy)
+        answers = {
+            "greedy": greedy,
+            "stop": _ids(_run(server, stops)),
+            "logprobs": _logprobs(_run(server, _logprob_requests(tokenizer))),
+            "seeded": _ids(_run(server, _requests(tokenizer, SEEDED))),
+        }
+    continuations = [r["input_ids"] + out for r, out in zip(requests, greedy)]
+    oracle = write_json(tmp / "oracle.json", {"continuations": continuations, "ranks": RANKS})
+    return {"tokenizer": tokenizer, "requests": requests, "stops": stops, "oracle": oracle, "tmp": tmp, **answers}
 
 
-def _ddtree(tiny, oracle, budget, max_topk=None):
-    requests, expected, path, tmp = oracle
-    env = {"SGLANG_DDTREE_ORACLE_DRAFT": str(path), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
+def _serve(tiny, plain, budget, max_topk=None, extra=()):
+    env = {"SGLANG_DDTREE_ORACLE_DRAFT": str(plain["oracle"]), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
     if max_topk is not None:
         env["SGLANG_DDTREE_MAX_TOPK"] = str(max_topk)
-    name = f"ddtree-b{budget}-k{max_topk}"
-    args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info"])
-    with run_server(args, env=env, name=name, tmp=tmp) as server:
-        outputs = _run(server, requests)
-        accept_length = server.accept_length()
-    return outputs, accept_length, _last_stats(tmp / f"{name}.log")
+    name = f"ddtree-b{budget}-k{max_topk}-{'-'.join(extra).replace('--', '')}"
+    args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
+    return run_server(args, env=env, name=name, tmp=plain["tmp"]), plain["tmp"] / f"{name}.log"
 
 
-def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, oracle):
-    _, expected, _, _ = oracle
-    chain_out, chain_accept, chain_stats = _ddtree(tiny, oracle, budget=7, max_topk=1)
-    tree_out, tree_accept, tree_stats = _ddtree(tiny, oracle, budget=32)
-    assert chain_out == expected
-    assert tree_out == expected
+def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, plain):
+    server, chain_log = _serve(tiny, plain, budget=7, max_topk=1)
+    with server:
+        assert _ids(_run(server, plain["requests"])) == plain["greedy"]
+        chain_accept = server.accept_length()
+    server, tree_log = _serve(tiny, plain, budget=32)
+    with server:
+        assert _ids(_run(server, plain["requests"])) == plain["greedy"]
+        tree_accept = server.accept_length()
+        # stop token, stop string and odd max_new_tokens land inside accepted paths
+        assert _ids(_run(server, plain["stops"])) == plain["stop"]
+        tree_logprobs = _logprobs(_run(server, _logprob_requests(plain["tokenizer"])))
+    chain_stats, tree_stats = _last_stats(chain_log), _last_stats(tree_log)
     # the chain stops at the first rank-1 depth: one draft + bonus per round
     assert chain_stats["non_argmax_share"] == 0.0
     assert chain_accept < 2.2
-    # the tree reaches depth 4 through a sibling at depth 2
+    # the tree reaches past it through siblings
     assert tree_stats["non_argmax_share"] > 0.1
     assert tree_accept > chain_accept + 1.0
     assert tree_stats["mean_tree_nodes"] == pytest.approx(32.0)
+    for got, want in zip(tree_logprobs, plain["logprobs"]):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+def test_tree_with_pages_and_without_overlap(tiny, plain):
+    """Accepted off-spine nodes move their KV inside 16-token pages; sync scheduler."""
+    server, log = _serve(tiny, plain, budget=24, extra=("--page-size", "16", "--disable-overlap-schedule"))
+    with server:
+        info = server.server_info()
+        assert info["page_size"] == 16 and info["disable_overlap_schedule"] is True
+        assert _ids(_run(server, plain["requests"])) == plain["greedy"]
+        assert _ids(_run(server, plain["stops"])) == plain["stop"]
+        assert server.accept_length() > 3.0
+    assert _last_stats(log)["non_argmax_share"] > 0.1
+
+
+def test_seeded_sampling_is_stable_and_matches_plain(tiny, plain):
+    """One target sample per tree slot, drawn by SGLang's sampler with the slot's
+    position: a seeded request draws what the plain server draws."""
+    server, _ = _serve(tiny, plain, budget=16, extra=("--enable-deterministic-inference",))
+    with server:
+        assert server.server_info()["disable_overlap_schedule"] is False
+        first = _ids(_run(server, _requests(plain["tokenizer"], SEEDED)))
+        second = _ids(_run(server, _requests(plain["tokenizer"], SEEDED)))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            server.generate({"text": "hello", "sampling_params": {"frequency_penalty": 0.5}})
+    assert first == second
+    assert first == plain["seeded"]
+    assert refused.value.code == 400
+    assert "frequency/presence penalties" in refused.value.read().decode()

@@ -40,11 +40,16 @@ def _patch_record_stream() -> None:
     torch.Tensor.record_stream = record_stream
 
 
-def _allow_torch_native_draft_backend() -> None:
-    from sglang.srt.arg_groups.choices import DRAFT_ATTENTION_BACKEND_CHOICES, add_draft_attention_backend_choices
+def _allow_torch_native_choices() -> None:
+    """torch_native is SGLang's only CPU attention backend: let it serve the drafter,
+    and deterministic inference (per-request sampling seeds; it is deterministic
+    on a CPU)."""
+    from sglang.srt.arg_groups import choices
 
-    if "torch_native" not in DRAFT_ATTENTION_BACKEND_CHOICES:
-        add_draft_attention_backend_choices(["torch_native"])
+    if "torch_native" not in choices.DRAFT_ATTENTION_BACKEND_CHOICES:
+        choices.add_draft_attention_backend_choices(["torch_native"])
+    if "torch_native" not in choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES:
+        choices.add_deterministic_attention_backend_choices(["torch_native"])
 
 
 def _input_embeds_in_model_dtype() -> None:
@@ -68,6 +73,23 @@ def _input_embeds_in_model_dtype() -> None:
     )
 
 
+def _skip_batch_invariant_kernels() -> None:
+    """``--enable-deterministic-inference`` switches on SGLang's batch-invariant
+    Triton kernels, which need a GPU. On a CPU keep torch's own kernels (run to run
+    deterministic for a fixed batch) so that per-request sampling seeds still work."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def around(original, runner, *args, **kwargs):
+        log_fallback("batch-invariant kernels", "skipped on CPU; sampling seeds still honoured")
+        return None
+
+    HookRegistry.register(
+        "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode",
+        around,
+        HookType.AROUND,
+    )
+
+
 def install() -> None:
     """Install every CPU fallback (idempotent)."""
     global _INSTALLED
@@ -78,5 +100,6 @@ def install() -> None:
 
     boot.activate()
     _patch_record_stream()
-    _allow_torch_native_draft_backend()
+    _allow_torch_native_choices()
     _input_embeds_in_model_dtype()
+    _skip_batch_invariant_kernels()

@@ -48,6 +48,43 @@ def copy_all_layer_kv_cache(data_ptrs, strides, tgt_loc, src_loc):
                 ctypes.memmove(ptr + tgt * stride, ptr + src * stride, stride)
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _rotl32(x, r: int):
+    return ((x << r) | (x >> (32 - r))) & _MASK32
+
+
+def _murmur3_mix(h, k):
+    k = (k * 0xCC9E2D51) & _MASK32
+    k = _rotl32(k, 15)
+    k = (k * 0x1B873593) & _MASK32
+    h = h ^ k
+    h = _rotl32(h, 13)
+    return (h * 5 + 0xE6546B64) & _MASK32
+
+
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = (h * 0x85EBCA6B) & _MASK32
+    h = h ^ (h >> 13)
+    h = (h * 0xC2B2AE35) & _MASK32
+    return h ^ (h >> 16)
+
+
+def murmur_hash32(seed, positions, col_indices):
+    """MurmurHash3 of (seed low, seed high, position, column) per cell, as SGLang's
+    Triton ``murmur_hash32_kernel``: ``[rows]`` x ``[cols]`` -> ``[rows, cols]`` uint32.
+    int64 products wrap modulo 2**64, which keeps the low 32 bits exact."""
+    seed = seed.to(torch.int64)
+    h = torch.zeros_like(seed)
+    h = _murmur3_mix(h, seed & _MASK32)
+    h = _murmur3_mix(h, (seed >> 32) & _MASK32)
+    h = _murmur3_mix(h, positions.to(torch.int64) & _MASK32)
+    h = _murmur3_mix(h[:, None], (col_indices.to(torch.int64) & _MASK32)[None, :])
+    return _fmix32(h ^ 16).to(torch.uint32)
+
+
 _OPS = {
     "assign_req_to_token_pool_cpu": (
         "(Tensor req_pool_indices, Tensor(a!) req_to_token, Tensor start_offset, Tensor end_offset, "
@@ -59,6 +96,7 @@ _OPS = {
         "Tensor(a!) out_cache_loc, int pool_len) -> ()",
         assign_extend_cache_locs,
     ),
+    "murmur_hash32_cpu": ("(Tensor seed, Tensor positions, Tensor col_indices) -> Tensor", murmur_hash32),
     "copy_all_layer_kv_cache_cpu": (
         "(Tensor data_ptrs, Tensor strides, Tensor tgt_loc, Tensor src_loc) -> ()",
         copy_all_layer_kv_cache,
