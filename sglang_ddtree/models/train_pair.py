@@ -79,7 +79,7 @@ class PairSpec:
     target_layer_ids: tuple[int, ...] = (0, 2)
     max_position: int = 4096
     # target training
-    target_steps: int = 2000
+    target_steps: int = 3000  # at most: --time-limit can cap them
     target_batch: int = 64
     target_seq: int = 512
     target_lr: float = 3e-3
@@ -88,7 +88,7 @@ class PairSpec:
     gen_prompt: int = 192
     gen_new: int = 128
     # drafter training
-    draft_steps: int = 2000
+    draft_steps: int = 3000
     draft_batch: int = 64
     draft_anchors: int = 24  # blocks per sequence
     draft_lr: float = 3e-3
@@ -764,7 +764,7 @@ def heldout_prompt_set(heldout: np.ndarray, offsets: np.ndarray, tok, spec: Pair
     """Prompts cut from held-out files: ``prompt_tokens`` tokens starting at a line
     start somewhere inside a file (one prompt per file)."""
     ends = np.append(offsets[1:], heldout.size)
-    newline = {i for tok_id, i in ((tok.convert_ids_to_tokens(i), i) for i in range(len(tok))) if "Ċ" in tok_id}
+    newline = {i for i in range(len(tok)) if tok.convert_ids_to_tokens(i).endswith("Ċ")}  # ends a line
     order = torch.randperm(len(offsets), generator=gen).tolist()
     prompts = []
     for doc in order:
