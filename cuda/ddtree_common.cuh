@@ -1,6 +1,7 @@
 // Shared helpers of the DDTree kernels. Plain CUDA C++: no torch and no standard headers,
 // so the files compile with nvcc and with NVRTC (CuPy RawModule) alike.
-#pragma once
+#ifndef DDTREE_COMMON_CUH
+#define DDTREE_COMMON_CUH
 
 #ifndef DDT_EXTERN_SMEM
 #define DDT_EXTERN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
@@ -36,3 +37,5 @@ __device__ __forceinline__ float ddt_key_float(unsigned k) {
   unsigned b = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
   return __uint_as_float(b);
 }
+
+#endif  // DDTREE_COMMON_CUH

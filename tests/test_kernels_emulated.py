@@ -1,0 +1,162 @@
+"""The CUDA kernels' logic on the CPU: cuda/*.cu compiled with g++ against a small
+emulator of the CUDA subset they use (tests/cuda_emu/emu.h: every thread a cooperative
+context, warp intrinsics and barriers exact), with the launchers' geometry and shared
+memory, compared exactly with the reference. The GPU itself is tested by
+test_kernels_gpu.py; this runs in CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kernel_cases import (
+    TIES,
+    assert_tree_equal,
+    links_reference,
+    random_posterior,
+    random_req_to_token,
+    random_topk,
+    reference_accept,
+    reference_commit,
+    reference_move,
+    reference_tree,
+)
+from sglang_ddtree.kernels import cpp
+from sglang_ddtree.kernels.gpu import build_smem_bytes
+from sglang_ddtree.tree.build import topk_log_probs
+from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
+
+ROOT = Path(__file__).resolve().parents[1]
+EMU = ROOT / "tests" / "cuda_emu"
+
+pytestmark = pytest.mark.skipif(not cpp.available(), reason="no C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return cpp.compile_extension(
+        "_ddtree_emu",
+        [EMU / "emu_kernels.cpp"],
+        include_dirs=[ROOT / "cuda", EMU],
+        extra_flags=["-O1", "-w"],
+        depends=[*sorted((ROOT / "cuda").glob("*.cu*")), EMU / "emu.h"],
+    )
+
+
+def _build(emu, lp, ids, roots, prefix, budget, width, block=256):
+    smem, lp_in = build_smem_bytes(width, lp.shape[1], lp.shape[2])
+    keys = ("tokens", "depths", "parents", "tree_sizes", "positions", "mask_words", "first_child", "next_sibling")
+    return dict(zip(keys, emu.build_tree(lp, ids, roots, prefix, budget, width, int(lp_in), block, smem)))
+
+
+@pytest.mark.parametrize("ties", TIES)
+@pytest.mark.parametrize(
+    "bs, depth, vocab, budget, extra",
+    [(1, 7, 111, 1, 0), (3, 7, 111, 31, 2), (3, 5, 3000, 32, 0), (5, 7, 3000, 33, 40), (2, 3, 3000, 300, 1)],
+)
+def test_build(emu, bs, depth, vocab, budget, extra, ties):
+    rng = np.random.default_rng(budget * 31 + bs)
+    lp, ids = random_topk(rng, bs, depth, vocab, budget, ties)
+    roots = rng.integers(0, vocab, size=bs).astype(np.int64)
+    prefix = rng.integers(0, 9000, size=bs).astype(np.int64)
+    width = budget + 1 + extra
+    got = _build(emu, lp, ids, roots, prefix, budget, width, block=128 if bs % 2 else 256)
+    assert_tree_equal(got, reference_tree(lp, ids, roots, budget, width, prefix), f"ties={ties}")
+    first, nxt = links_reference(got["parents"], got["tree_sizes"])
+    np.testing.assert_array_equal(got["first_child"], first)
+    np.testing.assert_array_equal(got["next_sibling"], nxt)
+
+
+def test_build_log_probs_outside_shared_memory(emu):
+    """Large depth x k: the kernel reads the log-probs from global memory instead."""
+    rng = np.random.default_rng(3)
+    lp, ids = random_topk(rng, 2, 50, 5000, 1024, "dup")
+    assert not build_smem_bytes(1025, 50, 1024)[1]
+    roots = np.arange(2, dtype=np.int64)
+    got = _build(emu, lp, ids, roots, None, 1024, 1025)
+    ref = reference_tree(lp, ids, roots, 1024, 1025, np.zeros(2, np.int64))
+    assert_tree_equal(got, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, vocab, k", [(3, 111, 7), (2, 111, 111), (2, 4000, 64), (1, 3000, 1024), (2, 50, 1)])
+def test_topk(emu, rows, vocab, k, dtype):
+    gen = torch.Generator().manual_seed(rows * vocab + k)
+    for mode in ("randn", "round", "few", "neginf"):
+        x = torch.randn(rows, vocab, generator=gen) * 3
+        if mode == "round":
+            x = x.round()
+        elif mode == "few":
+            x = torch.randint(-2, 2, (rows, vocab), generator=gen).float()
+        elif mode == "neginf":
+            x[:, ::3] = -float("inf")
+        x = x.to(dtype)
+        raw = x.numpy() if dtype == torch.float32 else x.view(torch.int16).numpy().view(np.uint16)
+        code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
+        lp, ids = emu.topk(np.ascontiguousarray(raw), code, k)
+        for r in range(rows):
+            ref = topk_log_probs(x[r : r + 1], k)
+            np.testing.assert_array_equal(ids[r], ref.token_ids[0], err_msg=f"{mode} row {r}")
+            np.testing.assert_allclose(lp[r], ref.log_probs[0], rtol=1e-6, atol=2e-6, err_msg=mode)
+
+
+def _tree_and_posterior(rng, bs, budget, vocab=60, extra=0):
+    lp, ids = random_topk(rng, bs, 6, vocab, budget, "dup")
+    roots = rng.integers(0, vocab, size=bs).astype(np.int64)
+    tree = reference_tree(lp, ids, roots, budget, budget + 1 + extra, np.zeros(bs, np.int64))
+    post = random_posterior(rng, tree["tokens"], tree["parents"], tree["tree_sizes"], vocab)
+    return tree, post
+
+
+@pytest.mark.parametrize("bs, budget, extra", [(1, 1, 0), (3, 31, 1), (7, 64, 0), (2, 200, 5)])
+def test_accept(emu, bs, budget, extra):
+    rng = np.random.default_rng(bs + budget)
+    for _ in range(3):
+        tree, post = _tree_and_posterior(rng, bs, budget, extra=extra)
+        prefix = rng.integers(0, 100, size=bs).astype(np.int64)
+        path, acc, bonus, out, new = emu.accept_walk(tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix)
+        ref = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix)
+        got = {"path": path, "accept_lens": acc, "bonus": bonus, "out_tokens": out, "new_seq_lens": new}
+        for key in ref:
+            np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+
+
+@pytest.mark.parametrize("bs, budget", [(1, 5), (4, 33), (3, 100)])
+def test_flat_mask(emu, bs, budget):
+    rng = np.random.default_rng(budget)
+    tree, _ = _tree_and_posterior(rng, bs, budget, extra=2)
+    width = budget + 3
+    prefix = rng.integers(0, 70, size=bs).astype(np.int64)
+    vis = torch.from_numpy(unpack_mask_words(tree["mask_words"], width))
+    ref = flat_custom_mask(vis, prefix.tolist()).numpy().astype(np.uint8)
+    for chunks in (1, 3):
+        got = emu.flat_mask(tree["mask_words"], prefix, width, ref.size + 9, chunks, 64)
+        np.testing.assert_array_equal(got[: ref.size], ref)
+        assert (got[ref.size :] == 7).all(), "wrote past the mask"
+    short = emu.flat_mask(tree["mask_words"], prefix, width, ref.size - 5, 2, 64)
+    np.testing.assert_array_equal(short, ref[: ref.size - 5])
+
+
+@pytest.mark.parametrize("table_dtype", [np.int32, np.int64])
+def test_commit(emu, table_dtype):
+    rng = np.random.default_rng(11)
+    for bs, budget in ((1, 8), (5, 40), (3, 120)):
+        tree, post = _tree_and_posterior(rng, bs, budget)
+        acc = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post)
+        assert (acc["accept_lens"] > 0).any()
+        prefix = rng.integers(0, 40, size=bs).astype(np.int64)
+        table, rows = random_req_to_token(rng, bs, prefix, budget + 1, table_dtype)
+        got = emu.commit_table(table, rows, prefix, acc["path"], acc["accept_lens"])
+        np.testing.assert_array_equal(got, reference_commit(table, rows, prefix, acc["path"], acc["accept_lens"]))
+        slots = table.size
+        for row_bytes, vec in ((32, 16), (12, 4), (6, 1)):
+            layers = [rng.integers(0, 256, size=slots * row_bytes).astype(np.uint8) for _ in range(3)]
+            outs = emu.move_kv(layers, row_bytes, table, rows, prefix, acc["path"], acc["accept_lens"], vec, 2)
+            for layer, out in zip(layers, outs):
+                ref = reference_move(
+                    torch.from_numpy(layer.reshape(slots, row_bytes)), table, rows, prefix, acc["path"], acc["accept_lens"]
+                )
+                np.testing.assert_array_equal(out, ref.numpy().reshape(-1))
