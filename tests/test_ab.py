@@ -1,0 +1,162 @@
+"""The A/B tool (``python -m sglang_ddtree.bench.ab``) end to end on the tiny models:
+a two-arm smoke run writes a report with numbers for both arms and leaves no server
+behind; a server that fails to start, and an interrupted run, end with a clear error
+and no process left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sglang_ddtree.bench.ab import live_group_members
+
+pytestmark = pytest.mark.server
+
+AB = [sys.executable, "-m", "sglang_ddtree.bench.ab", "--tiny"]
+SMALL = ["--concurrency", "1", "--num-prompts", "4", "--input-len", "32", "--output-len", "16"]
+SMALL += ["--check-prompts", "2", "--check-tokens", "16"]
+
+
+def _procs_with(*needles: str) -> list[str]:
+    """Command lines of running processes that contain every needle."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmd and all(n in cmd for n in needles):
+            found.append(f"{entry.name}: {cmd[:300]}")
+    return found
+
+
+def _assert_nothing_left(report: dict) -> None:
+    for arm in report["arms"]:
+        if arm["port"] is not None:
+            port = str(arm["port"])
+            assert not _procs_with("sglang.launch_server", f"--port {port}"), (
+                f"{arm['name']} server still runs"
+            )
+            assert not _procs_with("serving", f"127.0.0.1:{port}"), (
+                f"a load generator for {arm['name']} still runs"
+            )
+        if arm["pid"] is not None:
+            assert live_group_members(arm["pid"]) == [], f"{arm['name']}'s process group still has members"
+    assert report["servers_left_running"] == []
+
+
+def _one_report(out: Path) -> tuple[dict, Path]:
+    reports = sorted(out.glob("ab_*.json"))
+    assert len(reports) == 1, f"expected one JSON report in {out}, found {reports}"
+    return json.loads(reports[0].read_text()), reports[0]
+
+
+def test_ab_smoke_two_arms(tmp_path):
+    out = tmp_path / "reports"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*AB, "--arms", "ddtree,plain", *SMALL, "--out-dir", str(out), "--raw-dir", str(tmp_path / "raw")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report, path = _one_report(out)
+    stem = path.with_suffix("")
+    for suffix in (".md", ".png"):
+        assert stem.with_suffix(suffix).is_file(), f"missing {stem.with_suffix(suffix)}"
+    assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert report["status"] == "ok" and report["error"] is None
+    rows = {r["arm"]: r for r in report["summary"]}
+    assert set(rows) == {"ddtree", "plain"}
+    for name, row in rows.items():
+        assert row["concurrency"] == 1 and row["completed"] == 4, row
+        for key in ("output_tok_s", "median_tpot_ms", "median_ttft_ms", "vs_baseline"):
+            assert isinstance(row[key], float) and row[key] > 0, (name, key, row[key])
+    assert rows["plain"]["vs_baseline"] == pytest.approx(1.0)
+    assert rows["plain"]["accept_length"] is None
+    assert rows["ddtree"]["accept_length"] >= 1.0  # bonus token at least, every round
+    assert report["greedy_check"]["ok"] and report["greedy_check"]["arms_checked"] == ["ddtree", "plain"]
+    assert report["parity"]["arms_read"] == ["ddtree", "plain"]
+    assert report["winners"] and report["winners"][0]["winner"] in rows
+    assert report["stamp"]["versions"]["sglang"] and report["stamp"]["commit"]
+    ddtree = next(a for a in report["arms"] if a["name"] == "ddtree")
+    assert "--speculative-ddtree-budget 16" in ddtree["launch_command"]
+
+    md = stem.with_suffix(".md").read_text()
+    for name, row in rows.items():
+        assert f"| {name} | 1 | 4 | {row['output_tok_s']:.1f} |" in md
+    assert "identical token ids" in md
+    _assert_nothing_left(report)
+    print(f"A/B smoke run: {elapsed:.0f} s")
+
+
+def test_ab_server_start_failure_is_reported(tmp_path):
+    out = tmp_path / "reports"
+    proc = subprocess.run(
+        [
+            *AB,
+            "--arms",
+            "ddtree,plain",
+            "--arm-args",
+            "ddtree=--no-such-flag-for-the-ab-test",
+            *SMALL,
+            "--out-dir",
+            str(out),
+            "--raw-dir",
+            str(tmp_path / "raw"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the 'ddtree' arm's server did not start" in proc.stderr
+    assert "--- last lines of" in proc.stderr  # the server log's tail
+    assert "--no-such-flag-for-the-ab-test" in proc.stderr.split("--- last lines of", 1)[1]
+    report, _ = _one_report(out)
+    assert report["status"] == "failed" and "did not start" in report["error"]
+    arms = {a["name"]: a for a in report["arms"]}
+    assert arms["ddtree"]["port"] is not None and arms["ddtree"]["error"]
+    assert arms["plain"]["port"] is None, "the run went on after an arm failed"
+    _assert_nothing_left(report)
+
+
+def test_ab_interrupt_stops_everything(tmp_path):
+    out, raw = tmp_path / "reports", tmp_path / "raw"
+    many = ["--concurrency", "1", "--num-prompts", "200", "--output-len", "64", "--check-prompts", "1"]
+    proc = subprocess.Popen(
+        [*AB, "--arms", "plain,ddtree", *many, "--out-dir", str(out), "--raw-dir", str(raw)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while not list(raw.glob("bench_*.log")):  # the server is up and under load
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the load never started"
+            time.sleep(1)
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+    assert "interrupted" in stderr
+    report, _ = _one_report(out)
+    assert report["status"] == "interrupted"
+    assert report["arms"][0]["port"] is not None and report["arms"][1]["port"] is None
+    _assert_nothing_left(report)
