@@ -105,7 +105,9 @@ def random_req_to_token(rng, bs: int, prefix_lens: np.ndarray, width: int, dtype
 
 
 def reference_commit(table, pool_rows, prefix_lens, path, accept_lens) -> np.ndarray:
-    return rewrite_req_to_token_ref(torch.from_numpy(table), pool_rows, prefix_lens, path, accept_lens).numpy()
+    return rewrite_req_to_token_ref(
+        torch.from_numpy(table), pool_rows, prefix_lens, path, accept_lens
+    ).numpy()
 
 
 def reference_move(layer: torch.Tensor, table, pool_rows, prefix_lens, path, accept_lens) -> torch.Tensor:

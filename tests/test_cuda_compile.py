@@ -41,7 +41,7 @@ def test_compiles(src, tmp_path):
 def test_inlined_source_compiles(src, tmp_path):
     flat = tmp_path / src.name
     flat.write_text(kernel_source(src.stem))
-    assert "#include \"" not in flat.read_text()
+    assert '#include "' not in flat.read_text()
     _nvcc(flat, tmp_path / f"{src.stem}.o")
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from kernel_cases import (
     TIES,
     assert_tree_equal,
@@ -24,6 +23,7 @@ from kernel_cases import (
     reference_move,
     reference_tree,
 )
+
 from sglang_ddtree.kernels import cpp
 from sglang_ddtree.kernels.gpu import build_smem_bytes
 from sglang_ddtree.tree.build import topk_log_probs
@@ -48,7 +48,16 @@ def emu():
 
 def _build(emu, lp, ids, roots, prefix, budget, width, block=256):
     smem, lp_in = build_smem_bytes(width, lp.shape[1], lp.shape[2])
-    keys = ("tokens", "depths", "parents", "tree_sizes", "positions", "mask_words", "first_child", "next_sibling")
+    keys = (
+        "tokens",
+        "depths",
+        "parents",
+        "tree_sizes",
+        "positions",
+        "mask_words",
+        "first_child",
+        "next_sibling",
+    )
     return dict(zip(keys, emu.build_tree(lp, ids, roots, prefix, budget, width, int(lp_in), block, smem)))
 
 
@@ -82,7 +91,9 @@ def test_build_log_probs_outside_shared_memory(emu):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows, vocab, k", [(3, 111, 7), (2, 111, 111), (2, 4000, 64), (1, 3000, 1024), (2, 50, 1)])
+@pytest.mark.parametrize(
+    "rows, vocab, k", [(3, 111, 7), (2, 111, 111), (2, 4000, 64), (1, 3000, 1024), (2, 50, 1)]
+)
 def test_topk(emu, rows, vocab, k, dtype):
     gen = torch.Generator().manual_seed(rows * vocab + k)
     for mode in ("randn", "round", "few", "neginf"):
@@ -117,7 +128,9 @@ def test_accept(emu, bs, budget, extra):
     for _ in range(3):
         tree, post = _tree_and_posterior(rng, bs, budget, extra=extra)
         prefix = rng.integers(0, 100, size=bs).astype(np.int64)
-        path, acc, bonus, out, new = emu.accept_walk(tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix)
+        path, acc, bonus, out, new = emu.accept_walk(
+            tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix
+        )
         ref = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix)
         got = {"path": path, "accept_lens": acc, "bonus": bonus, "out_tokens": out, "new_seq_lens": new}
         for key in ref:
@@ -150,13 +163,22 @@ def test_commit(emu, table_dtype):
         prefix = rng.integers(0, 40, size=bs).astype(np.int64)
         table, rows = random_req_to_token(rng, bs, prefix, budget + 1, table_dtype)
         got = emu.commit_table(table, rows, prefix, acc["path"], acc["accept_lens"])
-        np.testing.assert_array_equal(got, reference_commit(table, rows, prefix, acc["path"], acc["accept_lens"]))
+        np.testing.assert_array_equal(
+            got, reference_commit(table, rows, prefix, acc["path"], acc["accept_lens"])
+        )
         slots = table.size
         for row_bytes, vec in ((32, 16), (12, 4), (6, 1)):
             layers = [rng.integers(0, 256, size=slots * row_bytes).astype(np.uint8) for _ in range(3)]
-            outs = emu.move_kv(layers, row_bytes, table, rows, prefix, acc["path"], acc["accept_lens"], vec, 2)
+            outs = emu.move_kv(
+                layers, row_bytes, table, rows, prefix, acc["path"], acc["accept_lens"], vec, 2
+            )
             for layer, out in zip(layers, outs):
                 ref = reference_move(
-                    torch.from_numpy(layer.reshape(slots, row_bytes)), table, rows, prefix, acc["path"], acc["accept_lens"]
+                    torch.from_numpy(layer.reshape(slots, row_bytes)),
+                    table,
+                    rows,
+                    prefix,
+                    acc["path"],
+                    acc["accept_lens"],
                 )
                 np.testing.assert_array_equal(out, ref.numpy().reshape(-1))

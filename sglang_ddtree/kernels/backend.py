@@ -92,7 +92,12 @@ class CudaTreeBackend:
         from . import gpu
 
         out = gpu.accept_walk(tokens, parents, tree_sizes, posterior)
-        return {"path": out.path, "accept_lens": out.accept_lens, "bonus": out.bonus, "out_tokens": out.out_tokens}
+        return {
+            "path": out.path,
+            "accept_lens": out.accept_lens,
+            "bonus": out.bonus,
+            "out_tokens": out.out_tokens,
+        }
 
 
 class CppTreeBackend:

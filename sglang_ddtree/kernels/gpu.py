@@ -104,7 +104,15 @@ def topk_log_probs(
     kernel("ddtree_topk", "ddtree_topk_logprobs")(
         (rows,),
         (_TOPK_THREADS,),
-        (ptr(draft_logits), _DTYPE_CODE[draft_logits.dtype], vocab, vocab, k, ptr(out_log_probs), ptr(out_token_ids)),
+        (
+            ptr(draft_logits),
+            _DTYPE_CODE[draft_logits.dtype],
+            vocab,
+            vocab,
+            k,
+            ptr(out_log_probs),
+            ptr(out_token_ids),
+        ),
     )
     return out_log_probs, out_token_ids
 
@@ -160,7 +168,9 @@ def build_smem_bytes(width: int, depth: int, k: int) -> tuple[int, bool]:
     """Dynamic shared memory of the build kernel and whether the log-probs are staged there."""
     base = 44 * width + 16
     if base > _SMEM_MAX:
-        raise ValueError(f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 44})")
+        raise ValueError(
+            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 44})"
+        )
     with_lp = base + 4 * depth * k
     return (with_lp, True) if with_lp <= 160 * 1024 else (base, False)
 

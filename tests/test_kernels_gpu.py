@@ -1,0 +1,381 @@
+"""CUDA kernels on a GPU == the reference, exactly (integers) - skipped without CUDA + CuPy.
+
+Run on the GPU machine:  python -m pytest -q -m gpu tests/test_kernels_gpu.py
+Every output is poisoned before each launch, so an element a kernel fails to write shows
+up as a difference.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from kernel_cases import (
+    TIES,
+    assert_tree_equal,
+    links_reference,
+    random_posterior,
+    random_req_to_token,
+    random_topk,
+    reference_accept,
+    reference_commit,
+    reference_move,
+    reference_tree,
+)
+
+from sglang_ddtree.kernels._cupy import cuda_available
+from sglang_ddtree.tree.build import topk_log_probs
+from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device and CuPy"),
+]
+
+DEV = "cuda"
+POISON = -0x5A5A5A5A5A5A5A5
+
+
+def _gpu():
+    from sglang_ddtree.kernels import gpu
+
+    return gpu
+
+
+def _poison(*tensors):
+    for t in tensors:
+        if t is None:
+            continue
+        if t.dtype == torch.float32:
+            t.fill_(float("nan"))
+        elif t.dtype in (torch.bool, torch.uint8):
+            t.fill_(1 if t.dtype == torch.bool else 7)
+        else:
+            t.fill_(POISON if t.dtype == torch.int64 else -0x5A5A5A5)
+
+
+def _tree_on_gpu(lp, ids, roots, budget, width, prefix, links=True):
+    gpu = _gpu()
+    bs = lp.shape[0]
+    out = gpu.TreeBuffers.allocate(bs, width, DEV, links=links)
+    _poison(*vars(out).values())
+    gpu.build_tree_batch(
+        torch.from_numpy(lp).to(DEV),
+        torch.from_numpy(ids).to(DEV),
+        torch.from_numpy(roots).to(DEV),
+        budget,
+        width,
+        torch.from_numpy(prefix).to(DEV),
+        out=out,
+    )
+    torch.cuda.synchronize()
+    return out
+
+
+def _tree_dict(out):
+    return {
+        k: getattr(out, k).cpu().numpy()
+        for k in ("tokens", "depths", "parents", "tree_sizes", "positions", "mask_words")
+    }
+
+
+# --------------------------------------------------------------------------- tree build
+
+
+@pytest.mark.parametrize("budget", [1, 31, 32, 33, 1024])
+@pytest.mark.parametrize("bs", [1, 3, 99, 257])
+def test_build_matches_reference(bs, budget):
+    for vocab in (111, 163840):
+        for ties in TIES:
+            rng = np.random.default_rng(zlib.crc32(repr((bs, budget, vocab, ties)).encode()))
+            depth = 15 if budget <= 64 else 7
+            lp, ids = random_topk(rng, bs, depth, vocab, budget, ties)
+            roots = rng.integers(0, vocab, size=bs).astype(np.int64)
+            prefix = rng.integers(0, 20000, size=bs).astype(np.int64)
+            width = budget + 1 + (bs % 3)
+            out = _tree_on_gpu(lp, ids, roots, budget, width, prefix)
+            ref = reference_tree(lp, ids, roots, budget, width, prefix)
+            assert_tree_equal(_tree_dict(out), ref, f"bs={bs} budget={budget} vocab={vocab} ties={ties}")
+            first, nxt = links_reference(ref["parents"], ref["tree_sizes"])
+            np.testing.assert_array_equal(out.first_child.cpu().numpy(), first)
+            np.testing.assert_array_equal(out.next_sibling.cpu().numpy(), nxt)
+
+
+def test_build_log_probs_from_global_memory():
+    """depth x k too large to stage in shared memory: the global-memory path."""
+    gpu = _gpu()
+    assert not gpu.build_smem_bytes(1025, 64, 1024)[1]
+    rng = np.random.default_rng(1)
+    lp, ids = random_topk(rng, 5, 64, 163840, 1024, "dup")
+    roots = np.arange(5, dtype=np.int64)
+    prefix = np.zeros(5, np.int64)
+    out = _tree_on_gpu(lp, ids, roots, 1024, 1025, prefix)
+    assert_tree_equal(_tree_dict(out), reference_tree(lp, ids, roots, 1024, 1025, prefix))
+
+
+def test_build_shape_checks():
+    gpu = _gpu()
+    lp = torch.zeros(2, 3, 4, device=DEV)
+    ids = torch.zeros(2, 3, 4, dtype=torch.int64, device=DEV)
+    roots = torch.zeros(2, dtype=torch.int64, device=DEV)
+    with pytest.raises(TypeError, match="int64"):
+        gpu.build_tree_batch(lp, ids.int(), roots, 3, 4)
+    with pytest.raises(ValueError, match="budget"):
+        gpu.build_tree_batch(lp, ids, roots, 4, 4)
+    with pytest.raises(ValueError, match="shape"):
+        gpu.build_tree_batch(lp, ids[:, :2].contiguous(), roots, 3, 4)
+
+
+# --------------------------------------------------------------------------- top-k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "bs, depth, vocab, ks",
+    [(3, 7, 111, (1, 31, 32, 33, 111)), (2, 3, 163840, (1, 32, 33, 1024, 1500))],
+)
+def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
+    gpu = _gpu()
+    gen = torch.Generator().manual_seed(vocab + depth)
+    for mode in ("randn", "round", "few"):
+        x = torch.randn(bs, depth, vocab, generator=gen) * 4
+        if mode == "round":
+            x = x.round()
+        elif mode == "few":
+            x = torch.randint(-3, 3, (bs, depth, vocab), generator=gen).float()
+        x = x.to(dtype)
+        xd = x.to(DEV)
+        for k in ks:
+            lp = torch.empty(bs, depth, k, device=DEV)
+            ids = torch.empty(bs, depth, k, dtype=torch.int64, device=DEV)
+            _poison(lp, ids)
+            gpu.topk_log_probs(xd, k, lp, ids)
+            lp, ids = lp.cpu().numpy(), ids.cpu().numpy()
+            for b in range(bs):
+                ref = topk_log_probs(x[b], k)
+                np.testing.assert_array_equal(ids[b], ref.token_ids, err_msg=f"{mode} k={k} b={b}")
+                np.testing.assert_allclose(
+                    lp[b], ref.log_probs, rtol=1e-5, atol=1e-5, err_msg=f"{mode} k={k}"
+                )
+
+
+def test_topk_then_build_equals_reference_on_gpu_inputs():
+    """Logits -> GPU top-k -> GPU tree == the reference tree of those top-k inputs."""
+    gpu = _gpu()
+    gen = torch.Generator().manual_seed(0)
+    bs, depth, vocab, budget = 5, 15, 163840, 64
+    logits = (torch.randn(bs, depth, vocab, generator=gen) * 3).bfloat16().to(DEV)
+    lp, ids = gpu.topk_log_probs(logits, budget)
+    roots = torch.arange(bs, device=DEV)
+    prefix = torch.arange(bs, device=DEV) * 100
+    out = gpu.build_tree_batch(lp, ids, roots, budget, budget + 1, prefix)
+    ref = reference_tree(
+        lp.cpu().numpy(), ids.cpu().numpy(), roots.cpu().numpy(), budget, budget + 1, prefix.cpu().numpy()
+    )
+    assert_tree_equal(_tree_dict(out), ref)
+
+
+# --------------------------------------------------------------------------- flat mask
+
+
+@pytest.mark.parametrize("bs, budget", [(1, 32), (3, 33), (99, 64), (5, 1024)])
+def test_flat_mask_matches_reference(bs, budget):
+    gpu = _gpu()
+    rng = np.random.default_rng(bs * budget)
+    lp, ids = random_topk(rng, bs, 6, 1000, budget, "dup")
+    width = budget + 1 + bs % 3
+    prefix = rng.integers(0, 3000, size=bs).astype(np.int64)
+    tree = reference_tree(lp, ids, np.zeros(bs, np.int64), budget, width, prefix)
+    vis = torch.from_numpy(unpack_mask_words(tree["mask_words"], width))
+    ref = flat_custom_mask(vis, prefix.tolist())
+    n = gpu.flat_mask_numel(prefix.tolist(), width)
+    assert n == ref.numel()
+    for dtype in (torch.bool, torch.uint8):
+        out = torch.empty(n + 37, dtype=dtype, device=DEV)
+        _poison(out)
+        gpu.flat_custom_mask(
+            torch.from_numpy(tree["mask_words"]).to(DEV), torch.from_numpy(prefix).to(DEV), out
+        )
+        got = out.cpu()
+        assert torch.equal(got[:n].bool(), ref)
+        assert (got[n:].to(torch.uint8) == (1 if dtype == torch.bool else 7)).all(), "wrote past the mask"
+
+
+# --------------------------------------------------------------------------- accept
+
+
+@pytest.mark.parametrize("budget", [1, 32, 1024])
+@pytest.mark.parametrize("bs", [1, 3, 99, 257])
+def test_accept_matches_reference(bs, budget):
+    gpu = _gpu()
+    rng = np.random.default_rng(bs * 13 + budget)
+    vocab = 111
+    lp, ids = random_topk(rng, bs, 8, vocab, budget, "dup")
+    width = budget + 1 + bs % 2
+    roots = rng.integers(0, vocab, size=bs).astype(np.int64)
+    prefix = rng.integers(0, 5000, size=bs).astype(np.int64)
+    tree = reference_tree(lp, ids, roots, budget, width, prefix)
+    t = {k: torch.from_numpy(v).to(DEV) for k, v in tree.items()}
+    out = gpu.AcceptBuffers.allocate(bs, width, DEV)
+    for follow in (0.0, 0.7, 1.0):
+        post = random_posterior(rng, tree["tokens"], tree["parents"], tree["tree_sizes"], vocab, follow)
+        _poison(*vars(out).values())
+        gpu.accept_walk(
+            t["tokens"],
+            t["parents"],
+            t["tree_sizes"],
+            torch.from_numpy(post).to(DEV),
+            t["positions"][:, 0].contiguous(),
+            out,
+        )
+        ref = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix)
+        for key, want in ref.items():
+            np.testing.assert_array_equal(
+                getattr(out, key).cpu().numpy(), want, err_msg=f"{key} follow={follow}"
+            )
+
+
+# --------------------------------------------------------------------------- KV commit
+
+
+def _accepted(rng, bs, budget, vocab=50):
+    lp, ids = random_topk(rng, bs, 7, vocab, budget, "dup")
+    tree = reference_tree(lp, ids, np.zeros(bs, np.int64), budget, budget + 1, np.zeros(bs, np.int64))
+    post = random_posterior(rng, tree["tokens"], tree["parents"], tree["tree_sizes"], vocab, 0.9)
+    acc = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post)
+    assert (acc["accept_lens"] > 0).any()
+    return acc
+
+
+@pytest.mark.parametrize("table_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("bs, budget", [(1, 16), (3, 33), (99, 64), (257, 32)])
+def test_commit_page_size_1(bs, budget, table_dtype):
+    gpu = _gpu()
+    rng = np.random.default_rng(bs + budget)
+    acc = _accepted(rng, bs, budget)
+    prefix = rng.integers(0, 300, size=bs).astype(np.int64)
+    table, rows = random_req_to_token(rng, bs, prefix, budget + 1, table_dtype)
+    ref = reference_commit(table, rows, prefix, acc["path"], acc["accept_lens"])
+    dev_table = torch.from_numpy(table).to(DEV)
+    gpu.rewrite_req_to_token(
+        dev_table,
+        torch.from_numpy(rows).to(DEV),
+        torch.from_numpy(prefix).to(DEV),
+        torch.from_numpy(acc["path"]).to(DEV),
+        torch.from_numpy(acc["accept_lens"]).to(DEV),
+    )
+    np.testing.assert_array_equal(dev_table.cpu().numpy(), ref)
+
+
+@pytest.mark.parametrize(
+    "row_shape, dtype",
+    [((8, 128), torch.bfloat16), ((1, 576), torch.bfloat16), ((5,), torch.float32), ((3,), torch.float16)],
+)
+@pytest.mark.parametrize("bs, budget", [(1, 16), (3, 33), (64, 64)])
+def test_commit_page_size_gt_1(bs, budget, row_shape, dtype):
+    gpu = _gpu()
+    rng = np.random.default_rng(bs * 3 + budget)
+    acc = _accepted(rng, bs, budget)
+    prefix = rng.integers(0, 60, size=bs).astype(np.int64)
+    table, rows = random_req_to_token(rng, bs, prefix, budget + 1, np.int32)
+    slots = table.size
+    gen = torch.Generator().manual_seed(bs)
+    layers = [torch.randn(slots, *row_shape, generator=gen).to(dtype) for _ in range(3)]
+    refs = [reference_move(layer, table, rows, prefix, acc["path"], acc["accept_lens"]) for layer in layers]
+    dev_layers = [layer.to(DEV) for layer in layers]
+    kv = gpu.KVLayers.from_tensors(dev_layers)
+    want_align = (
+        16 if row_shape[-1] * layers[0].element_size() % 16 == 0 else (4 if dtype == torch.float32 else 1)
+    )
+    assert kv.align == want_align
+    args = [torch.from_numpy(a).to(DEV) for a in (table, rows, prefix, acc["path"], acc["accept_lens"])]
+    gpu.move_kv(kv, *args)
+    for got, ref in zip(dev_layers, refs):
+        assert torch.equal(got.cpu(), ref)
+    # the list form gives the same
+    dev_layers2 = [layer.to(DEV) for layer in layers]
+    gpu.move_kv(dev_layers2, *args)
+    for a, b in zip(dev_layers, dev_layers2):
+        assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- CUDA graphs
+
+
+def test_cuda_graph_capture_and_replay():
+    """top-k -> tree -> flat mask -> accept -> KV commit captured once, replayed on new inputs."""
+    gpu = _gpu()
+    bs, depth, vocab, budget = 8, 15, 163840, 32
+    width = budget + 1
+    max_prefix = 500
+    s_logits = torch.empty(bs, depth, vocab, dtype=torch.bfloat16, device=DEV)
+    s_roots = torch.empty(bs, dtype=torch.int64, device=DEV)
+    s_prefix = torch.empty(bs, dtype=torch.int64, device=DEV)
+    s_post = torch.empty(bs, width, dtype=torch.int64, device=DEV)
+    lp = torch.empty(bs, depth, budget, device=DEV)
+    ids = torch.empty(bs, depth, budget, dtype=torch.int64, device=DEV)
+    tree = gpu.TreeBuffers.allocate(bs, width, DEV, links=True)
+    acc = gpu.AcceptBuffers.allocate(bs, width, DEV)
+    mask = torch.empty(bs * width * (max_prefix + width), dtype=torch.bool, device=DEV)
+    rng = np.random.default_rng(0)
+    table0, rows = random_req_to_token(rng, bs, np.full(bs, max_prefix), width, np.int32)
+    s_table = torch.from_numpy(table0).to(DEV)
+    s_rows = torch.from_numpy(rows).to(DEV)
+
+    def step():
+        gpu.topk_log_probs(s_logits, budget, lp, ids)
+        gpu.build_tree_batch(lp, ids, s_roots, budget, width, s_prefix, out=tree)
+        # posterior: every slot's second child (else its first): the walk goes through siblings
+        fc = tree.first_child
+        sc = torch.where(fc >= 0, tree.next_sibling.gather(1, fc.clamp(min=0)), -1)
+        pick = torch.where(sc >= 0, sc, fc)
+        s_post.copy_(torch.where(pick >= 0, tree.tokens.gather(1, pick.clamp(min=0)), 7))
+        gpu.flat_custom_mask(tree.mask_words, s_prefix, mask)
+        gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, s_post, s_prefix, out=acc)
+        gpu.rewrite_req_to_token(s_table, s_rows, s_prefix, acc.path, acc.accept_lens)
+
+    def fill(seed):
+        g = torch.Generator().manual_seed(seed)
+        s_logits.copy_((torch.randn(bs, depth, vocab, generator=g) * 3).bfloat16())
+        s_roots.copy_(torch.randint(0, vocab, (bs,), generator=g))
+        s_prefix.copy_(torch.randint(0, max_prefix, (bs,), generator=g))
+        s_table.copy_(torch.from_numpy(table0))
+
+    fill(1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles and loads every kernel outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    accepted = 0
+    for seed in (2, 3, 4):
+        fill(seed)
+        _poison(lp, ids, *vars(tree).values(), *vars(acc).values())
+        graph.replay()
+        torch.cuda.synchronize()
+        x = s_logits.cpu()
+        prefix = s_prefix.cpu().numpy()
+        for b in range(bs):
+            np.testing.assert_array_equal(ids[b].cpu().numpy(), topk_log_probs(x[b], budget).token_ids)
+        ref = reference_tree(
+            lp.cpu().numpy(), ids.cpu().numpy(), s_roots.cpu().numpy(), budget, width, prefix
+        )
+        assert_tree_equal(_tree_dict(tree), ref, f"replay seed={seed}")
+        post = s_post.cpu().numpy()
+        racc = reference_accept(ref["tokens"], ref["parents"], ref["tree_sizes"], post, prefix)
+        for key, want in racc.items():
+            np.testing.assert_array_equal(getattr(acc, key).cpu().numpy(), want, err_msg=key)
+        accepted += int(racc["accept_lens"].sum())
+        vis = torch.from_numpy(unpack_mask_words(ref["mask_words"], width))
+        flat = flat_custom_mask(vis, prefix.tolist())
+        assert torch.equal(mask[: flat.numel()].cpu(), flat)
+        want_table = reference_commit(table0, rows, prefix, racc["path"], racc["accept_lens"])
+        np.testing.assert_array_equal(s_table.cpu().numpy(), want_table)
+    assert accepted > 0
