@@ -50,7 +50,8 @@ def http_json(url: str, payload: dict | None = None, timeout: float = 300.0) -> 
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read().decode())
+        body = response.read().decode()
+    return json.loads(body) if body.strip() else {}
 
 
 class ServerProcess:
