@@ -5,7 +5,10 @@
 
 // One warp per request: walk from the root while posterior[cur] is the token of a child
 // of cur (the child with the smallest slot, as the reference scans), then the bonus token.
-// Dynamic shared memory: 32 * W bytes.
+// First, in parallel over slots, every node c whose token is its parent's posterior offers
+// itself as that parent's chosen child (shared atomicMin keeps the smallest slot); then the
+// walk is a pointer chase through the chosen children.
+// Dynamic shared memory: 36 * W bytes.
 extern "C" __global__ void __launch_bounds__(32)
     ddtree_accept_walk(const ddt_i64* __restrict__ tokens,       // [bs, W]
                        const ddt_i64* __restrict__ parents,      // [bs, W]
@@ -27,42 +30,40 @@ extern "C" __global__ void __launch_bounds__(32)
   ddt_i64* s_out = s_post + W;
   int* s_par = reinterpret_cast<int*>(s_out + W);
   int* s_path = s_par + W;
+  int* s_child = s_path + W;  // smallest matching child slot, W = none
+  __shared__ int s_depth;
 
   const ddt_i64 row = (ddt_i64)b * W;
-  ddt_i64 size64 = tree_sizes[b];
+  const ddt_i64 size64 = tree_sizes[b];
   const int size = (int)(size64 < 1 ? 1 : (size64 > W ? W : size64));
   for (int i = lane; i < W; i += 32) {
     s_post[i] = posterior[row + i];
+    s_child[i] = W;
     if (i < size) {
       s_tok[i] = tokens[row + i];
       s_par[i] = (int)parents[row + i];
     }
   }
   __syncwarp();
-
-  int cur = 0, depth = 0;
-  for (;;) {
-    const ddt_i64 want = s_post[cur];
-    int child = -1;
-    for (int base = cur + 1; base < size; base += 32) {
-      const int c = base + lane;
-      const bool hit = c < size && s_par[c] == cur && s_tok[c] == want;
-      const unsigned bal = __ballot_sync(DDT_FULL_MASK, hit);
-      if (bal) {
-        child = base + __ffs((int)bal) - 1;
-        break;
-      }
-    }
-    if (child < 0) break;
-    if (lane == 0) {
-      s_out[depth] = want;
-      s_path[depth + 1] = child;
-    }
-    ++depth;
-    cur = child;
+  for (int c = 1 + lane; c < size; c += 32) {
+    const int p = s_par[c];
+    if (p >= 0 && p < c && s_tok[c] == s_post[p]) atomicMin(&s_child[p], c);
   }
-  const ddt_i64 bonus_tok = s_post[cur];
   __syncwarp();
+  if (lane == 0) {
+    int cur = 0, depth = 0;
+    for (int child = s_child[0]; child < W; child = s_child[cur]) {
+      s_out[depth] = s_post[cur];
+      ++depth;
+      s_path[depth] = child;
+      cur = child;
+    }
+    s_depth = depth;
+    s_path[0] = cur;  // the last accepted slot (path[0] is written as 0 below)
+  }
+  __syncwarp();
+  const int depth = s_depth;
+  const ddt_i64 bonus_tok = s_post[s_path[0]];
   for (int i = lane; i < W; i += 32) {
     path[row + i] = (i == 0) ? 0 : (i <= depth ? (ddt_i64)s_path[i] : -1);
     out_tokens[row + i] = (i < depth) ? s_out[i] : (i == depth ? bonus_tok : 0);

@@ -158,16 +158,23 @@ extern "C" __global__ void __launch_bounds__(256)
       if (lane == (t & 31)) fkey[t] = kt;
       __syncwarp();
       if (lane == (P & 31)) {
-        // the popped entry was this lane's best: rescan its entries
+        // the popped entry was this lane's best: rescan its entries (max first; the rank
+        // tuples only when the max is tied)
         best_key = 0ull;
         best_e = -1;
+        bool tied = false;
+#pragma unroll 4
         for (int e = lane; e <= t; e += 32) {
           const ddt_u64 k = fkey[e];
-          if (k > best_key ||
-              (k != 0ull && k == best_key && ddt_path_less(e, cnt[e], best_e, cnt[best_e], par, rnk, dep))) {
+          tied = (k == best_key) || (tied && k < best_key);
+          if (k > best_key) {
             best_key = k;
             best_e = e;
           }
+        }
+        if (tied && best_key != 0ull) {
+          for (int e = best_e + 32; e <= t; e += 32)
+            if (fkey[e] == best_key && ddt_path_less(e, cnt[e], best_e, cnt[best_e], par, rnk, dep)) best_e = e;
         }
       } else if (lane == (t & 31)) {
         if (kt > best_key ||

@@ -396,7 +396,7 @@ def accept_walk(
             ptr(out.out_tokens),
             ptr(out.new_seq_lens),
         ),
-        shared_mem=32 * width,
+        shared_mem=36 * width,
     )
     return out
 

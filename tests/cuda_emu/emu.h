@@ -317,6 +317,12 @@ inline T atomicOr(T* p, T v) {
   return o;
 }
 template <class T>
+inline T atomicMin(T* p, T v) {
+  T o = *p;
+  *p = std::min(o, v);
+  return o;
+}
+template <class T>
 inline T atomicMax(T* p, T v) {
   T o = *p;
   *p = std::max(o, v);

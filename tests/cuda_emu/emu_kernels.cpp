@@ -74,7 +74,7 @@ py::tuple accept_walk(I64 tokens, I64 parents, I64 sizes, I64 posterior, py::obj
   }
   const long long *pt = tokens.data(), *pp = parents.data(), *ps = sizes.data(), *pq = posterior.data();
   long long *ph = ptr(path), *pa = ptr(acc), *pb = ptr(bonus), *po = ptr(out), *pn = ptr(newlens);
-  emu::launch(dim3((unsigned)bs), dim3(32), (size_t)32 * W,
+  emu::launch(dim3((unsigned)bs), dim3(32), (size_t)36 * W,
               [=] { ddtree_accept_walk(pt, pp, ps, pq, pre, W, ph, pa, pb, po, pn); });
   return py::make_tuple(path, acc, bonus, out, newlens);
 }
