@@ -66,7 +66,9 @@ def _graph_us(fn, calls: int, reps: int) -> float:
     return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
 
 
-def _posterior_following(tokens: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor, seed: int):
+def _posterior_following(
+    tokens: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor, seed: int
+):
     """A posterior that accepts deep: at every slot the second child if any, else the first."""
     g = torch.Generator(device=tokens.device).manual_seed(seed)
     sc = torch.where(first_child >= 0, next_sibling.gather(1, first_child.clamp(min=0)), -1)
@@ -78,9 +80,6 @@ def _posterior_following(tokens: torch.Tensor, first_child: torch.Tensor, next_s
 
 def run(args) -> dict:
     from ..kernels import cpp, gpu
-    from ..tree.accept import accept_walk_ref
-    from ..tree.batched import accept_walk as torch_accept_walk
-    from ..tree.layout import build_tree_batch_ref, pack_mask_words
 
     dev = torch.device("cuda")
     batch_sizes = args.batch_sizes
@@ -88,7 +87,14 @@ def run(args) -> dict:
     blocks = args.blocks
     stamp = _stamp.stamp()
     cpp.load_module()
-    results: dict = {"stamp": stamp, "vocab": VOCAB, "config": vars(args).copy(), "build": [], "accept": [], "topk": []}
+    results: dict = {
+        "stamp": stamp,
+        "vocab": VOCAB,
+        "config": vars(args).copy(),
+        "build": [],
+        "accept": [],
+        "topk": [],
+    }
     try:
         from tqdm import tqdm
     except ImportError:  # pragma: no cover
@@ -106,131 +112,18 @@ def run(args) -> dict:
         logits.scatter_add_(-1, boost, torch.rand(max_bs, depth, 8, generator=gen, device=dev) * 12)
         logits = logits.bfloat16()
         for budget in budgets:
-            width = budget + 1
             lp_all, ids_all = gpu.topk_log_probs(logits, budget)
             for bs in batch_sizes:
                 lp, ids = lp_all[:bs].contiguous(), ids_all[:bs].contiguous()
                 roots = torch.randint(0, VOCAB, (bs,), generator=gen, device=dev)
                 prefix = torch.randint(100, 4000, (bs,), generator=gen, device=dev)
-                tree = gpu.TreeBuffers.allocate(bs, width, dev, links=True)
-                gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
-                torch.cuda.synchronize()
-
-                # ---- exactness check of this configuration
-                lp_h, ids_h, roots_h, pre_h = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
-                ref = build_tree_batch_ref(lp_h, ids_h, roots_h, budget, width)
-                ok = (
-                    np.array_equal(tree.tokens.cpu().numpy(), ref.tokens)
-                    and np.array_equal(tree.parents.cpu().numpy(), ref.parents)
-                    and np.array_equal(tree.mask_words.cpu().numpy(), pack_mask_words(ref.visibility))
+                b_row, a_row, t_row = bench_config(
+                    args, dev, block, budget, bs, lp, ids, roots, prefix, logits
                 )
-                c = cpp.build_tree_batch(lp_h, ids_h, roots_h, budget, width, pre_h)
-                ok = ok and np.array_equal(c["tokens"], ref.tokens) and np.array_equal(c["parents"], ref.parents)
-                if not ok:
-                    raise AssertionError(f"tree mismatch at block={block} budget={budget} bs={bs}")
-
-                # ---- build timings
-                def python_build():
-                    a, b_, r, p = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
-                    batch = build_tree_batch_ref(a, b_, r, budget, width)
-                    outs = (
-                        batch.tokens,
-                        batch.depths,
-                        batch.parents,
-                        batch.tree_sizes,
-                        batch.positions(p),
-                        pack_mask_words(batch.visibility),
-                    )
-                    return [torch.from_numpy(np.ascontiguousarray(o)).to(dev, non_blocking=False) for o in outs]
-
-                def cpp_build():
-                    a, b_, r, p = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
-                    res = cpp.build_tree_batch(a, b_, r, budget, width, p)
-                    return [torch.from_numpy(v).to(dev) for v in res.values()]
-
-                t_py = _median_wall(python_build, args.python_reps) * 1e6
-                t_cpp = _median_wall(cpp_build, args.cpp_reps) * 1e6
-                build_fn = lambda: gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)  # noqa: E731
-                t_gpu = _graph_us(build_fn, args.calls, args.reps)
-                t_gpu1 = _graph_us(build_fn, 1, args.reps)
-                results["build"].append(
-                    dict(
-                        block=block,
-                        depth=depth,
-                        budget=budget,
-                        bs=bs,
-                        python_us=t_py,
-                        cpp_us=t_cpp,
-                        gpu_us=t_gpu,
-                        gpu_single_graph_us=t_gpu1,
-                        speedup_vs_python=t_py / t_gpu,
-                        speedup_vs_cpp=t_cpp / t_gpu,
-                        mean_tree_depth=float(tree.depths.float().max(dim=1).values.mean()),
-                    )
-                )
-
-                # ---- accept
-                post = _posterior_following(tree.tokens, tree.first_child, tree.next_sibling, bs + budget)
-                acc = gpu.AcceptBuffers.allocate(bs, width, dev)
-                gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
-                torch.cuda.synchronize()
-                ref_acc = accept_walk_ref(
-                    tree.tokens.cpu().numpy(), tree.parents.cpu().numpy(), tree.tree_sizes.cpu().numpy(), post.cpu().numpy()
-                )
-                if not np.array_equal(acc.path.cpu().numpy(), ref_acc.path):
-                    raise AssertionError(f"accept mismatch at block={block} budget={budget} bs={bs}")
-
-                def python_accept():
-                    t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
-                    a = accept_walk_ref(t, p_, s, q)
-                    return [torch.from_numpy(v).to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
-
-                def cpp_accept():
-                    t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
-                    a = cpp.accept_walk(t, p_, s, q)
-                    return [torch.from_numpy(v).to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
-
-                a_py = _median_wall(python_accept, args.python_reps) * 1e6
-                a_cpp = _median_wall(cpp_accept, args.cpp_reps) * 1e6
-                a_gpu = _graph_us(
-                    lambda: gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc),
-                    args.calls,
-                    args.reps,
-                )
-                a_torch = _graph_us(
-                    lambda: torch_accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, max_depth=depth),
-                    1,
-                    args.reps,
-                )
-                results["accept"].append(
-                    dict(
-                        block=block,
-                        budget=budget,
-                        bs=bs,
-                        python_us=a_py,
-                        cpp_us=a_cpp,
-                        torch_us=a_torch,
-                        gpu_us=a_gpu,
-                        mean_accept_len=float(acc.accept_lens.float().mean()),
-                    )
-                )
-
-                # ---- top-k (the preprocessing), fused kernel
-                x = logits[:bs]
-                out_lp = torch.empty(bs, depth, budget, device=dev)
-                out_ids = torch.empty(bs, depth, budget, dtype=torch.int64, device=dev)
-                row = dict(block=block, budget=budget, bs=bs)
-                row["gpu_us"] = _graph_us(
-                    lambda: gpu.topk_log_probs(x, budget, out_lp, out_ids), max(1, args.calls // 4), args.reps
-                )
-                if budget == 64:
-                    row["torch_exact_us"] = _graph_us(lambda: gpu.topk_log_probs_torch(x, budget), 1, args.reps)
-                    row["torch_topk_inexact_us"] = _graph_us(
-                        lambda: torch.topk(x.float(), budget, dim=-1).values - torch.logsumexp(x.float(), -1, keepdim=True),
-                        1,
-                        args.reps,
-                    )
-                results["topk"].append(row)
+                results["build"].append(b_row)
+                results["accept"].append(a_row)
+                results["topk"].append(t_row)
+                t_gpu = b_row["gpu_us"]
                 if bar:
                     bar.update(1)
                     bar.set_postfix(block=block, budget=budget, bs=bs, gpu_us=f"{t_gpu:.1f}")
@@ -241,6 +134,137 @@ def run(args) -> dict:
         bar.close()
     results["targets"] = evaluate_targets(results)
     return results
+
+
+def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, prefix, logits):
+    """Check and time one configuration: (build row, accept row, top-k row)."""
+    from ..kernels import cpp, gpu
+    from ..tree.accept import accept_walk_ref
+    from ..tree.batched import accept_walk as torch_accept_walk
+    from ..tree.layout import build_tree_batch_ref, pack_mask_words
+
+    depth = block - 1
+    width = budget + 1
+    tree = gpu.TreeBuffers.allocate(bs, width, dev, links=True)
+    gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
+    torch.cuda.synchronize()
+
+    # ---- exactness check of this configuration
+    lp_h, ids_h, roots_h, pre_h = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
+    ref = build_tree_batch_ref(lp_h, ids_h, roots_h, budget, width)
+    ok = (
+        np.array_equal(tree.tokens.cpu().numpy(), ref.tokens)
+        and np.array_equal(tree.parents.cpu().numpy(), ref.parents)
+        and np.array_equal(tree.mask_words.cpu().numpy(), pack_mask_words(ref.visibility))
+    )
+    c = cpp.build_tree_batch(lp_h, ids_h, roots_h, budget, width, pre_h)
+    ok = ok and np.array_equal(c["tokens"], ref.tokens) and np.array_equal(c["parents"], ref.parents)
+    if not ok:
+        raise AssertionError(f"tree mismatch at block={block} budget={budget} bs={bs}")
+
+    # ---- build timings
+    def python_build():
+        a, b_, r, p = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
+        batch = build_tree_batch_ref(a, b_, r, budget, width)
+        outs = (
+            batch.tokens,
+            batch.depths,
+            batch.parents,
+            batch.tree_sizes,
+            batch.positions(p),
+            pack_mask_words(batch.visibility),
+        )
+        return [torch.from_numpy(np.ascontiguousarray(o)).to(dev, non_blocking=False) for o in outs]
+
+    def cpp_build():
+        a, b_, r, p = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
+        res = cpp.build_tree_batch(a, b_, r, budget, width, p)
+        return [torch.from_numpy(v).to(dev) for v in res.values()]
+
+    t_py = _median_wall(python_build, args.python_reps) * 1e6
+    t_cpp = _median_wall(cpp_build, args.cpp_reps) * 1e6
+    build_fn = lambda: gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)  # noqa: E731
+    t_gpu = _graph_us(build_fn, args.calls, args.reps)
+    t_gpu1 = _graph_us(build_fn, 1, args.reps)
+    build_row = dict(
+        block=block,
+        depth=depth,
+        budget=budget,
+        bs=bs,
+        python_us=t_py,
+        cpp_us=t_cpp,
+        gpu_us=t_gpu,
+        gpu_single_graph_us=t_gpu1,
+        speedup_vs_python=t_py / t_gpu,
+        speedup_vs_cpp=t_cpp / t_gpu,
+        mean_tree_depth=float(tree.depths.float().max(dim=1).values.mean()),
+    )
+
+    # ---- accept
+    post = _posterior_following(tree.tokens, tree.first_child, tree.next_sibling, bs + budget)
+    acc = gpu.AcceptBuffers.allocate(bs, width, dev)
+    gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
+    torch.cuda.synchronize()
+    ref_acc = accept_walk_ref(
+        tree.tokens.cpu().numpy(),
+        tree.parents.cpu().numpy(),
+        tree.tree_sizes.cpu().numpy(),
+        post.cpu().numpy(),
+    )
+    if not np.array_equal(acc.path.cpu().numpy(), ref_acc.path):
+        raise AssertionError(f"accept mismatch at block={block} budget={budget} bs={bs}")
+
+    def python_accept():
+        t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
+        a = accept_walk_ref(t, p_, s, q)
+        return [torch.from_numpy(v).to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
+
+    def cpp_accept():
+        t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
+        a = cpp.accept_walk(t, p_, s, q)
+        return [torch.from_numpy(v).to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
+
+    a_py = _median_wall(python_accept, args.python_reps) * 1e6
+    a_cpp = _median_wall(cpp_accept, args.cpp_reps) * 1e6
+    a_gpu = _graph_us(
+        lambda: gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc),
+        args.calls,
+        args.reps,
+    )
+    a_torch = _graph_us(
+        lambda: torch_accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, max_depth=depth),
+        1,
+        args.reps,
+    )
+    accept_row = dict(
+        block=block,
+        budget=budget,
+        bs=bs,
+        python_us=a_py,
+        cpp_us=a_cpp,
+        torch_us=a_torch,
+        gpu_us=a_gpu,
+        mean_accept_len=float(acc.accept_lens.float().mean()),
+    )
+
+    # ---- top-k (the preprocessing), fused kernel
+    x = logits[:bs]
+    out_lp = torch.empty(bs, depth, budget, device=dev)
+    out_ids = torch.empty(bs, depth, budget, dtype=torch.int64, device=dev)
+    row = dict(block=block, budget=budget, bs=bs)
+    row["gpu_us"] = _graph_us(
+        lambda: gpu.topk_log_probs(x, budget, out_lp, out_ids), max(1, args.calls // 4), args.reps
+    )
+    if budget == 64:
+        row["torch_exact_us"] = _graph_us(lambda: gpu.topk_log_probs_torch(x, budget), 1, args.reps)
+        row["torch_topk_inexact_us"] = _graph_us(
+            lambda: (
+                torch.topk(x.float(), budget, dim=-1).values - torch.logsumexp(x.float(), -1, keepdim=True)
+            ),
+            1,
+            args.reps,
+        )
+    return build_row, accept_row, row
 
 
 def _find(rows, **kw):
@@ -262,14 +286,18 @@ def evaluate_targets(results: dict) -> dict:
         out["build_vs_cpp_bs64_b64"]["met"] = r["speedup_vs_cpp"] >= TARGETS["build_vs_cpp_bs64_b64"]
         r1 = _find(results["build"], block=blk, budget=64, bs=1)
         if r1:
-            out["build_flatness_bs64_over_bs1_b64"] = dict(value=r["gpu_us"] / r1["gpu_us"], target="~1 (flat)")
+            out["build_flatness_bs64_over_bs1_b64"] = dict(
+                value=r["gpu_us"] / r1["gpu_us"], target="~1 (flat)"
+            )
     r = _find(results["build"], block=blk, budget=32, bs=1)
     if r:
         out["build_us_bs1_b32"] = dict(value=r["gpu_us"], target="<= 20 us", met=r["gpu_us"] <= 20.0)
         out["build_us_bs1_b32_single_graph"] = dict(value=r["gpu_single_graph_us"], target="<= 20 us")
     worst = max((a["gpu_us"] for a in results["accept"] if a["bs"] == 64 and a["block"] == blk), default=None)
     if worst is not None:
-        out["accept_us_bs64"] = dict(value=worst, target="<= 5 us", met=worst <= 5.0, note="worst budget at bs=64")
+        out["accept_us_bs64"] = dict(
+            value=worst, target="<= 5 us", met=worst <= 5.0, note="worst budget at bs=64"
+        )
     return out
 
 
@@ -323,7 +351,15 @@ def to_markdown(results: dict) -> str:
         ]
         lines += [f"## Accept, block {block}", ""]
         rows = [
-            (r["budget"], r["bs"], r["python_us"], r["cpp_us"], r["torch_us"], r["gpu_us"], r["mean_accept_len"])
+            (
+                r["budget"],
+                r["bs"],
+                r["python_us"],
+                r["cpp_us"],
+                r["torch_us"],
+                r["gpu_us"],
+                r["mean_accept_len"],
+            )
             for r in results["accept"]
             if r["block"] == block
         ]
@@ -344,7 +380,9 @@ def to_markdown(results: dict) -> str:
             if r["block"] == block
         ]
         lines += [
-            _stamp.md_table(["k", "bs", "fused kernel", "torch, exact ties", "torch.topk, ties not pinned"], rows),
+            _stamp.md_table(
+                ["k", "bs", "fused kernel", "torch, exact ties", "torch.topk, ties not pinned"], rows
+            ),
             "",
         ]
     if results.get("notes"):
@@ -363,10 +401,20 @@ def plot(results: dict, path: Path) -> Path | None:
     blk = max(r["block"] for r in results["build"])
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), dpi=110)
     ax = axes[0]
-    for key, label in (("python_us", "Python heapq (+copies)"), ("cpp_us", "C++ (+copies)"), ("gpu_us", "CUDA kernel")):
+    for key, label in (
+        ("python_us", "Python heapq (+copies)"),
+        ("cpp_us", "C++ (+copies)"),
+        ("gpu_us", "CUDA kernel"),
+    ):
         rows = [r for r in results["build"] if r["block"] == blk and r["budget"] == 64]
         ax.plot([r["bs"] for r in rows], [r[key] for r in rows], marker="o", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="us", title=f"tree build, budget 64, block {blk}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch size",
+        ylabel="us",
+        title=f"tree build, budget 64, block {blk}",
+    )
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", lw=0.3)
@@ -380,14 +428,21 @@ def plot(results: dict, path: Path) -> Path | None:
     ax.grid(True, which="both", lw=0.3)
     ax = axes[2]
     rows = [r for r in results["accept"] if r["block"] == blk and r["budget"] == 64]
-    for key, label in (("python_us", "Python"), ("cpp_us", "C++"), ("torch_us", "torch walk"), ("gpu_us", "CUDA")):
+    for key, label in (
+        ("python_us", "Python"),
+        ("cpp_us", "C++"),
+        ("torch_us", "torch walk"),
+        ("gpu_us", "CUDA"),
+    ):
         ax.plot([r["bs"] for r in rows], [r[key] for r in rows], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set(xlabel="batch size", ylabel="us", title=f"accept walk, budget 64, block {blk}")
     ax.legend(fontsize=8)
     ax.grid(True, which="both", lw=0.3)
-    fig.suptitle(f"{results['stamp'].get('device')} - commit {str(results['stamp'].get('commit'))[:12]}", fontsize=9)
+    fig.suptitle(
+        f"{results['stamp'].get('device')} - commit {str(results['stamp'].get('commit'))[:12]}", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
