@@ -1,16 +1,20 @@
-"""Builds a batch of draft trees where the worker runs, with the fastest builder
-available: the CUDA kernels (CUDA + CuPy), else the C++ builder, else the Python
-reference. All three give identical trees (tests/test_*builder*.py)."""
+"""Tree build, tree masks and accept walk where the worker runs, on the fastest
+implementation available (``kernels/backend.py``): the CUDA kernels (CUDA + CuPy),
+else the C++ builder, else the Python reference - identical trees in every case.
+
+The accept walk runs as the CUDA kernel on the CUDA backend and as the batched
+torch walk otherwise (``tree/batched.py``: no host synchronisation on any device).
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from ..tree.layout import build_tree_batch_ref
+from ..kernels.backend import get_tree_backend
+from ..tree.batched import BatchedAcceptance, accept_walk
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -22,35 +26,59 @@ class DeviceTrees:
     tokens: torch.Tensor  # int64, slot 0 = root
     depths: torch.Tensor  # int64
     parents: torch.Tensor  # int64, -1 for root and padding
+    positions: torch.Tensor  # int64, prefix_len + depth
     tree_sizes: torch.Tensor  # [bs] int64
-    visibility: torch.Tensor  # [bs, width, width] bool
+    mask_words: torch.Tensor  # [bs, width, ceil(width / 32)] int32, ancestors + self
+
+    def visibility(self) -> torch.Tensor:
+        """``[bs, width, width]`` bool, unpacked from ``mask_words``."""
+        width = self.tokens.shape[1]
+        bits = torch.arange(32, device=self.mask_words.device, dtype=torch.int32)
+        unpacked = (self.mask_words[..., None] >> bits) & 1
+        return unpacked.reshape(*self.mask_words.shape[:2], -1)[..., :width].bool()
 
 
-class ReferenceTreeBuilder:
-    """The Python reference (numpy heapq), moved to the device."""
+class TreeEngine:
+    def __init__(self, device: torch.device, preference: str | None = None):
+        self.backend = get_tree_backend(preference)
+        self.name = self.backend.name
+        self.device = device
 
-    name = "python"
-
-    def build(self, log_probs, token_ids, root_tokens, budget: int, width: int) -> DeviceTrees:
-        device = log_probs.device
-        batch = build_tree_batch_ref(
-            log_probs.float().cpu().numpy(),
-            token_ids.cpu().numpy(),
-            root_tokens.cpu().numpy(),
+    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> DeviceTrees:
+        out = self.backend.build(
+            log_probs.float().contiguous(),
+            token_ids.to(torch.int64).contiguous(),
+            root_tokens.to(torch.int64).contiguous(),
             budget,
             width,
+            prefix_lens.to(torch.int64).contiguous(),
         )
-        to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
         return DeviceTrees(
-            tokens=to(batch.tokens),
-            depths=to(batch.depths),
-            parents=to(batch.parents),
-            tree_sizes=to(batch.tree_sizes),
-            visibility=to(batch.visibility),
+            tokens=out["tokens"],
+            depths=out["depths"],
+            parents=out["parents"],
+            positions=out["positions"],
+            tree_sizes=out["tree_sizes"],
+            mask_words=out["mask_words"],
         )
 
+    def accept(self, trees: DeviceTrees, posterior: torch.Tensor, max_depth: int) -> BatchedAcceptance:
+        if self.name == "cuda":
+            out = self.backend.accept(trees.tokens, trees.parents, trees.tree_sizes, posterior)
+            return BatchedAcceptance(out["path"], out["accept_lens"], out["bonus"], out["out_tokens"])
+        return accept_walk(trees.tokens, trees.parents, trees.tree_sizes, posterior, max_depth)
 
-def make_tree_builder(device: torch.device, preference: str = "auto"):
-    builder = ReferenceTreeBuilder()
-    logger.info("DDTREE tree builder: %s (device %s)", builder.name, device)
-    return builder
+    def flat_custom_mask(self, trees: DeviceTrees, prefix_lens: torch.Tensor) -> torch.Tensor:
+        """SGLang's flat verify mask for the GPU attention backends."""
+        if self.name == "cuda":
+            from ..kernels import gpu
+
+            width = trees.tokens.shape[1]
+            # The size depends on the prefix lengths; the scheduler already keeps
+            # them on the host (seq_lens_cpu), so this costs no extra sync there.
+            numel = gpu.flat_mask_numel(prefix_lens.tolist(), width)
+            out = torch.empty(numel, dtype=torch.bool, device=trees.mask_words.device)
+            return gpu.flat_custom_mask(trees.mask_words, prefix_lens.to(torch.int64), out)
+        from ..tree.layout import flat_custom_mask_torch
+
+        return flat_custom_mask_torch(trees.visibility(), prefix_lens)

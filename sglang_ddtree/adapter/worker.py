@@ -38,13 +38,12 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-from ..config import DDTreeConfig, DDTreeConfigError, oracle_draft_path
-from ..tree.batched import accept_walk, commit_sources, non_argmax_accepted
-from ..tree.layout import flat_custom_mask_torch
+from ..config import DDTreeConfig, DDTreeConfigError, oracle_draft_path, tree_backend_override
+from ..tree.batched import commit_sources, non_argmax_accepted
 from .draft_head import draft_topk
 from .posterior import tree_posterior
 from .stats import TreeStats
-from .tree_builder import make_tree_builder
+from .tree_builder import TreeEngine
 from .verify_input import DDTreeVerifyInput
 
 logger = logging.getLogger("sglang_ddtree")
@@ -64,7 +63,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
         self.width = self.ddtree.verify_width
-        self.tree_builder = make_tree_builder(torch.device(self.device))
+        self.trees = TreeEngine(torch.device(self.device), tree_backend_override())
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         oracle = oracle_draft_path()
         self.oracle = None
@@ -81,7 +80,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.ddtree.max_topk or "budget",
                 self.width,
                 self.block_size,
-                self.tree_builder.name,
+                self.trees.name,
             )
 
     def _refuse_unsupported_drafter(self) -> None:
@@ -145,12 +144,11 @@ class DDTreeWorker(DFlashWorkerV2):
             read_extent=width,
         )
         log_probs, token_ids = self._draft(batch, draft_input, roots, prefix_lens, plan)
-        trees = self.tree_builder.build(log_probs, token_ids, roots, self.ddtree.budget, width)
-        positions = prefix_lens[:, None].to(torch.int64) + trees.depths  # [bs, width]
+        trees = self.trees.build(log_probs, token_ids, roots, prefix_lens, self.ddtree.budget, width)
 
-        logits_output, can_run_graph = self._verify(batch, draft_input, trees, positions, window, plan)
-        posterior = self._posterior(batch, logits_output, positions, bs)  # [bs, width]
-        acceptance = accept_walk(trees.tokens, trees.parents, trees.tree_sizes, posterior, self.ddtree.depth)
+        logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
+        posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
+        acceptance = self.trees.accept(trees, posterior, self.ddtree.depth)
         commit_lens = (acceptance.accept_lens + 1).to(torch.int32)
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
 
@@ -256,18 +254,17 @@ class DDTreeWorker(DFlashWorkerV2):
             return draft_input.nxt_kv_lens_cpu[:bs].to(torch.int32)
         return torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int32)
 
-    def _verify(self, batch, draft_input, trees, positions, window, plan):
-        bs, width = len(batch.seq_lens), self.width
+    def _verify(self, batch, draft_input, trees, window, plan):
+        width = self.width
+        custom = self._uses_custom_mask
         verify_input = DDTreeVerifyInput(
             draft_token=trees.tokens.reshape(-1),
-            positions=positions.reshape(-1),
+            positions=trees.positions.reshape(-1),
             draft_token_num=width,
-            custom_mask=(
-                flat_custom_mask_torch(trees.visibility, batch.seq_lens) if self._uses_custom_mask else None
-            ),
+            custom_mask=self.trees.flat_custom_mask(trees, batch.seq_lens) if custom else None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=plan,
-            tree_visibility=trees.visibility,
+            tree_visibility=None if custom else trees.visibility(),
         )
         batch.out_cache_loc = window
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
