@@ -32,7 +32,10 @@ def pair():
 
 
 def _generate(server, prompts):
-    return [server.generate({"input_ids": p["input_ids"], "sampling_params": PARAMS})["output_ids"] for p in prompts]
+    return [
+        server.generate({"input_ids": p["input_ids"], "sampling_params": PARAMS})["output_ids"]
+        for p in prompts
+    ]
 
 
 def test_pair_folders_follow_the_drafter_conventions(pair):

@@ -45,7 +45,15 @@ from ..launch import ServerProcess, ServerStartError, cpu_server_args
 from ._stamp import md_table, results_dir, stamp, write_outputs
 
 DEFAULT_PAIR = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l"
-COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "info", "--disable-overlap-schedule"]
+COMMON = [
+    "--dtype",
+    "float32",
+    "--decode-log-interval",
+    "1",
+    "--log-level",
+    "info",
+    "--disable-overlap-schedule",
+]
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,9 @@ def run_arm(pair: dict, arm: Arm, prompts: list[dict], phases: dict[str, dict], 
 
 
 @torch.no_grad()
-def offline_replay(pair: dict, prompts: list[dict], greedy: list[list[int]], arms: list[Arm]) -> dict[str, float]:
+def offline_replay(
+    pair: dict, prompts: list[dict], greedy: list[list[int]], arms: list[Arm]
+) -> dict[str, float]:
     """Greedy tokens per round each arm should reach, replaying the server's rounds
     on the plain server's output with the training code's models (float32)."""
     from safetensors.torch import load_file
@@ -302,7 +312,9 @@ def markdown(data: dict) -> str:
         [
             [
                 r["arm"],
-                "-" if r["budget"] is None else (f"{r['budget']} (top-1)" if r["max_topk"] == 1 else r["budget"]),
+                "-"
+                if r["budget"] is None
+                else (f"{r['budget']} (top-1)" if r["max_topk"] == 1 else r["budget"]),
                 num(r["greedy_tokens_per_round"]),
                 rel(r["greedy_tokens_per_round"], chain["greedy_tokens_per_round"]) if r["budget"] else "-",
                 num(r["greedy_offline_prediction"]),
@@ -350,15 +362,30 @@ def plot(path: Path, data: dict) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for key, label, color in (("greedy", "T=0", "C0"), ("sample", "T=1", "C1")):
         xs = [r["budget"] for r in trees]
-        ax.plot(xs, [r[f"{key}_tokens_per_round"] for r in trees], marker="o", color=color, label=f"DDTree {label}")
+        ax.plot(
+            xs,
+            [r[f"{key}_tokens_per_round"] for r in trees],
+            marker="o",
+            color=color,
+            label=f"DDTree {label}",
+        )
         ax.axhline(chain[f"{key}_tokens_per_round"], ls="--", color=color, lw=1, label=f"chain {label}")
     offline = [r["greedy_offline_prediction"] for r in trees]
     if all(v is not None for v in offline):
-        ax.plot([r["budget"] for r in trees], offline, ls=":", marker="x", color="C0", label="DDTree T=0 offline replay")
+        ax.plot(
+            [r["budget"] for r in trees],
+            offline,
+            ls=":",
+            marker="x",
+            color="C0",
+            label="DDTree T=0 offline replay",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree budget (nodes per round)")
     ax.set_ylabel("tokens per round (accept length)")
-    ax.set_title(f"DDTree vs chain, trained pair {data['pair']} (block {data['config']['block']})", fontsize=10)
+    ax.set_title(
+        f"DDTree vs chain, trained pair {data['pair']} (block {data['config']['block']})", fontsize=10
+    )
     ax.grid(True, which="both", lw=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -371,7 +398,9 @@ def plot(path: Path, data: dict) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pair", type=Path, default=DEFAULT_PAIR)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -420,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
             "budgets": budgets,
             "server_args": COMMON,
             "phases": phases,
-            "pair_manifest": {k: pair["manifest"].get(k) for k in ("name", "created_utc", "sizes", "target", "drafter")},
+            "pair_manifest": {
+                k: pair["manifest"].get(k) for k in ("name", "created_utc", "sizes", "target", "drafter")
+            },
         },
         "rows": summarize(results, offline),
         "results": results,

@@ -618,7 +618,9 @@ class StepBudget:
             left = self.seconds - (time.perf_counter() - self.started)
             cap = max(20, 20 + int(left / per_step))
             if cap < self.total:
-                self.log(f"{self.name}: {per_step * 1e3:.1f} ms/step; {self.total} steps capped to {cap} (time limit)")
+                self.log(
+                    f"{self.name}: {per_step * 1e3:.1f} ms/step; {self.total} steps capped to {cap} (time limit)"
+                )
                 self.total = cap
             else:
                 self.log(f"{self.name}: {per_step * 1e3:.1f} ms/step")
@@ -654,7 +656,9 @@ def train_target(target, train, spec, device, log, seconds, gen) -> dict:
         if step % 10 == 0 or step == budget.total:
             running.append(loss.item())
         if step % 200 == 0 or step == 1 or step == budget.total:
-            log(f"target: step {step}/{budget.total} loss {loss.item():.4f} ({time.perf_counter() - started:.0f}s)")
+            log(
+                f"target: step {step}/{budget.total} loss {loss.item():.4f} ({time.perf_counter() - started:.0f}s)"
+            )
     target.eval()
     return {"steps": step, "final_train_loss": float(np.mean(running[-20:]))}
 
@@ -738,7 +742,9 @@ def train_drafter(target, drafter, train, generated, spec, mask_id, device, log,
         for group in opt.param_groups:
             group["lr"] = _lr(step, budget.total, spec.draft_lr)
         seqs, anchors = draft_batch(train, generated, spec, gen)
-        loss, hard, acc, _ = draft_step_loss(target, drafter, seqs.to(device), anchors.to(device), spec, mask_id, autocast)
+        loss, hard, acc, _ = draft_step_loss(
+            target, drafter, seqs.to(device), anchors.to(device), spec, mask_id, autocast
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -792,15 +798,21 @@ def evaluate_pair(target, drafter, heldout, prompts, spec, mask_id, device, gen)
     block = spec.block_size
     n = 32
     seqs = random_windows(heldout, n, spec.draft_seq, gen)
-    anchors = sample_anchors(n, spec.draft_anchors, torch.ones(n, dtype=torch.int64), spec.draft_seq - block, gen)
+    anchors = sample_anchors(
+        n, spec.draft_anchors, torch.ones(n, dtype=torch.int64), spec.draft_seq - block, gen
+    )
     loss, hard, acc, _ = draft_step_loss(
         target, drafter, seqs.to(device), anchors.to(device), spec, mask_id, autocast, soft_weight=0.0
     )
     ids = torch.tensor([p["input_ids"] for p in prompts], dtype=torch.int64, device=device)
-    greedy = generate(target, ids, spec.eval_new_tokens, torch.ones(len(prompts), dtype=torch.bool), gen, device)
+    greedy = generate(
+        target, ids, spec.eval_new_tokens, torch.ones(len(prompts), dtype=torch.bool), gen, device
+    )
     p, length = ids.shape[1], greedy.shape[1]
     anchors = torch.arange(p, length - block + 1, device=device)[None].expand(len(prompts), -1)
-    _, _, g_acc, logits = draft_step_loss(target, drafter, greedy, anchors, spec, mask_id, autocast, soft_weight=0.0)
+    _, _, g_acc, logits = draft_step_loss(
+        target, drafter, greedy, anchors, spec, mask_id, autocast, soft_weight=0.0
+    )
     pos = anchors[:, :, None] + torch.arange(1, block, device=device)
     match = logits.argmax(-1) == greedy.gather(1, pos.reshape(len(prompts), -1)).view_as(pos)
     accepted = match.int().cumprod(-1).sum(-1).float()
@@ -828,10 +840,15 @@ def _save_folder(folder: Path, config: dict, weights: dict[str, torch.Tensor]) -
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.detach().cpu().to(torch.bfloat16).contiguous() for k, v in weights.items()}, folder / "model.safetensors")
+    save_file(
+        {k: v.detach().cpu().to(torch.bfloat16).contiguous() for k, v in weights.items()},
+        folder / "model.safetensors",
+    )
 
 
-def export_pair(out: Path, target: Target, drafter: Drafter, tok_dir: Path, spec: PairSpec, vocab: int, mask_id: int):
+def export_pair(
+    out: Path, target: Target, drafter: Drafter, tok_dir: Path, spec: PairSpec, vocab: int, mask_id: int
+):
     tiny = spec.tiny_spec()
     with torch.no_grad():
         target.model.embed_tokens.weight[mask_id] = drafter.mask_embedding
@@ -865,7 +882,9 @@ def count_params(weights) -> int:
 # --------------------------------------------------------------------------- main
 
 
-def run(spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torch.device, time_limit_s: float) -> dict:
+def run(
+    spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torch.device, time_limit_s: float
+) -> dict:
     from transformers import AutoTokenizer
 
     log = Log()
@@ -874,7 +893,11 @@ def run(spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torc
     gen = torch.Generator().manual_seed(spec.seed)
     prepare_data(data, spec, site_packages, log)
     tok = AutoTokenizer.from_pretrained(data / "tokenizer")
-    vocab, mask_id, eos = len(tok), tok.convert_tokens_to_ids(MASK_TOKEN), tok.convert_tokens_to_ids(EOS_TOKEN)
+    vocab, mask_id, eos = (
+        len(tok),
+        tok.convert_tokens_to_ids(MASK_TOKEN),
+        tok.convert_tokens_to_ids(EOS_TOKEN),
+    )
     assert eos == 0, "the configs say eos_token_id 0"
     train = np.load(data / "train.npy")
     heldout = np.load(data / "heldout.npy")
@@ -896,7 +919,9 @@ def run(spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torc
     t0 = time.perf_counter()
     target_stats = train_target(target, train, spec, device, log, 0.5 * time_limit_s, gen)
     _bf16_roundtrip(target)
-    target_stats["heldout_loss"] = target_heldout_loss(target, heldout, spec, device, torch.Generator().manual_seed(1))
+    target_stats["heldout_loss"] = target_heldout_loss(
+        target, heldout, spec, device, torch.Generator().manual_seed(1)
+    )
     target_stats["seconds"] = round(time.perf_counter() - t0, 1)
     log(f"target: {json.dumps(target_stats)}")
 
@@ -907,7 +932,11 @@ def run(spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torc
     _bf16_roundtrip(drafter)
     draft_stats["seconds"] = round(time.perf_counter() - t0, 1)
     prompts = heldout_prompt_set(heldout, offsets, tok, spec, torch.Generator().manual_seed(spec.seed + 2))
-    draft_stats.update(evaluate_pair(target, drafter, heldout, prompts, spec, mask_id, device, torch.Generator().manual_seed(3)))
+    draft_stats.update(
+        evaluate_pair(
+            target, drafter, heldout, prompts, spec, mask_id, device, torch.Generator().manual_seed(3)
+        )
+    )
     log(f"drafter: {json.dumps(draft_stats)}")
 
     out.mkdir(parents=True, exist_ok=True)
@@ -923,14 +952,21 @@ def run(spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torc
         "created_utc": started_at,
         "command": "python -m sglang_ddtree.models.train_pair " + " ".join(sys.argv[1:]),
         "machine": {
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "device": torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else platform.processor() or "cpu",
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
         "seed": spec.seed,
         "spec": asdict(spec),
         "corpus": corpus,
-        "tokenizer": {"vocab_size": vocab, "mask_token": MASK_TOKEN, "mask_token_id": mask_id, "eos_token": EOS_TOKEN},
+        "tokenizer": {
+            "vocab_size": vocab,
+            "mask_token": MASK_TOKEN,
+            "mask_token_id": mask_id,
+            "eos_token": EOS_TOKEN,
+        },
         "sizes": {
             "target_params": tgt_params,
             "drafter_params": dr_params,
@@ -951,11 +987,17 @@ def run(spec: PairSpec, out: Path, data: Path, site_packages: Path, device: torc
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"pair folder (default: {DEFAULT_OUT})")
-    parser.add_argument("--data", type=Path, default=None, help="prepared-data cache (default: in the cache dir)")
-    parser.add_argument("--site-packages", type=Path, default=None, help="corpus root (default: this Python's)")
+    parser.add_argument(
+        "--data", type=Path, default=None, help="prepared-data cache (default: in the cache dir)"
+    )
+    parser.add_argument(
+        "--site-packages", type=Path, default=None, help="corpus root (default: this Python's)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=None)
     parser.add_argument("--draft-steps", type=int, default=None)
@@ -968,7 +1010,9 @@ def main(argv: list[str] | None = None) -> None:
     spec = PairSpec(seed=args.seed)
     if args.smoke:
         spec = replace(spec, **SMOKE)
-    overrides = {k: v for k, v in (("target_steps", args.target_steps), ("draft_steps", args.draft_steps)) if v}
+    overrides = {
+        k: v for k, v in (("target_steps", args.target_steps), ("draft_steps", args.draft_steps)) if v
+    }
     spec = replace(spec, **overrides)
     if args.threads:
         torch.set_num_threads(args.threads)
