@@ -80,13 +80,23 @@ PARITY_FLAGS = {
     "disable_cuda_graph": ("--disable-cuda-graph",),
     "disable_decode_cuda_graph": ("--disable-decode-cuda-graph", "--disable-cuda-graph"),
     "disable_prefill_cuda_graph": ("--disable-prefill-cuda-graph", "--disable-cuda-graph"),
-    "cuda_graph_config.decode.backend": ("--cuda-graph-backend-decode", "--disable-cuda-graph"),
-    "cuda_graph_config.decode.max_bs": (
-        "--cuda-graph-max-bs",
-        "--cuda-graph-max-bs-decode",
-        "--cuda-graph-bs",
+    "cuda_graph_config.decode.backend": (
+        "--cuda-graph-backend-decode",
+        "--disable-decode-cuda-graph",
+        "--disable-cuda-graph",
+        "--cuda-graph-config",
     ),
-    "cuda_graph_config.prefill.backend": ("--cuda-graph-backend-prefill", "--disable-prefill-cuda-graph"),
+    "cuda_graph_config.decode.max_bs": (
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-bs-decode",
+        "--cuda-graph-config",
+    ),
+    "cuda_graph_config.prefill.backend": (
+        "--cuda-graph-backend-prefill",
+        "--disable-prefill-cuda-graph",
+        "--disable-cuda-graph",
+        "--cuda-graph-config",
+    ),
     "enable_torch_compile": ("--enable-torch-compile",),
     "enable_two_batch_overlap": ("--enable-two-batch-overlap",),
 }
@@ -162,6 +172,8 @@ class Arm:
     pid: int | None = None
     log: str | None = None
     start_seconds: float | None = None
+    check_seconds: float | None = None
+    stop_seconds: float | None = None
     readback: dict = field(default_factory=dict)
     greedy: list[list[int]] | None = None
     runs: list[dict] = field(default_factory=list)
@@ -183,6 +195,8 @@ class Arm:
             "pid": self.pid,
             "log": self.log,
             "start_seconds": self.start_seconds,
+            "check_seconds": self.check_seconds,
+            "stop_seconds": self.stop_seconds,
             "server_info_readback": self.readback,
             "greedy_output_ids": self.greedy,
             "runs": self.runs,
@@ -569,10 +583,13 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
         arm.readback = readback(server.server_info())
         if opts.check_prompts > 0:
             pbar.set_description(f"{arm.name}: greedy check")
+            t0 = time.perf_counter()
             arm.greedy = greedy_outputs(server, CHECK_PROMPTS[: opts.check_prompts], opts.check_tokens)
+            arm.check_seconds = round(time.perf_counter() - t0, 1)
         for concurrency, num_prompts, rep in plan:
             pbar.set_description(f"{arm.name}: c={concurrency} rep {rep + 1}/{opts.repeats}")
             stem = f"{_safe(arm.name)}_c{concurrency}_r{rep}"
+            t0 = time.perf_counter()
             result = run_bench(
                 server.url,
                 opts,
@@ -583,7 +600,12 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
                 log_file=raw / f"bench_{stem}.log",
                 dataset_file=opts.dataset_file,
             )
-            result.update(concurrency_requested=concurrency, num_prompts=num_prompts, repeat=rep)
+            result.update(
+                concurrency_requested=concurrency,
+                num_prompts=num_prompts,
+                repeat=rep,
+                wall_seconds=round(time.perf_counter() - t0, 1),  # bench_serving start-up included
+            )
             arm.runs.append(result)
             pbar.update(1)
             tok_s = result["output_throughput"]
@@ -600,6 +622,7 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
         arm.error = str(error)
         raise ABError(f"the {arm.name!r} arm failed: {error}") from error
     finally:
+        t0 = time.perf_counter()
         server.stop()
         arm.stopped = server.process is None or wait_group_gone(server.process.pid)
         if not arm.stopped:  # a straggler: one more kill, then report it
@@ -608,6 +631,7 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
             except (ProcessLookupError, PermissionError):
                 pass
             arm.stopped = wait_group_gone(server.process.pid, 5.0)
+        arm.stop_seconds = round(time.perf_counter() - t0, 1)
         live.remove(server)
 
 
