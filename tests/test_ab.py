@@ -17,8 +17,6 @@ import pytest
 
 from sglang_ddtree.bench.ab import live_group_members
 
-pytestmark = pytest.mark.server
-
 AB = [sys.executable, "-m", "sglang_ddtree.bench.ab", "--tiny"]
 SMALL = ["--concurrency", "1", "--num-prompts", "4", "--input-len", "32", "--output-len", "16"]
 SMALL += ["--check-prompts", "2", "--check-tokens", "16"]
@@ -60,6 +58,7 @@ def _one_report(out: Path) -> tuple[dict, Path]:
     return json.loads(reports[0].read_text()), reports[0]
 
 
+@pytest.mark.server
 def test_ab_smoke_two_arms(tmp_path):
     out = tmp_path / "reports"
     started = time.monotonic()
@@ -102,6 +101,7 @@ def test_ab_smoke_two_arms(tmp_path):
     print(f"A/B smoke run: {elapsed:.0f} s")
 
 
+@pytest.mark.server
 def test_ab_server_start_failure_is_reported(tmp_path):
     out = tmp_path / "reports"
     proc = subprocess.run(
@@ -133,6 +133,7 @@ def test_ab_server_start_failure_is_reported(tmp_path):
     _assert_nothing_left(report)
 
 
+@pytest.mark.server
 def test_ab_interrupt_stops_everything(tmp_path):
     out, raw = tmp_path / "reports", tmp_path / "raw"
     many = ["--concurrency", "1", "--num-prompts", "200", "--output-len", "64", "--check-prompts", "1"]
@@ -160,3 +161,111 @@ def test_ab_interrupt_stops_everything(tmp_path):
     assert report["status"] == "interrupted"
     assert report["arms"][0]["port"] is not None and report["arms"][1]["port"] is None
     _assert_nothing_left(report)
+
+
+# --------------------------------------------------------------------------- no server: the report logic
+
+
+def _fake_run_arm(greedy_by_arm: dict, readback_by_arm: dict | None = None):
+    """A stand-in for ``run_arm`` that fills an arm as a finished run would."""
+
+    def run_arm(arm, opts, plan, raw, pbar, live):
+        arm.port, arm.pid, arm.start_seconds, arm.stopped = 1, None, 0.0, True
+        arm.readback = {"disable_overlap_schedule": False, "cuda_graph_config.decode.max_bs": 64}
+        arm.readback.update((readback_by_arm or {}).get(arm.name, {}))
+        arm.greedy = greedy_by_arm[arm.name]
+        speed = {"plain": 100.0, "chain": 150.0}.get(arm.name, 200.0)
+        for concurrency, num_prompts, rep in plan:
+            arm.runs.append(
+                {
+                    "completed": num_prompts,
+                    "output_throughput": speed + rep,
+                    "median_tpot_ms": 1000.0 / speed,
+                    "median_ttft_ms": 10.0,
+                    "p99_ttft_ms": 20.0,
+                    "median_itl_ms": 5.0,
+                    "accept_length": None if arm.kind == "plain" else 3.0,
+                    "concurrency_requested": concurrency,
+                    "num_prompts": num_prompts,
+                    "repeat": rep,
+                }
+            )
+
+    return run_arm
+
+
+FAKE = ["--model", "/nonexistent/target", "--drafter", "/nonexistent/drafter", "--chain-impl", "dflash"]
+FAKE += ["--concurrency", "1,4", "--num-prompts", "8", "--repeats", "2", "--check-prompts", "2", "--no-plot"]
+
+
+def test_report_winners_and_ratios(tmp_path, monkeypatch):
+    from sglang_ddtree.bench import ab
+
+    same = {name: [[1, 2, 3], [4, 5, 6]] for name in ("ddtree", "chain", "plain")}
+    monkeypatch.setattr(ab, "run_arm", _fake_run_arm(same))
+    assert (
+        ab.main([*FAKE, "--out-dir", str(tmp_path), "--raw-dir", str(tmp_path / "raw"), "--label", "fake"])
+        == 0
+    )
+    report, path = _one_report(tmp_path)
+    assert path.name.startswith("ab_fake_")
+    rows = {(r["arm"], r["concurrency"]): r for r in report["summary"]}
+    assert rows[("ddtree", 4)]["output_tok_s"] == pytest.approx(200.5)  # median of 200, 201
+    assert rows[("ddtree", 4)]["vs_baseline"] == pytest.approx(200.5 / 100.5)
+    assert [w["winner"] for w in report["winners"]] == ["ddtree", "ddtree"]
+    assert report["winners"][0]["clear"] is True  # 200 > 151: slowest beats the runner-up's fastest
+    assert report["greedy_check"]["ok"] and report["parity"]["ok"]
+    assert "| ddtree | 4 | 8 | 200.5 | 200.0-201.0 | 2.00x |" in path.with_suffix(".md").read_text()
+
+
+def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
+    from sglang_ddtree.bench import ab
+
+    outputs = {
+        "ddtree": [[1, 2, 3], [4, 5, 7]],
+        "chain": [[1, 2, 3], [4, 5, 6]],
+        "plain": [[1, 2, 3], [4, 5, 6]],
+    }
+    monkeypatch.setattr(ab, "run_arm", _fake_run_arm(outputs))
+    assert ab.main([*FAKE, "--out-dir", str(tmp_path), "--raw-dir", str(tmp_path / "raw")]) == 1
+    assert "GREEDY CHECK FAILED" in capsys.readouterr().err
+    report, path = _one_report(tmp_path)
+    (mismatch,) = report["greedy_check"]["mismatches"]
+    assert (mismatch["arm"], mismatch["prompt_index"], mismatch["first_diff_token"]) == ("ddtree", 1, 2)
+    assert "**GREEDY CHECK FAILED" in path.with_suffix(".md").read_text()
+
+
+def test_parity_difference_is_explained(tmp_path, monkeypatch):
+    from sglang_ddtree.bench import ab
+
+    same = {name: [[1]] for name in ("ddtree", "chain", "plain")}
+    readback = {"ddtree": {"disable_overlap_schedule": True}}
+    monkeypatch.setattr(ab, "run_arm", _fake_run_arm(same, readback))
+    argv = [
+        *FAKE,
+        "--out-dir",
+        str(tmp_path),
+        "--raw-dir",
+        str(tmp_path / "raw"),
+        "--arm-args",
+        "chain=--disable-overlap-schedule",
+    ]
+    assert ab.main([*argv, "--strict-parity"]) == 3
+    report, path = _one_report(tmp_path)
+    (diff,) = report["parity"]["differences"]
+    assert diff["key"] == "disable_overlap_schedule"
+    assert diff["why"]["ddtree"].startswith("resolved by SGLang")
+    assert diff["why"]["chain"] == "set by --disable-overlap-schedule"
+    assert "NOT AT PARITY" in path.with_suffix(".md").read_text()
+
+
+def test_bad_options_are_refused(tmp_path, capsys):
+    from sglang_ddtree.bench import ab
+
+    assert ab.main(["--model", "m", "--arms", "ddtree,tree", "--out-dir", str(tmp_path)]) == 2
+    assert "unknown arm 'tree'" in capsys.readouterr().err
+    assert ab.main(["--model", "m", "--arms", "ddtree", "--out-dir", str(tmp_path)]) == 2
+    assert "needs a drafter" in capsys.readouterr().err
+    assert ab.main([*FAKE[:4], "--concurrency", "1,4", "--num-prompts", "1,2,3"]) == 2
+    assert "one per level" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

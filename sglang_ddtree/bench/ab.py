@@ -263,10 +263,12 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
     chain_impl = opts.chain_impl
     if chain_impl == "auto":
         chain_impl = "ddtree-topk1" if cpu else "dflash"
+    # DDTree variables in this environment reach every server: show them in the report.
+    inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SGLANG_DDTREE_")}
     arms = []
     for name, kind, budget in parse_arm_names(opts.arms):
         extra = per_arm.pop(name, [])
-        env: dict[str, str] = {}
+        env: dict[str, str] = dict(inherited)
         if kind != "plain" and not drafter:
             raise ABError(
                 f"arm {name!r} needs a drafter: pass --drafter (a DFlash drafter folder or hub id)."
@@ -620,7 +622,10 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
         raise ABError(f"the {arm.name!r} arm's server did not start:\n{error}") from error
     except ABError as error:
         arm.error = str(error)
-        raise ABError(f"the {arm.name!r} arm failed: {error}") from error
+        raise ABError(f"the {arm.name!r} arm failed: {error}\nserver log:\n{server.log_tail(20)}") from error
+    except Exception as error:  # a request to the server failed (it died, or answered an error)
+        arm.error = f"{type(error).__name__}: {error}"
+        raise ABError(f"the {arm.name!r} arm failed: {arm.error}\n{server.log_tail(30)}") from error
     finally:
         t0 = time.perf_counter()
         server.stop()
@@ -827,6 +832,8 @@ def _install_signal_handlers() -> dict:
     previous = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
+            if signal.getsignal(sig) is signal.SIG_IGN:  # e.g. SIGHUP under nohup: keep ignoring it
+                continue
             previous[sig] = signal.signal(sig, handler)
         except (ValueError, OSError):  # not the main thread
             pass
