@@ -92,10 +92,12 @@ def test_build_log_probs_outside_shared_memory(emu):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
-    "rows, vocab, k", [(3, 111, 7), (2, 111, 111), (2, 4000, 64), (1, 3000, 1024), (2, 50, 1)]
+    "rows, vocab, k",
+    [(3, 111, 7), (2, 111, 111), (2, 4000, 64), (1, 3000, 1024), (2, 50, 1), (1, 20000, 33)],
 )
 def test_topk(emu, rows, vocab, k, dtype):
     gen = torch.Generator().manual_seed(rows * vocab + k)
+    paths = set()
     for mode in ("randn", "round", "few", "neginf"):
         x = torch.randn(rows, vocab, generator=gen) * 3
         if mode == "round":
@@ -107,11 +109,16 @@ def test_topk(emu, rows, vocab, k, dtype):
         x = x.to(dtype)
         raw = x.numpy() if dtype == torch.float32 else x.view(torch.int16).numpy().view(np.uint16)
         code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
-        lp, ids = emu.topk(np.ascontiguousarray(raw), code, k)
+        lp, ids, path = emu.topk(np.ascontiguousarray(raw), code, k)
+        paths.update(path.tolist())
         for r in range(rows):
             ref = topk_log_probs(x[r : r + 1], k)
             np.testing.assert_array_equal(ids[r], ref.token_ids[0], err_msg=f"{mode} row {r}")
             np.testing.assert_allclose(lp[r], ref.log_probs[0], rtol=1e-6, atol=2e-6, err_msg=mode)
+    # the threshold path everywhere; the radix fallback when > 4096 keys tie at the bound
+    assert 0 in paths
+    if vocab >= 20000:
+        assert 1 in paths
 
 
 def _tree_and_posterior(rng, bs, budget, vocab=60, extra=0):

@@ -456,6 +456,35 @@ def plot(results: dict, path: Path) -> Path | None:
     return path
 
 
+def single_pass(vocab: int, bs: int, budget: int, depth: int, repeat: int = 2) -> None:
+    """Every kernel on one small case, ``repeat`` times (for ncu / compute-sanitizer runs)."""
+    from ..kernels import gpu
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    logits = (torch.randn(bs, depth, vocab, generator=gen, device=dev) * 2).bfloat16()
+    roots = torch.randint(0, vocab, (bs,), generator=gen, device=dev)
+    prefix = torch.randint(0, 300, (bs,), generator=gen, device=dev)
+    width = budget + 1
+    tree = gpu.TreeBuffers.allocate(bs, width, dev, links=True)
+    acc = gpu.AcceptBuffers.allocate(bs, width, dev)
+    mask = torch.empty(bs * width * (300 + width), dtype=torch.bool, device=dev)
+    table = torch.randperm((bs + 1) * (300 + width + 8), device=dev).int().view(bs + 1, -1)
+    rows = torch.arange(bs, device=dev)
+    layers = [torch.randn(table.numel(), 8, 128, device=dev).bfloat16() for _ in range(2)]
+    kv = gpu.KVLayers.from_tensors(layers)
+    for _ in range(repeat):
+        lp, ids = gpu.topk_log_probs(logits, budget)
+        gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
+        gpu.flat_custom_mask(tree.mask_words, prefix, mask)
+        post = _posterior_following(tree.tokens, tree.first_child, tree.next_sibling, 1)
+        gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
+        gpu.move_kv(kv, table, rows, prefix, acc.path, acc.accept_lens)
+        gpu.rewrite_req_to_token(table, rows, prefix, acc.path, acc.accept_lens)
+    torch.cuda.synchronize()
+    print("single pass done: accept lens", acc.accept_lens.tolist())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help="output directory (default: bench_results/)")
@@ -467,7 +496,16 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=20, help="launches per graph")
     p.add_argument("--python-reps", type=int, default=3)
     p.add_argument("--cpp-reps", type=int, default=15)
+    p.add_argument(
+        "--single",
+        action="store_true",
+        help="run every kernel twice on one small case and exit (for ncu / compute-sanitizer)",
+    )
+    p.add_argument("--vocab", type=int, default=VOCAB, help="with --single")
     args = p.parse_args(argv)
+    if args.single:
+        single_pass(args.vocab, args.batch_sizes[0], args.budgets[0], args.blocks[0] - 1)
+        return 0
     if args.quick:
         args.batch_sizes, args.budgets, args.blocks = [1, 8, 64], [32, 64], [16]
     if not torch.cuda.is_available():

@@ -112,6 +112,7 @@ def topk_log_probs(
             k,
             ptr(out_log_probs),
             ptr(out_token_ids),
+            0,  # path_taken: not recorded
         ),
     )
     return out_log_probs, out_token_ids

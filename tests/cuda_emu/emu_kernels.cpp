@@ -134,12 +134,14 @@ py::tuple topk(py::array logits, int dtype, long long k) {
   I64 ids({rows, k});
   std::fill(lp.mutable_data(), lp.mutable_data() + lp.size(), 12345.f);
   std::fill(ids.mutable_data(), ids.mutable_data() + ids.size(), -7LL);
+  I32 path(rows);
   const void* pl = logits.data();
   float* plp = lp.mutable_data();
   long long* pid = ids.mutable_data();
+  int* ppath = path.mutable_data();
   emu::launch(dim3((unsigned)rows), dim3(DDT_TOPK_THREADS), 0,
-              [=] { ddtree_topk_logprobs(pl, dtype, V, V, k, plp, pid); });
-  return py::make_tuple(lp, ids);
+              [=] { ddtree_topk_logprobs(pl, dtype, V, V, k, plp, pid, ppath); });
+  return py::make_tuple(lp, ids, path);
 }
 
 PYBIND11_MODULE(_ddtree_emu, m) {
