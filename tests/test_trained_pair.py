@@ -16,8 +16,6 @@ import pytest
 from sglang_ddtree.bench.pair_eval import DEFAULT_PAIR, load_pair
 from sglang_ddtree.launch import ServerProcess, cpu_server_args
 
-pytestmark = pytest.mark.server
-
 PROMPTS = 4
 PARAMS = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
 COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "warning"]
@@ -48,6 +46,7 @@ def test_pair_folders_follow_the_drafter_conventions(pair):
     assert len(pair["prompts"]) >= PROMPTS
 
 
+@pytest.mark.server
 def test_trained_pair_greedy_identical_and_accepted(pair, tmp_path):
     prompts = pair["prompts"][:PROMPTS]
     plain_args = cpu_server_args(pair["target"], COMMON)
