@@ -269,7 +269,7 @@ def _encode(tok, texts: list[str]) -> list[np.ndarray]:
 
 def prepare_data(data: Path, spec: PairSpec, site_packages: Path, log: Log) -> None:
     """Corpus, tokenizer and token arrays into ``data`` (skipped when already there)."""
-    key = _data_key(spec, site_packages)
+    key = _data_key(spec)
     done = data / "DONE.json"
     if done.exists() and json.loads(done.read_text()).get("key") == key:
         log(f"data: reusing {data}")
@@ -308,7 +308,8 @@ def prepare_data(data: Path, spec: PairSpec, site_packages: Path, log: Log) -> N
     log(f"data: {info['train_tokens']} train / {info['heldout_tokens']} held-out tokens in {data}")
 
 
-def _data_key(spec: PairSpec, site_packages: Path) -> str:
+def _data_key(spec: PairSpec) -> str:
+    """The corpus root is left out: prepared data may move to another machine."""
     fields = ("seed", "corpus_bytes", "heldout_permille", "tokenizer_bytes", "vocab_size")
     blob = json.dumps({f: getattr(spec, f) for f in fields}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
