@@ -51,12 +51,12 @@ __device__ __forceinline__ bool ddt_path_less(int an, int ar, int bn, int br, co
 //   u64 fkey[W]; double score[W]; int par, rnk, dep, cnt, first, next, last [W]; int n (x4);
 //   float lp[D*K] when lp_in_smem.
 
-template <bool LP_SMEM>
-__device__ __forceinline__ void ddt_build_tree(const float* __restrict__ log_probs,      // [bs, D, K]
+extern "C" __global__ void __launch_bounds__(256)
+    ddtree_build_tree(const float* __restrict__ log_probs,      // [bs, D, K]
                       const ddt_i64* __restrict__ token_ids,    // [bs, D, K]
                       const ddt_i64* __restrict__ root_tokens,  // [bs]
                       const ddt_i64* __restrict__ prefix_lens,  // [bs] or null
-                      ddt_i64 D_, ddt_i64 K_, ddt_i64 budget_, ddt_i64 W_,
+                      ddt_i64 D_, ddt_i64 K_, ddt_i64 budget_, ddt_i64 W_, ddt_i64 lp_in_smem,
                       ddt_i64* __restrict__ tokens,        // [bs, W]
                       ddt_i64* __restrict__ depths,        // [bs, W]
                       ddt_i64* __restrict__ parents,       // [bs, W]
@@ -85,11 +85,12 @@ __device__ __forceinline__ void ddt_build_tree(const float* __restrict__ log_pro
   float* s_lp = reinterpret_cast<float*>(s_n + 4);
 
   const float* g_lp = log_probs + (ddt_i64)b * D * K;
-  if (LP_SMEM) {
+  const float* lp = g_lp;
+  if (lp_in_smem) {
     for (int i = tid; i < D * K; i += blockDim.x) s_lp[i] = __ldg(g_lp + i);
+    lp = s_lp;
     __syncthreads();
   }
-  const float* lp = LP_SMEM ? s_lp : g_lp;
 
   if (tid < 32) {
     ddt_u64 best_key = 0ull;
@@ -111,21 +112,15 @@ __device__ __forceinline__ void ddt_build_tree(const float* __restrict__ log_pro
     __syncwarp();
     int t = 0;
     while (t < budget) {
-      // warp argmax of the lanes' best keys: max of the high halves first (a valid key's
-      // high half is > 0); the low halves only when several lanes share that maximum
+      // warp argmax of the lanes' best keys
       const unsigned hi = (unsigned)(best_key >> 32);
       const unsigned mhi = __reduce_max_sync(DDT_FULL_MASK, hi);
-      if (mhi == 0u) break;  // the heap is empty
-      unsigned ties = __ballot_sync(DDT_FULL_MASK, hi == mhi);
-      ddt_u64 m;
-      if (ties & (ties - 1)) {
-        const unsigned mlo = __reduce_max_sync(DDT_FULL_MASK, hi == mhi ? (unsigned)best_key : 0u);
-        m = ((ddt_u64)mhi << 32) | mlo;
-        ties = __ballot_sync(DDT_FULL_MASK, best_key == m);
-      } else {
-        m = ((ddt_u64)mhi << 32) | __shfl_sync(DDT_FULL_MASK, (unsigned)best_key, __ffs((int)ties) - 1);
-      }
-      int P = __shfl_sync(DDT_FULL_MASK, best_e, __ffs((int)ties) - 1);
+      const unsigned lo = (hi == mhi) ? (unsigned)best_key : 0u;
+      const unsigned mlo = __reduce_max_sync(DDT_FULL_MASK, lo);
+      const ddt_u64 m = ((ddt_u64)mhi << 32) | mlo;
+      if (m == 0ull) break;  // the heap is empty
+      const unsigned ties = __ballot_sync(DDT_FULL_MASK, best_key == m);
+      int P = __shfl_sync(DDT_FULL_MASK, best_e, __ffs(ties) - 1);
       if (ties & (ties - 1)) {  // equal float64 scores on several lanes: smallest rank tuple
         unsigned rest = ties & (ties - 1);
         while (rest) {
@@ -231,29 +226,6 @@ __device__ __forceinline__ void ddt_build_tree(const float* __restrict__ log_pro
       out[q] = (int)bits;
     }
   }
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-    ddtree_build_tree(const float* __restrict__ log_probs,      // [bs, D, K]
-                      const ddt_i64* __restrict__ token_ids,    // [bs, D, K]
-                      const ddt_i64* __restrict__ root_tokens,  // [bs]
-                      const ddt_i64* __restrict__ prefix_lens,  // [bs] or null
-                      ddt_i64 D_, ddt_i64 K_, ddt_i64 budget_, ddt_i64 W_, ddt_i64 lp_in_smem,
-                      ddt_i64* __restrict__ tokens,        // [bs, W]
-                      ddt_i64* __restrict__ depths,        // [bs, W]
-                      ddt_i64* __restrict__ parents,       // [bs, W]
-                      ddt_i64* __restrict__ tree_sizes,    // [bs]
-                      ddt_i64* __restrict__ positions,     // [bs, W] or null
-                      int* __restrict__ mask_words,        // [bs, W, ceil(W/32)] or null
-                      ddt_i64* __restrict__ first_child,   // [bs, W] or null
-                      ddt_i64* __restrict__ next_sibling)  // [bs, W] or null
-{
-  if (lp_in_smem)
-    ddt_build_tree<true>(log_probs, token_ids, root_tokens, prefix_lens, D_, K_, budget_, W_, tokens, depths,
-                         parents, tree_sizes, positions, mask_words, first_child, next_sibling);
-  else
-    ddt_build_tree<false>(log_probs, token_ids, root_tokens, prefix_lens, D_, K_, budget_, W_, tokens, depths,
-                          parents, tree_sizes, positions, mask_words, first_child, next_sibling);
 }
 
 // SGLang's flat verify custom_mask. grid = (chunks, bs); each block writes part of request
