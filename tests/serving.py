@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import json
+import re
 from pathlib import Path
 
 from sglang_ddtree.launch import ServerProcess, cpu_server_args
@@ -64,3 +66,39 @@ def run_server(args, env=None, name="server", tmp: Path | None = None) -> Server
 def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     return path
+
+
+ORACLE_RANKS = [0, 1, 0, 0, 1, 0, 0]  # rank of the right token at depths 1..7
+
+
+def token_requests(tokenizer, params=GREEDY, prompts=PROMPTS) -> list[dict]:
+    """Requests by token ids, so that an oracle can key on them exactly."""
+    return [{"input_ids": tokenizer(p)["input_ids"], "sampling_params": params} for p in prompts]
+
+
+def run_all(server: ServerProcess, requests) -> list[dict]:
+    return [server.generate(r) for r in requests]
+
+
+def output_ids(results) -> list[list[int]]:
+    return [r["output_ids"] for r in results]
+
+
+def write_oracle(path: Path, requests, outputs, ranks=ORACLE_RANKS) -> Path:
+    """The controlled drafter's script: each request's true continuation."""
+    continuations = [r["input_ids"] + out for r, out in zip(requests, outputs)]
+    return write_json(path, {"continuations": continuations, "ranks": ranks})
+
+
+def oracle_env(oracle_path: Path, max_topk: int | None = None) -> dict:
+    env = {"SGLANG_DDTREE_ORACLE_DRAFT": str(oracle_path), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
+    if max_topk is not None:
+        env["SGLANG_DDTREE_MAX_TOPK"] = str(max_topk)
+    return env
+
+
+def last_tree_stats(log_path: Path) -> dict:
+    """The last ``DDTREE stats: {...}`` line the worker logged."""
+    lines = [line for line in log_path.read_text().splitlines() if "DDTREE stats:" in line]
+    assert lines, f"no DDTREE stats line in {log_path}"
+    return ast.literal_eval(re.sub(r"^.*DDTREE stats: ", "", lines[-1]))

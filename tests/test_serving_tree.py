@@ -8,23 +8,28 @@ samples) stays identical to the non-speculative server.
 
 from __future__ import annotations
 
-import ast
-import re
 import urllib.error
 
 import pytest
 from transformers import AutoTokenizer
 
-from serving import GREEDY, PROMPTS, ddtree_args, plain_args, run_server, write_json
+from serving import (
+    GREEDY,
+    PROMPTS,
+    ddtree_args,
+    last_tree_stats,
+    oracle_env,
+    output_ids,
+    plain_args,
+    run_all,
+    run_server,
+    token_requests,
+    write_oracle,
+)
 
 pytestmark = pytest.mark.server
 
-RANKS = [0, 1, 0, 0, 1, 0, 0]  # rank of the right token at depths 1..7
 SEEDED = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "sampling_seed": 1234}
-
-
-def _requests(tokenizer, params=GREEDY):
-    return [{"input_ids": tokenizer(p)["input_ids"], "sampling_params": params} for p in PROMPTS]
 
 
 def _stop_requests(tokenizer, expected):
@@ -46,26 +51,12 @@ def _logprob_requests(tokenizer):
     params = {**GREEDY, "max_new_tokens": 16}
     return [
         {"input_ids": r["input_ids"], "sampling_params": params, "return_logprob": True, "top_logprobs_num": 2}
-        for r in _requests(tokenizer)[:3]
+        for r in token_requests(tokenizer)[:3]
     ]
-
-
-def _run(server, requests):
-    return [server.generate(r) for r in requests]
-
-
-def _ids(results):
-    return [r["output_ids"] for r in results]
 
 
 def _logprobs(results):
     return [[entry[0] for entry in r["meta_info"]["output_token_logprobs"]] for r in results]
-
-
-def _last_stats(log_path) -> dict:
-    lines = [line for line in log_path.read_text().splitlines() if "DDTREE stats:" in line]
-    assert lines, "no DDTREE stats line in the server log"
-    return ast.literal_eval(re.sub(r"^.*DDTREE stats: ", "", lines[-1]))
 
 
 @pytest.fixture(scope="module")
@@ -73,26 +64,23 @@ def plain(tiny, tmp_path_factory):
     """Everything the non-speculative server answers, and the oracle built from it."""
     tmp = tmp_path_factory.mktemp("oracle")
     tokenizer = AutoTokenizer.from_pretrained(tiny.target)
-    requests = _requests(tokenizer)
+    requests = token_requests(tokenizer)
     # deterministic inference: per-request sampling seeds are honoured
     with run_server(plain_args(tiny, ["--enable-deterministic-inference"]), name="plain") as server:
-        greedy = _ids(_run(server, requests))
+        greedy = output_ids(run_all(server, requests))
         stops = _stop_requests(tokenizer, greedy)
         answers = {
             "greedy": greedy,
-            "stop": _ids(_run(server, stops)),
-            "logprobs": _logprobs(_run(server, _logprob_requests(tokenizer))),
-            "seeded": _ids(_run(server, _requests(tokenizer, SEEDED))),
+            "stop": output_ids(run_all(server, stops)),
+            "logprobs": _logprobs(run_all(server, _logprob_requests(tokenizer))),
+            "seeded": output_ids(run_all(server, token_requests(tokenizer, SEEDED))),
         }
-    continuations = [r["input_ids"] + out for r, out in zip(requests, greedy)]
-    oracle = write_json(tmp / "oracle.json", {"continuations": continuations, "ranks": RANKS})
+    oracle = write_oracle(tmp / "oracle.json", requests, greedy)
     return {"tokenizer": tokenizer, "requests": requests, "stops": stops, "oracle": oracle, "tmp": tmp, **answers}
 
 
 def _serve(tiny, plain, budget, max_topk=None, extra=()):
-    env = {"SGLANG_DDTREE_ORACLE_DRAFT": str(plain["oracle"]), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
-    if max_topk is not None:
-        env["SGLANG_DDTREE_MAX_TOPK"] = str(max_topk)
+    env = oracle_env(plain["oracle"], max_topk)
     name = f"ddtree-b{budget}-k{max_topk}-{'-'.join(extra).replace('--', '')}"
     args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
     return run_server(args, env=env, name=name, tmp=plain["tmp"]), plain["tmp"] / f"{name}.log"
@@ -101,16 +89,16 @@ def _serve(tiny, plain, budget, max_topk=None, extra=()):
 def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, plain):
     server, chain_log = _serve(tiny, plain, budget=7, max_topk=1)
     with server:
-        assert _ids(_run(server, plain["requests"])) == plain["greedy"]
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         chain_accept = server.accept_length()
     server, tree_log = _serve(tiny, plain, budget=32)
     with server:
-        assert _ids(_run(server, plain["requests"])) == plain["greedy"]
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         tree_accept = server.accept_length()
         # stop token, stop string and odd max_new_tokens land inside accepted paths
-        assert _ids(_run(server, plain["stops"])) == plain["stop"]
-        tree_logprobs = _logprobs(_run(server, _logprob_requests(plain["tokenizer"])))
-    chain_stats, tree_stats = _last_stats(chain_log), _last_stats(tree_log)
+        assert output_ids(run_all(server, plain["stops"])) == plain["stop"]
+        tree_logprobs = _logprobs(run_all(server, _logprob_requests(plain["tokenizer"])))
+    chain_stats, tree_stats = last_tree_stats(chain_log), last_tree_stats(tree_log)
     # the chain stops at the first rank-1 depth: one draft + bonus per round
     assert chain_stats["non_argmax_share"] == 0.0
     assert chain_accept < 2.2
@@ -128,10 +116,10 @@ def test_tree_with_pages_and_without_overlap(tiny, plain):
     with server:
         info = server.server_info()
         assert info["page_size"] == 16 and info["disable_overlap_schedule"] is True
-        assert _ids(_run(server, plain["requests"])) == plain["greedy"]
-        assert _ids(_run(server, plain["stops"])) == plain["stop"]
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
+        assert output_ids(run_all(server, plain["stops"])) == plain["stop"]
         assert server.accept_length() > 3.0
-    assert _last_stats(log)["non_argmax_share"] > 0.1
+    assert last_tree_stats(log)["non_argmax_share"] > 0.1
 
 
 def test_seeded_sampling_is_stable_and_matches_plain(tiny, plain):
@@ -140,8 +128,8 @@ def test_seeded_sampling_is_stable_and_matches_plain(tiny, plain):
     server, _ = _serve(tiny, plain, budget=16, extra=("--enable-deterministic-inference",))
     with server:
         assert server.server_info()["disable_overlap_schedule"] is False
-        first = _ids(_run(server, _requests(plain["tokenizer"], SEEDED)))
-        second = _ids(_run(server, _requests(plain["tokenizer"], SEEDED)))
+        first = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
+        second = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
         with pytest.raises(urllib.error.HTTPError) as refused:
             server.generate({"text": "hello", "sampling_params": {"frequency_penalty": 0.5}})
     assert first == second

@@ -90,6 +90,23 @@ def _skip_batch_invariant_kernels() -> None:
     )
 
 
+def _mla_on_torch_native() -> None:
+    """DeepSeek-family (MLA) models pick their attention method per backend; with no
+    entry for torch_native they take Triton's choice, whose prefill (MHA over
+    decompressed K/V) torch_native cannot serve from the latent cache. On torch_native
+    every MLA forward uses the absorbed path, which reads the latent cache."""
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        AttentionBackendRegistry,
+        _dispatch_mla_subtype,
+    )
+
+    def handle_attention_torch_native(attn, forward_batch):
+        log_fallback("MLA on torch_native", "absorbed MLA for every forward")
+        return _dispatch_mla_subtype(attn, forward_batch)
+
+    AttentionBackendRegistry.register("torch_native", handle_attention_torch_native)
+
+
 def install() -> None:
     """Install every CPU fallback (idempotent)."""
     global _INSTALLED
@@ -103,3 +120,4 @@ def install() -> None:
     _allow_torch_native_choices()
     _input_embeds_in_model_dtype()
     _skip_batch_invariant_kernels()
+    _mla_on_torch_native()

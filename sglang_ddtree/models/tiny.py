@@ -22,7 +22,7 @@ import torch
 
 MASK_TOKEN = "<|MASK|>"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", MASK_TOKEN]
-BUILD_VERSION = 1  # bump when the recipe changes, so caches rebuild
+BUILD_VERSION = 2  # bump when the recipe changes, so caches rebuild
 
 _CORPUS = """\
 The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens
@@ -52,6 +52,16 @@ class TinySpec:
     block_size: int = 8
     target_layer_ids: tuple[int, ...] = (0, 2)
     max_position: int = 4096
+    # "qwen3", or "deepseek_v3": the family SGLang serves Kimi K2.x with (MLA attention
+    # with a latent KV, MoE with a shared expert, first layer dense)
+    arch: str = "qwen3"
+    kv_lora_rank: int = 32
+    qk_rope_head_dim: int = 8
+    qk_nope_head_dim: int = 16
+    v_head_dim: int = 16
+    routed_experts: int = 8
+    experts_per_token: int = 2
+    moe_intermediate: int = 32
 
     def key(self) -> str:
         blob = json.dumps({"v": BUILD_VERSION, **asdict(self)}, sort_keys=True)
@@ -184,8 +194,107 @@ def _save(folder: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, folder / "model.safetensors")
 
 
+def _deepseek_config(spec: TinySpec, vocab_size: int) -> dict:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": vocab_size,
+        "hidden_size": spec.hidden,
+        "intermediate_size": spec.intermediate,
+        "moe_intermediate_size": spec.moe_intermediate,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.heads,
+        "n_shared_experts": 1,
+        "n_routed_experts": spec.routed_experts,
+        "num_experts_per_tok": spec.experts_per_token,
+        "routed_scaling_factor": 1.0,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "qk_nope_head_dim": spec.qk_nope_head_dim,
+        "v_head_dim": spec.v_head_dim,
+        "topk_method": "noaux_tc",
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "norm_topk_prob": True,
+        "scoring_func": "sigmoid",
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        # Kimi K2.x runs YaRN-scaled rope; factor 1 keeps it plain at these lengths
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "deepseek_yarn",
+            "factor": 1.0,
+            "original_max_position_embeddings": spec.max_position,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    }
+
+
+def _deepseek_layer_weights(gen: torch.Generator, spec: TinySpec, i: int) -> dict[str, torch.Tensor]:
+    h, heads = spec.hidden, spec.heads
+    qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+    prefix = f"model.layers.{i}"
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen) * shape[-1] ** -0.5
+
+    weights = {
+        f"{prefix}.input_layernorm.weight": torch.ones(h),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(h),
+        f"{prefix}.self_attn.q_proj.weight": rand(heads * qk, h),
+        f"{prefix}.self_attn.kv_a_proj_with_mqa.weight": rand(spec.kv_lora_rank + spec.qk_rope_head_dim, h),
+        f"{prefix}.self_attn.kv_a_layernorm.weight": torch.ones(spec.kv_lora_rank),
+        f"{prefix}.self_attn.kv_b_proj.weight": rand(
+            heads * (spec.qk_nope_head_dim + spec.v_head_dim), spec.kv_lora_rank
+        ),
+        f"{prefix}.self_attn.o_proj.weight": rand(h, heads * spec.v_head_dim),
+    }
+
+    def mlp(name: str, inner: int):
+        return {
+            f"{name}.gate_proj.weight": rand(inner, h),
+            f"{name}.up_proj.weight": rand(inner, h),
+            f"{name}.down_proj.weight": rand(h, inner),
+        }
+
+    if i == 0:  # first_k_dense_replace = 1
+        weights.update(mlp(f"{prefix}.mlp", spec.intermediate))
+        return weights
+    weights[f"{prefix}.mlp.gate.weight"] = rand(spec.routed_experts, h)
+    weights[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.zeros(spec.routed_experts)
+    weights.update(mlp(f"{prefix}.mlp.shared_experts", spec.moe_intermediate))
+    for e in range(spec.routed_experts):
+        weights.update(mlp(f"{prefix}.mlp.experts.{e}", spec.moe_intermediate))
+    return weights
+
+
 def _write_target(folder: Path, spec: TinySpec, vocab_size: int) -> None:
     gen = torch.Generator().manual_seed(spec.seed)
+    if spec.arch == "deepseek_v3":
+        weights = {
+            "model.embed_tokens.weight": torch.randn(vocab_size, spec.hidden, generator=gen),
+            "model.norm.weight": torch.ones(spec.hidden),
+            "lm_head.weight": torch.randn(vocab_size, spec.hidden, generator=gen) * 0.5,
+        }
+        for i in range(spec.layers):
+            weights.update(_deepseek_layer_weights(gen, spec, i))
+        _save(folder, _deepseek_config(spec, vocab_size), weights)
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+        return
     weights = {
         "model.embed_tokens.weight": torch.randn(vocab_size, spec.hidden, generator=gen),
         "model.norm.weight": torch.ones(spec.hidden),
@@ -232,8 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="cache folder (default: ~/.cache/sglang-ddtree)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=TinySpec.block_size)
+    parser.add_argument("--arch", choices=["qwen3", "deepseek_v3"], default="qwen3")
     args = parser.parse_args(argv)
-    models = build_tiny_models(TinySpec(seed=args.seed, block_size=args.block_size), args.out)
+    models = build_tiny_models(TinySpec(seed=args.seed, block_size=args.block_size, arch=args.arch), args.out)
     print(json.dumps({"target": str(models.target), "drafter": str(models.drafter), "vocab_size": models.vocab_size}))
 
 
