@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -109,7 +110,9 @@ class Kernel:
         ptr = torch.cuda.current_stream().cuda_stream
         stream = self._streams.get(ptr)
         if stream is None:
-            stream = cupy.cuda.ExternalStream(ptr)
+            with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it still works
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = cupy.cuda.ExternalStream(ptr)
             self._streams[ptr] = stream
         grid = tuple(int(g) for g in grid)
         block = tuple(int(b) for b in block)
