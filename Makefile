@@ -13,7 +13,8 @@ STAMP        := $(VENV)/.deps-installed
 CPU_ENV      := SGLANG_USE_CPU_ENGINE=1
 PYTEST_ARGS  ?=
 
-.PHONY: help venv demo test test-fast lint format bench-tree bench-moe bench-attention ab-smoke clean-venv
+.PHONY: help venv demo test test-fast lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
+	pair-eval train-pair clean-venv
 
 help:
 	@echo "make demo        set up (first run: ~5 min) and run the CPU demo"
@@ -21,7 +22,11 @@ help:
 	@echo "make test-fast   tests that start no server"
 	@echo "make lint        ruff check + format check"
 	@echo "make ab-smoke    A/B tool smoke run on the tiny models (CPU)"
+	@echo "make pair-eval   acceptance of DDTREE vs the chain on the trained pair (CPU, ~10 min)"
+	@echo "make train-pair  retrain the small target + DFlash drafter pair (GPU, ~2 min)"
 	@echo "make bench-tree  tree-kernel benchmark (GPU machine)"
+	@echo "make bench-moe   Marlin MoE verify-cost sweep (GPU machine; docs/benchmarks.md)"
+	@echo "make bench-attention  MLA tree-verify attention benchmark (GPU machine)"
 
 $(STAMP):
 	@mkdir -p $(ENV_ROOT)
@@ -60,6 +65,21 @@ ab-smoke: venv
 
 bench-tree: venv
 	$(PY) -m sglang_ddtree.bench.tree_kernels
+
+bench-moe: venv
+	$(PY) -m sglang_ddtree.bench.moe_verify --bundle .carry/sgl
+
+bench-attention: venv
+	$(PY) -m sglang_ddtree.bench.mla_tree_attention
+
+bench-budget: venv
+	$(PY) -m sglang_ddtree.budget_model --out bench_results/budget_tp8_code --png
+
+pair-eval: venv
+	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.pair_eval
+
+train-pair: venv
+	$(PY) -m sglang_ddtree.models.train_pair --device cuda --time-limit 2.0
 
 clean-venv:
 	rm -rf $(VENV)
