@@ -347,40 +347,51 @@ def bench_module() -> str:
     return "sglang.bench_serving"
 
 
-def prepare_custom_dataset(path: str | None, num_prompts: int, out: Path, seed: int) -> tuple[Path, dict]:
+def _prompt_of(row, where: str) -> str:
+    if isinstance(row, str):
+        return row
+    if isinstance(row, dict):
+        convs = row.get("conversations", row.get("conversation"))
+        if convs:
+            first = convs[0]
+            return first.get("content", first.get("value", "")) if isinstance(first, dict) else str(first)
+        for key in ("prompt", "text", "question", "instruction", "input"):
+            if isinstance(row.get(key), str):
+                return row[key]
+    raise ABError(f"{where}: no prompt (expected conversations, prompt or text).")
+
+
+def read_prompts(path: str) -> list[str]:
+    """Prompts from a JSONL file (one per line) or a JSON array; each a string, a conversation
+    (``{"conversations": [...]}``) or an object with ``prompt``/``text``/``question``/``instruction``/``input``."""
+    text = Path(path).read_text()
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, list):
+        return [_prompt_of(row, f"{path}[{i}]") for i, row in enumerate(whole)]
+    prompts = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ABError(f"{path}:{lineno}: not JSON ({error}).") from error
+        prompts.append(_prompt_of(row, f"{path}:{lineno}"))
+    return prompts
+
+
+def prepare_custom_dataset(
+    path: str | None, num_prompts: int, out: Path, seed: int
+) -> tuple[Path, dict, list[str]]:
     """Write ``num_prompts`` conversations in the JSONL layout SGLang's ``custom`` dataset reads.
 
-    Input lines may already be conversations (``{"conversations": [...]}``) or carry one prompt
-    as ``prompt``/``text``/``question``/``instruction``/``input``; with no file, the fixed
-    prompts of the greedy check are used. Lines are cycled when fewer than ``num_prompts``.
+    With no file, the fixed prompts of the greedy check are used. Prompts are cycled when
+    there are fewer than ``num_prompts``. Returns the file, a description, and the prompts.
     """
-    prompts: list[str] = []
-    if path:
-        for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ABError(f"{path}:{lineno}: not JSON ({error}).") from error
-            convs = row.get("conversations", row.get("conversation")) if isinstance(row, dict) else None
-            if convs:
-                first = convs[0]
-                prompts.append(
-                    first.get("content", first.get("value", "")) if isinstance(first, dict) else str(first)
-                )
-                continue
-            for key in ("prompt", "text", "question", "instruction", "input"):
-                if isinstance(row, dict) and isinstance(row.get(key), str):
-                    prompts.append(row[key])
-                    break
-            else:
-                if isinstance(row, str):
-                    prompts.append(row)
-                else:
-                    raise ABError(f"{path}:{lineno}: no prompt (expected conversations, prompt or text).")
-    else:
-        prompts = list(CHECK_PROMPTS)
+    prompts = read_prompts(path) if path else list(CHECK_PROMPTS)
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
         raise ABError(f"no prompts in {path or 'the built-in list'}.")
@@ -390,7 +401,7 @@ def prepare_custom_dataset(path: str | None, num_prompts: int, out: Path, seed: 
     with open(out, "w") as f:
         for p in rows:
             f.write(json.dumps({"conversations": [{"value": p}, {"value": "(answer)"}]}) + "\n")
-    return out, {"unique_prompts": unique, "rows": len(rows), "source": path or "built-in prompts"}
+    return out, {"unique_prompts": unique, "rows": len(rows), "source": path or "built-in prompts"}, prompts
 
 
 # --------------------------------------------------------------------------- running
@@ -586,7 +597,7 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
         if opts.check_prompts > 0:
             pbar.set_description(f"{arm.name}: greedy check")
             t0 = time.perf_counter()
-            arm.greedy = greedy_outputs(server, CHECK_PROMPTS[: opts.check_prompts], opts.check_tokens)
+            arm.greedy = greedy_outputs(server, opts.check_texts, opts.check_tokens)
             arm.check_seconds = round(time.perf_counter() - t0, 1)
         for concurrency, num_prompts, rep in plan:
             pbar.set_description(f"{arm.name}: c={concurrency} rep {rep + 1}/{opts.repeats}")
@@ -721,11 +732,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("random", "random-ids", "custom"),
         default=None,
         help="random: SGLang's random dataset (ShareGPT text cut to --input-len; downloads ShareGPT unless "
-        "--dataset-path); random-ids: random token ids, no download; custom: a JSONL of prompts "
-        "(--dataset-path, default: built-in prompts). Default: random-ids with --tiny, else random",
+        "--dataset-path); random-ids: random token ids, no download; custom: prompts from --dataset-path "
+        "(JSONL or a JSON array; default: built-in prompts), whose first prompts also serve the greedy "
+        "check. Default: random-ids with --tiny, else random",
     )
     g.add_argument(
-        "--dataset-path", default=None, help="ShareGPT JSON for random, or a JSONL of prompts for custom"
+        "--dataset-path", default=None, help="ShareGPT JSON for random, or a prompts file for custom"
     )
     g.add_argument(
         "--apply-chat-template", action="store_true", help="custom dataset: wrap prompts in the chat template"
@@ -844,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from . import ab_report
+    from ._stamp import git_commit
 
     opts = build_parser().parse_args(argv)
     try:
@@ -866,11 +879,20 @@ def main(argv: list[str] | None = None) -> int:
     raw = Path(opts.raw_dir) if opts.raw_dir else Path(tempfile.mkdtemp(prefix=stem + "_"))
     raw.mkdir(parents=True, exist_ok=True)
     opts.dataset_file, dataset_info = None, None
+    opts.check_texts = CHECK_PROMPTS[: opts.check_prompts]
     if opts.dataset == "custom":
-        opts.dataset_file, dataset_info = prepare_custom_dataset(
-            opts.dataset_path, max(num_prompts) + opts.warmup_requests, raw / "prompts.jsonl", opts.seed
-        )
+        try:
+            opts.dataset_file, dataset_info, prompts = prepare_custom_dataset(
+                opts.dataset_path, max(num_prompts) + opts.warmup_requests, raw / "prompts.jsonl", opts.seed
+            )
+        except (ABError, OSError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if opts.dataset_path:  # check greedy equality on the served kind of text
+            opts.check_texts = (prompts * opts.check_prompts)[: opts.check_prompts]
     settings = {
+        "label": opts.label,
+        "tiny": opts.tiny,
         "model": model,
         "drafter": drafter,
         "cpu": cpu,
@@ -890,9 +912,10 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_requests": opts.warmup_requests,
         "bench_module": bench_module(),
         "bench_args": opts.bench_args,
-        "check_prompts": CHECK_PROMPTS[: opts.check_prompts],
+        "check_prompts": opts.check_texts,
         "check_tokens": opts.check_tokens,
         "raw_dir": str(raw),
+        "commit_at_start": git_commit(),  # the code that ran; the stamp's commit is taken at the end
     }
 
     live: list[ServerProcess] = []

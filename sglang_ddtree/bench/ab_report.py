@@ -287,7 +287,7 @@ def build_report(
         "error": error,
         "date": date.astimezone().isoformat(timespec="seconds"),
         "command": command,
-        "stamp": hardware_stamp(),
+        "stamp": {**hardware_stamp(), "commit": settings.get("commit_at_start") or "unknown"},
         "settings": settings,
         "summary": rows,
         "winners": winners(rows),
@@ -392,6 +392,13 @@ def markdown(report: dict) -> str:
             f"  {env + ' ' if env else ''}{a['launch_command']}",
             "  ```",
         ]
+    if s.get("tiny") or "tiny-models" in str(s["model"]):
+        lines += [
+            "",
+            "Note: the tiny models have random weights. Their drafter is almost never right (accept length "
+            "about 1), so speculation can only cost time here: this run checks the tool end to end, not "
+            "DDTree's speed.",
+        ]
     lines += [
         "",
         "## Provenance",
@@ -449,7 +456,7 @@ def plot(report: dict, path: Path) -> Path | None:
     ax2.set_ylabel(f"ratio vs {base} (dashed)")
     ax.set_ylim(bottom=0)
     ax2.set_ylim(bottom=0)
-    title = f"A/B {Path(str(s['model'])).name}: throughput vs concurrency"
+    title = f"A/B {s.get('label') or Path(str(s['model'])).name}: throughput vs concurrency"
     if report["status"] != "ok":
         title += f" [{report['status'].upper()}]"
     ax.set_title(title, fontsize=10)
@@ -474,6 +481,18 @@ def write_report(report: dict, out_dir: Path, stem: str, plot_png: bool = True) 
     paths["md"].write_text(markdown(report))
     paths["json"].write_text(json.dumps(report, indent=1, default=str) + "\n")
     return list(paths.values())
+
+
+def rerender(json_path: Path, plot_png: bool = True) -> list[Path]:
+    """Write the markdown (and PNG) of a JSON report again, next to it."""
+    report = json.loads(Path(json_path).read_text())
+    report["settings"].setdefault("label", Path(json_path).stem.removeprefix("ab_").rsplit("_", 1)[0])
+    stem = Path(json_path).with_suffix("")
+    paths = [stem.with_suffix(".md")]
+    paths[0].write_text(markdown(report))
+    if plot_png and plot(report, stem.with_suffix(".png")) is not None:
+        paths.append(stem.with_suffix(".png"))
+    return paths
 
 
 def console_summary(report: dict) -> str:
@@ -501,3 +520,16 @@ def console_summary(report: dict) -> str:
     if report["servers_left_running"]:
         out.append(f"SERVERS LEFT RUNNING: {', '.join(report['servers_left_running'])}")
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Write an A/B report's markdown and PNG again from its JSON."
+    )
+    parser.add_argument("json", nargs="+", type=Path)
+    parser.add_argument("--no-plot", action="store_true")
+    for path in parser.parse_args().json:
+        for written in rerender(path, plot_png=not parser.parse_args().no_plot):
+            print(f"wrote {written}")
