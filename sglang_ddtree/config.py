@@ -28,8 +28,6 @@ ENV_ORACLE_DRAFT = "SGLANG_DDTREE_ORACLE_DRAFT"  # test-only controlled drafter 
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 
-SUPPORTED_TARGET_ATTENTION_BACKENDS = ("torch_native", "triton", "flashinfer", "fa3")
-
 
 class DDTreeConfigError(ValueError):
     """A configuration problem found at start-up, with a message for the user."""

@@ -32,6 +32,9 @@ def register() -> None:
     from .adapter.attention import torch_native
 
     torch_native.install()
+    from .adapter.attention import gpu_backends
+
+    gpu_backends.install()
     from .adapter import requests
 
     requests.install()

@@ -201,3 +201,47 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
     assert f"error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "Load weight" not in result.stderr + result.stdout  # stopped before any model loaded
+
+
+# --- GPU attention backends: what is allowed, and graph capture with a tree mask ------------
+
+
+def test_mla_target_refuses_backends_without_tree_mask(tiny):
+    from sglang_ddtree.models.tiny import TinySpec, build_tiny_models
+
+    mla = build_tiny_models(TinySpec(arch="deepseek_v3"))
+    assert ddtree_args.target_uses_mla(str(mla.target)) and not ddtree_args.target_uses_mla(str(tiny.target))
+    cfg = _cfg(mla, device="cuda", attention_backend="flashinfer")
+    with pytest.raises(DDTreeConfigError, match="no tree-masked verify path for MLA"):
+        ddtree_args.validate_server_args(cfg)
+    ddtree_args.validate_server_args(_cfg(mla, device="cuda", attention_backend="triton"))
+    ddtree_args.validate_server_args(_cfg(tiny, device="cuda", attention_backend="flashinfer"))
+
+
+def test_live_backend_check():
+    from sglang_ddtree.adapter.attention.gpu_backends import check_live_backend
+
+    class TritonAttnBackend:  # noqa: N801 - named like SGLang's class on purpose
+        pass
+
+    class FlashInferMLAAttnBackend:
+        pass
+
+    check_live_backend(TritonAttnBackend())
+    with pytest.raises(DDTreeConfigError, match="FlashInferMLAAttnBackend"):
+        check_live_backend(FlashInferMLAAttnBackend())
+
+
+def test_verify_graphs_are_captured_with_a_tree_mask():
+    import torch
+    from sglang.srt.model_executor.runner import base_runner
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
+
+    load_plugins()
+    mask = torch.ones(64, dtype=torch.bool)
+    dummy = base_runner.create_dummy_verify_input(SpeculativeAlgorithm.from_string("DDTREE"), mask, 17, False)
+    assert isinstance(dummy, DDTreeVerifyInput)
+    assert dummy.custom_mask is mask and dummy.draft_token_num == 17 and dummy.topk == 1

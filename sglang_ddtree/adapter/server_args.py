@@ -14,11 +14,11 @@ import os
 from ..config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_BUDGET,
-    SUPPORTED_TARGET_ATTENTION_BACKENDS,
     DDTreeConfig,
     DDTreeConfigError,
     cpu_engine_requested,
 )
+from .attention.gpu_backends import supported_backends
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -139,13 +139,25 @@ def _check_device(cfg) -> None:
         )
 
 
+def target_uses_mla(model_path: str | None) -> bool:
+    """Whether a local target checkpoint is DeepSeek-style MLA (Kimi K2.x, DeepSeek V3)."""
+    if not model_path or not os.path.isfile(os.path.join(model_path, "config.json")):
+        return False
+    config = _load_json(os.path.join(model_path, "config.json"))
+    text = config.get("text_config") or config
+    return text.get("kv_lora_rank") is not None
+
+
 def _check_attention_backend(cfg) -> None:
+    is_mla = target_uses_mla(getattr(cfg, "model_path", None))
+    allowed = supported_backends(is_mla)
     for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
         backend = getattr(cfg, name, None)
-        if backend is not None and backend not in SUPPORTED_TARGET_ATTENTION_BACKENDS:
+        if backend is not None and backend not in allowed:
+            kind = "MLA" if is_mla else "this"
             _fail(
-                f"--{name.replace('_', '-')} {backend} has no tree-masked verify path in DDTREE. "
-                f"Supported: {', '.join(SUPPORTED_TARGET_ATTENTION_BACKENDS)}."
+                f"--{name.replace('_', '-')} {backend} has no tree-masked verify path for {kind} "
+                f"target in DDTREE. Supported: {', '.join(allowed)} (docs/backends.md)."
             )
 
 
@@ -183,6 +195,12 @@ def validate_server_args(cfg) -> None:
     resolve_config(cfg)
 
 
+def _is_hopper() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
 def resolve_server_args(cfg) -> None:
     """SGLang's ``handle_server_args`` hook: set what DFLASH's handler would set,
     with DDTREE's verify width. ``cfg`` records the writes."""
@@ -191,10 +209,15 @@ def resolve_server_args(cfg) -> None:
     cfg.speculative_eagle_topk = 1
     cfg.speculative_num_draft_tokens = config.verify_width
     cfg.speculative_dflash_block_size = config.block_size
+    if cfg.attention_backend is None and str(cfg.device) != "cpu":
+        # SGLang's automatic choice may be a backend without a tree-masked verify
+        # path (e.g. FlashInfer MLA); pick one that has it.
+        cfg.attention_backend = "fa3" if _is_hopper() else "triton"
+        logger.info("DDTREE: --attention-backend not given; using %s (tree-masked verify)", cfg.attention_backend)
     if cfg.speculative_draft_attention_backend is None:
         decode = cfg.decode_attention_backend or cfg.attention_backend
         if decode is None:
-            decode = CPU_ATTENTION_BACKEND if str(cfg.device) == "cpu" else "flashinfer"
+            decode = CPU_ATTENTION_BACKEND if str(cfg.device) == "cpu" else "triton"
         cfg.speculative_draft_attention_backend = decode
     if cfg.max_running_requests is None:
         cfg.max_running_requests = 48

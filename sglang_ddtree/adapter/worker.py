@@ -63,6 +63,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
         self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
         self.width = self.ddtree.verify_width
+        self._backend_checked = False
         self.trees = TreeEngine(torch.device(self.device), tree_backend_override())
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         oracle = oracle_draft_path()
@@ -127,6 +128,11 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _tree_round(self, batch, on_publish):
+        if not self._backend_checked:
+            from .attention.gpu_backends import check_live_backend
+
+            check_live_backend(self.model_runner.attn_backend)
+            self._backend_checked = True
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
