@@ -54,7 +54,9 @@ def _run_arm(name: str, args: list[str], env: dict, prompts: list[dict], max_new
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--budget", type=int, default=32, help="DDTREE tree budget (nodes per round)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--tiny", action="store_true", help="random tiny models instead of the trained pair")
@@ -79,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu_server_args(target, [*common, *spec, "--speculative-ddtree-budget", str(block - 1)]),
             {"SGLANG_DDTREE_MAX_TOPK": "1"},
         ),
-        ("ddtree", cpu_server_args(target, [*common, *spec, "--speculative-ddtree-budget", str(args.budget)]), {}),
+        (
+            "ddtree",
+            cpu_server_args(target, [*common, *spec, "--speculative-ddtree-budget", str(args.budget)]),
+            {},
+        ),
     ]
     prompts = _prompts(args.tiny)
     try:
@@ -96,7 +102,9 @@ def _print_summary(arms: list[dict], requests: int, args) -> int:
     for arm in arms:
         accept = "-" if arm["accept_length"] is None else f"{arm['accept_length']:.2f}"
         rate = arm["tokens"] / arm["seconds"]
-        print(f"{arm['name']:<8} {requests:>8} {arm['tokens']:>7} {arm['seconds']:>8.2f} {rate:>7.1f} {accept:>14}")
+        print(
+            f"{arm['name']:<8} {requests:>8} {arm['tokens']:>7} {arm['seconds']:>8.2f} {rate:>7.1f} {accept:>14}"
+        )
     identical = all(arm["outputs"] == arms[0]["outputs"] for arm in arms)
     print(f"\ngreedy outputs identical in every arm: {'yes' if identical else 'NO'}")
     print(f"sample continuation: {arms[-1]['texts'][0][:160]!r}")

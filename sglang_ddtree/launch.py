@@ -69,7 +69,9 @@ class ServerProcess:
         self.port = free_port()
         self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = {**os.environ, **(env or {})}
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        self.log_path = (
+            Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
+        )
         self.start_timeout = start_timeout
         self.name = name
         self.process: subprocess.Popen | None = None
@@ -108,7 +110,9 @@ class ServerProcess:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 time.sleep(1.0)
-        raise ServerStartError(f"{self.name} was not ready after {self.start_timeout:.0f} s.\n{self.log_tail()}")
+        raise ServerStartError(
+            f"{self.name} was not ready after {self.start_timeout:.0f} s.\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -8,8 +8,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from serving import GREEDY, PROMPTS, ddtree_args, run_server
+
 from sglang_ddtree.launch import http_json
 
 pytestmark = pytest.mark.server

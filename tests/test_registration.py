@@ -198,7 +198,7 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         extra += ["--speculative-ddtree-budget", "0"]
     result, seconds = _launch(tiny, extra, env)
     assert result.returncode != 0
-    assert f"error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
+    assert "error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "Load weight" not in result.stderr + result.stdout  # stopped before any model loaded
 

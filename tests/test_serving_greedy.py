@@ -4,7 +4,6 @@ token-identical to the same server without speculation."""
 from __future__ import annotations
 
 import pytest
-
 from serving import PROMPTS, ddtree_args, generate_batch, generate_sequential, plain_args, run_server
 
 pytestmark = pytest.mark.server

@@ -7,8 +7,6 @@ tokens accepted through non-argmax branches."""
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
-
 from serving import (
     PROMPTS,
     ddtree_args,
@@ -22,6 +20,8 @@ from serving import (
     token_requests,
     write_oracle,
 )
+from transformers import AutoTokenizer
+
 from sglang_ddtree.models.tiny import TinySpec, build_tiny_models
 
 pytestmark = pytest.mark.server

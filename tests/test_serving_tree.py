@@ -11,8 +11,6 @@ from __future__ import annotations
 import urllib.error
 
 import pytest
-from transformers import AutoTokenizer
-
 from serving import (
     GREEDY,
     PROMPTS,
@@ -26,6 +24,7 @@ from serving import (
     token_requests,
     write_oracle,
 )
+from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.server
 
@@ -50,7 +49,12 @@ def _stop_requests(tokenizer, expected):
 def _logprob_requests(tokenizer):
     params = {**GREEDY, "max_new_tokens": 16}
     return [
-        {"input_ids": r["input_ids"], "sampling_params": params, "return_logprob": True, "top_logprobs_num": 2}
+        {
+            "input_ids": r["input_ids"],
+            "sampling_params": params,
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+        }
         for r in token_requests(tokenizer)[:3]
     ]
 
@@ -76,7 +80,14 @@ def plain(tiny, tmp_path_factory):
             "seeded": output_ids(run_all(server, token_requests(tokenizer, SEEDED))),
         }
     oracle = write_oracle(tmp / "oracle.json", requests, greedy)
-    return {"tokenizer": tokenizer, "requests": requests, "stops": stops, "oracle": oracle, "tmp": tmp, **answers}
+    return {
+        "tokenizer": tokenizer,
+        "requests": requests,
+        "stops": stops,
+        "oracle": oracle,
+        "tmp": tmp,
+        **answers,
+    }
 
 
 def _serve(tiny, plain, budget, max_topk=None, extra=()):

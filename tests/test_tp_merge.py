@@ -74,10 +74,16 @@ def _rank_main(rank: int, ranks: int, port: int, results):
         hidden = torch.randn(2 * (ROWS - 1), HIDDEN, generator=gen)  # bs 2, depth 6
         log_probs, ids = draft_topk(hidden, _lm_head_shard(weight, rank, ranks), K, _GlooGroup())
         trees = build_tree_batch_ref(
-            log_probs.view(2, ROWS - 1, K).numpy(), ids.view(2, ROWS - 1, K).numpy(), [5, 9], BUDGET, BUDGET + 1
+            log_probs.view(2, ROWS - 1, K).numpy(),
+            ids.view(2, ROWS - 1, K).numpy(),
+            [5, 9],
+            BUDGET,
+            BUDGET + 1,
         )
         # ranks sample independently; rank 0's posterior is broadcast (as the worker syncs it)
-        posterior = torch.randint(0, VOCAB, (2, BUDGET + 1), generator=torch.Generator().manual_seed(100 + rank))
+        posterior = torch.randint(
+            0, VOCAB, (2, BUDGET + 1), generator=torch.Generator().manual_seed(100 + rank)
+        )
         posterior[:, 0] = torch.from_numpy(trees.tokens[:, 1])  # make the walk go somewhere
         dist.broadcast(posterior, src=0)
         acceptance = accept_walk(

@@ -64,7 +64,9 @@ def test_batched_accept_matches_reference(seed, bs, depth, vocab, budget, ties):
 
     prefix = np.arange(bs) * 100 + 7
     sources = commit_sources(got.path, got.accept_lens).numpy()
-    moves = [(b, prefix[b] + int(sources[b, d]), prefix[b] + d) for b in range(bs) for d in range(batch.width)]
+    moves = [
+        (b, prefix[b] + int(sources[b, d]), prefix[b] + d) for b in range(bs) for d in range(batch.width)
+    ]
     moves = [m for m in moves if m[1] != m[2]]
     assert moves == commit_moves_ref(ref.path, ref.accept_lens, prefix)
 

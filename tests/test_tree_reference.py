@@ -6,7 +6,6 @@ import itertools
 import math
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +23,9 @@ from sglang_ddtree.tree import (
 
 
 def _topk(probs_by_depth, ids_by_depth) -> TopK:
-    return TopK(np.log(np.asarray(probs_by_depth, dtype=np.float32)), np.asarray(ids_by_depth, dtype=np.int64))
+    return TopK(
+        np.log(np.asarray(probs_by_depth, dtype=np.float32)), np.asarray(ids_by_depth, dtype=np.int64)
+    )
 
 
 def test_golden_tree_worked_by_hand():
@@ -168,7 +169,8 @@ def test_accepted_path_follows_tree_edges(case, walk_seed):
     # the walk stopped because no child matches
     last = path[length]
     assert not any(
-        batch.parents[0, c] == last and batch.tokens[0, c] == posterior[0, last] for c in range(1, batch.width)
+        batch.parents[0, c] == last and batch.tokens[0, c] == posterior[0, last]
+        for c in range(1, batch.width)
     )
     assert result.bonus[0] == posterior[0, last] == result.out_tokens[0, length]
     assert (path[length + 1 :] == -1).all()

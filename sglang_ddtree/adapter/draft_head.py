@@ -41,6 +41,8 @@ def draft_topk(hidden: torch.Tensor, lm_head, k: int, tp_group=None) -> tuple[to
 
 def _all_gather(group, tensor: torch.Tensor) -> torch.Tensor:
     """``[...]`` on each rank -> ``[ranks, ...]`` in rank order."""
-    out = torch.empty((int(group.world_size),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+    out = torch.empty(
+        (int(group.world_size),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device
+    )
     group.all_gather_into_tensor(out.view(-1), tensor.contiguous().view(-1))
     return out

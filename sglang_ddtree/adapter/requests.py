@@ -10,13 +10,13 @@ distribution. Grammar-constrained decoding is not wired for trees yet.
 
 from __future__ import annotations
 
-from typing import Optional
 
-
-def ddtree_request_error(req) -> Optional[str]:
+def ddtree_request_error(req) -> str | None:
     params = req.sampling_params
     if any(getattr(params, name, None) for name in ("json_schema", "regex", "ebnf", "structural_tag")):
-        return "DDTREE speculative decoding does not support constrained decoding (json_schema/regex/ebnf) yet."
+        return (
+            "DDTREE speculative decoding does not support constrained decoding (json_schema/regex/ebnf) yet."
+        )
     if (params.frequency_penalty or 0.0) != 0.0 or (params.presence_penalty or 0.0) != 0.0:
         return (
             "DDTREE speculative decoding refuses frequency/presence penalties: they depend on tokens "
@@ -27,7 +27,9 @@ def ddtree_request_error(req) -> Optional[str]:
     if (getattr(params, "min_new_tokens", 0) or 0) > 0:
         return "DDTREE speculative decoding refuses min_new_tokens (not exact under tree verification)."
     if getattr(req, "custom_logit_processor", None):
-        return "DDTREE speculative decoding refuses custom logit processors (not exact under tree verification)."
+        return (
+            "DDTREE speculative decoding refuses custom logit processors (not exact under tree verification)."
+        )
     return None
 
 

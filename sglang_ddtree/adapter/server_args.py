@@ -213,7 +213,9 @@ def resolve_server_args(cfg) -> None:
         # SGLang's automatic choice may be a backend without a tree-masked verify
         # path (e.g. FlashInfer MLA); pick one that has it.
         cfg.attention_backend = "fa3" if _is_hopper() else "triton"
-        logger.info("DDTREE: --attention-backend not given; using %s (tree-masked verify)", cfg.attention_backend)
+        logger.info(
+            "DDTREE: --attention-backend not given; using %s (tree-masked verify)", cfg.attention_backend
+        )
     if cfg.speculative_draft_attention_backend is None:
         decode = cfg.decode_attention_backend or cfg.attention_backend
         if decode is None:

@@ -17,7 +17,6 @@ build EAGLE topology for a DDTree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -25,4 +24,4 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 @dataclass
 class DDTreeVerifyInput(DFlashVerifyInput):
-    tree_visibility: Optional[torch.Tensor] = None  # [bs, width, width] bool
+    tree_visibility: torch.Tensor | None = None  # [bs, width, width] bool

@@ -53,7 +53,9 @@ class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         spec = get_spec()
-        self.ddtree = DDTreeConfig.from_spec_fields(spec.speculative_num_draft_tokens, spec.speculative_dflash_block_size)
+        self.ddtree = DDTreeConfig.from_spec_fields(
+            spec.speculative_num_draft_tokens, spec.speculative_dflash_block_size
+        )
         self.ddtree.validate()
         self._refuse_unsupported_drafter()
         # The DFlash worker took the verify width for its block; the drafter runs one block.
@@ -61,7 +63,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self.speculative_num_draft_tokens = self.ddtree.block_size
         self.draft_model.set_block_size(self.block_size)
         self._block_pos_offsets = build_block_pos_offsets(length=self.block_size, device=self.device)
-        self._draft_block_spec_info = make_draft_block_spec_info(draft_token_num=self.block_size, device=self.device)
+        self._draft_block_spec_info = make_draft_block_spec_info(
+            draft_token_num=self.block_size, device=self.device
+        )
         self.width = self.ddtree.verify_width
         self._backend_checked = False
         self.trees = TreeEngine(torch.device(self.device), tree_backend_override())
@@ -145,7 +149,9 @@ class DDTreeWorker(DFlashWorkerV2):
         plan = self.model_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices,
             seq_lens=prefix_lens,
-            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu,
+            seq_lens_cpu=batch.seq_lens_cpu
+            if batch.seq_lens_cpu is not None
+            else draft_input.nxt_kv_lens_cpu,
             write_virtual=window,
             read_extent=width,
         )
@@ -288,7 +294,9 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output = out.logits_output
         target_lp = self._target_logits_processor
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
-            logits_output.next_token_logits = target_lp.finish_deferred_gather(logits_output.next_token_logits)
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(
+                logits_output.next_token_logits
+            )
         if batch.sampling_info is not None:
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits_output.next_token_logits,

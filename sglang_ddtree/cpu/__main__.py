@@ -1,8 +1,8 @@
 """Manage the CPU serving mode's start-up hook.
 
-    python -m sglang_ddtree.cpu install-hook    # write sglang_ddtree_cpu.pth
-    python -m sglang_ddtree.cpu remove-hook
-    python -m sglang_ddtree.cpu status
+python -m sglang_ddtree.cpu install-hook    # write sglang_ddtree_cpu.pth
+python -m sglang_ddtree.cpu remove-hook
+python -m sglang_ddtree.cpu status
 """
 
 from __future__ import annotations

@@ -26,14 +26,18 @@ def _segments(start_offset: torch.Tensor, end_offset: torch.Tensor):
         offset += e - s
 
 
-def assign_req_to_token_pool(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+def assign_req_to_token_pool(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
     """``req_to_token[row, start:end] = out_cache_loc[offset: offset + end - start]``."""
     rows = req_pool_indices.tolist()
     for i, s, e, off in _segments(start_offset, end_offset):
         req_to_token[rows[i], s:e] = out_cache_loc[off : off + e - s].to(req_to_token.dtype)
 
 
-def assign_extend_cache_locs(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+def assign_extend_cache_locs(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
     """``out_cache_loc[offset: offset + end - start] = req_to_token[row, start:end]``."""
     rows = req_pool_indices.tolist()
     for i, s, e, off in _segments(start_offset, end_offset):

@@ -191,7 +191,9 @@ def _save(folder: Path, config: dict, weights: dict[str, torch.Tensor]) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, folder / "model.safetensors")
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, folder / "model.safetensors"
+    )
 
 
 def _deepseek_config(spec: TinySpec, vocab_size: int) -> dict:
@@ -314,7 +316,8 @@ def _write_drafter(folder: Path, spec: TinySpec, vocab_size: int, mask_id: int) 
     weights = {
         "norm.weight": torch.ones(spec.hidden),
         "hidden_norm.weight": torch.ones(spec.hidden),
-        "fc.weight": torch.randn(spec.hidden, n_ctx * spec.hidden, generator=gen) * (n_ctx * spec.hidden) ** -0.5,
+        "fc.weight": torch.randn(spec.hidden, n_ctx * spec.hidden, generator=gen)
+        * (n_ctx * spec.hidden) ** -0.5,
     }
     for i in range(spec.draft_layers):
         weights.update(_layer_weights(gen, spec, f"layers.{i}"))
@@ -337,14 +340,22 @@ def _write_drafter(folder: Path, spec: TinySpec, vocab_size: int, mask_id: int) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=None, help="cache folder (default: ~/.cache/sglang-ddtree)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="cache folder (default: ~/.cache/sglang-ddtree)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-size", type=int, default=TinySpec.block_size)
     parser.add_argument("--arch", choices=["qwen3", "deepseek_v3"], default="qwen3")
     args = parser.parse_args(argv)
     models = build_tiny_models(TinySpec(seed=args.seed, block_size=args.block_size, arch=args.arch), args.out)
-    print(json.dumps({"target": str(models.target), "drafter": str(models.drafter), "vocab_size": models.vocab_size}))
+    print(
+        json.dumps(
+            {"target": str(models.target), "drafter": str(models.drafter), "vocab_size": models.vocab_size}
+        )
+    )
 
 
 if __name__ == "__main__":

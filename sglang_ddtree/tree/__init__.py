@@ -22,7 +22,14 @@ from .build import (
     max_tree_nodes,
     topk_log_probs,
 )
-from .layout import TreeBatch, build_tree_batch_ref, flat_custom_mask, layout_trees, pack_mask_words, unpack_mask_words
+from .layout import (
+    TreeBatch,
+    build_tree_batch_ref,
+    flat_custom_mask,
+    layout_trees,
+    pack_mask_words,
+    unpack_mask_words,
+)
 
 __all__ = [
     "Acceptance",

@@ -20,8 +20,8 @@ Arrays, all ``[bs, width]`` unless noted:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 
 
-def shard_topk(logits: torch.Tensor, k: int, id_offset: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def shard_topk(
+    logits: torch.Tensor, k: int, id_offset: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One shard's contribution: ``logits`` ``[n, shard_vocab]`` ->
     values ``[n, k]``, global ids ``[n, k]``, log-sum-exp ``[n]`` (float32)."""
     logits = logits.float()

@@ -27,11 +27,19 @@ import logging
 
 logger = logging.getLogger("sglang_ddtree")
 
-TREE_MASK_BACKENDS = {"mha": ("torch_native", "triton", "flashinfer", "fa3"), "mla": ("torch_native", "triton", "fa3")}
+TREE_MASK_BACKENDS = {
+    "mha": ("torch_native", "triton", "flashinfer", "fa3"),
+    "mla": ("torch_native", "triton", "fa3"),
+}
 
 
 # The backend classes those names build (checked on the live target runner).
-TREE_MASK_BACKEND_CLASSES = ("TorchNativeAttnBackend", "TritonAttnBackend", "FlashInferAttnBackend", "FlashAttentionBackend")
+TREE_MASK_BACKEND_CLASSES = (
+    "TorchNativeAttnBackend",
+    "TritonAttnBackend",
+    "FlashInferAttnBackend",
+    "FlashAttentionBackend",
+)
 
 
 def supported_backends(is_mla: bool) -> tuple[str, ...]:
@@ -46,7 +54,9 @@ def check_live_backend(attn_backend) -> None:
     backends = [attn_backend, *getattr(attn_backend, "attn_backend_list", [])]
     for backend in backends:
         name = type(backend).__name__
-        if name not in TREE_MASK_BACKEND_CLASSES and not name.endswith(("HybridAttnBackend", "TboAttnBackend")):
+        if name not in TREE_MASK_BACKEND_CLASSES and not name.endswith(
+            ("HybridAttnBackend", "TboAttnBackend")
+        ):
             raise DDTreeConfigError(
                 f"DDTREE: the target's attention backend {name} has no tree-masked verify path; "
                 "launch with --attention-backend triton or fa3 (docs/backends.md)."
@@ -95,7 +105,9 @@ def install_fa3_tree_path() -> None:
         return result
 
     HookRegistry.register(
-        "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.__init__", after, HookType.AFTER
+        "sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend.__init__",
+        after,
+        HookType.AFTER,
     )
 
 
