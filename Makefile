@@ -31,7 +31,7 @@ help:
 $(STAMP):
 	@mkdir -p $(ENV_ROOT)
 	@test -x $(PY) || $(PYTHON_BIN) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=77" wheel
 	$(PY) -m pip install -q torch==$(TORCH)
 	$(PY) -m pip install -q sglang==$(SGLANG)
 	$(PY) -m pip install -q pytest pytest-timeout "hypothesis>=6" "ruff>=0.6" matplotlib pybind11 tqdm

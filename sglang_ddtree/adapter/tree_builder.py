@@ -68,15 +68,18 @@ class TreeEngine:
             return BatchedAcceptance(out["path"], out["accept_lens"], out["bonus"], out["out_tokens"])
         return accept_walk(trees.tokens, trees.parents, trees.tree_sizes, posterior, max_depth)
 
-    def flat_custom_mask(self, trees: DeviceTrees, prefix_lens: torch.Tensor) -> torch.Tensor:
-        """SGLang's flat verify mask for the GPU attention backends."""
+    def flat_custom_mask(
+        self, trees: DeviceTrees, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """SGLang's flat verify mask for the GPU attention backends. Its size depends
+        on the prefix lengths: taken from the scheduler's host copy when it keeps one
+        (no synchronisation), read back from the device otherwise."""
         if self.name == "cuda":
             from ..kernels import gpu
 
             width = trees.tokens.shape[1]
-            # The size depends on the prefix lengths; the scheduler already keeps
-            # them on the host (seq_lens_cpu), so this costs no extra sync there.
-            numel = gpu.flat_mask_numel(prefix_lens.tolist(), width)
+            host_lens = prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens
+            numel = gpu.flat_mask_numel(host_lens.tolist(), width)
             out = torch.empty(numel, dtype=torch.bool, device=trees.mask_words.device)
             return gpu.flat_custom_mask(trees.mask_words, prefix_lens.to(torch.int64), out)
         from ..tree.layout import flat_custom_mask_torch

@@ -273,7 +273,9 @@ class DDTreeWorker(DFlashWorkerV2):
             draft_token=trees.tokens.reshape(-1),
             positions=trees.positions.reshape(-1),
             draft_token_num=width,
-            custom_mask=self.trees.flat_custom_mask(trees, batch.seq_lens) if custom else None,
+            custom_mask=self.trees.flat_custom_mask(trees, batch.seq_lens, batch.seq_lens_cpu)
+            if custom
+            else None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=plan,
             tree_visibility=None if custom else trees.visibility(),
