@@ -222,7 +222,7 @@ def test_live_backend_check():
     from sglang_ddtree.adapter.attention.gpu_backends import check_live_backend
 
     class TritonAttnBackend:  # noqa: N801 - named like SGLang's class on purpose
-        pass
+        attn_backend_list = None  # SGLang's backends carry this attribute, often None
 
     class FlashInferMLAAttnBackend:
         pass

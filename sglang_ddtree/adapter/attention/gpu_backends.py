@@ -51,7 +51,7 @@ def check_live_backend(attn_backend) -> None:
     SGLang chose itself, or one a hub-hosted target made unknowable at start-up)."""
     from ...config import DDTreeConfigError
 
-    backends = [attn_backend, *getattr(attn_backend, "attn_backend_list", [])]
+    backends = [attn_backend, *(getattr(attn_backend, "attn_backend_list", None) or [])]
     for backend in backends:
         name = type(backend).__name__
         if name not in TREE_MASK_BACKEND_CLASSES and not name.endswith(
