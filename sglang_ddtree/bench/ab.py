@@ -73,6 +73,10 @@ PARITY_KEYS = (
     "cuda_graph_config.prefill.backend",
     "enable_torch_compile",
     "enable_two_batch_overlap",
+    # DDTREE may pick a tree-capable backend where SGLang would pick another for the other arms.
+    "attention_backend",
+    "decode_attention_backend",
+    "prefill_attention_backend",
 )
 # The flags that set each parity key, to tell a setting given here from one SGLang chose.
 PARITY_FLAGS = {
@@ -99,6 +103,9 @@ PARITY_FLAGS = {
     ),
     "enable_torch_compile": ("--enable-torch-compile",),
     "enable_two_batch_overlap": ("--enable-two-batch-overlap",),
+    "attention_backend": ("--attention-backend",),
+    "decode_attention_backend": ("--decode-attention-backend", "--attention-backend"),
+    "prefill_attention_backend": ("--prefill-attention-backend", "--attention-backend"),
 }
 CONTEXT_KEYS = (
     "device",
@@ -107,7 +114,6 @@ CONTEXT_KEYS = (
     "dp_size",
     "ep_size",
     "page_size",
-    "attention_backend",
     "kv_cache_dtype",
     "quantization",
     "max_running_requests",

@@ -196,7 +196,7 @@ def parity(arms: list[Arm], context_keys) -> dict:
     if len(read) < 2:
         message = "fewer than two arms started: nothing to compare"
     elif not diffs:
-        message = "overlap scheduler and CUDA-graph settings are the same in every arm"
+        message = "overlap scheduler, CUDA-graph and attention-backend settings are the same in every arm"
     else:
         message = "NOT AT PARITY: " + "; ".join(
             f"{d['key']}: " + ", ".join(f"{arm}={v!r} ({d['why'][arm]})" for arm, v in d["values"].items())
