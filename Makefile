@@ -47,7 +47,7 @@ demo: venv
 	$(CPU_ENV) $(PY) -m sglang_ddtree.demo
 
 test: venv
-	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS)
+	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=15 tests $(PYTEST_ARGS)
 
 test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not server" tests $(PYTEST_ARGS)
@@ -61,7 +61,7 @@ format: venv
 	$(PY) -m ruff format sglang_ddtree tests
 
 ab-smoke: venv
-	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.ab --tiny --concurrency 1 --num-prompts 4 --output-len 24
+	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.ab --tiny --arms ddtree,plain --concurrency 1 --num-prompts 4 --output-len 24
 
 bench-tree: venv
 	$(PY) -m sglang_ddtree.bench.tree_kernels

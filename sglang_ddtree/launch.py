@@ -123,11 +123,14 @@ class ServerProcess:
         return "--- last lines of " + str(self.log_path) + " ---\n" + "\n".join(text[-lines:])
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the server's whole process group (scheduler and detokenizer too)."""
+        """Stop the server: SIGTERM to the launcher (which stops its scheduler and
+        detokenizer cleanly), then SIGKILL to the whole process group for anything
+        left. Signalling the group first would look like a crashed scheduler to the
+        launcher, which then waits for crash diagnostics."""
         if self.process is None:
             return
         if self.process.poll() is None:
-            _signal_group(self.process.pid, signal.SIGTERM)
+            self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -20,7 +20,7 @@ PROMPTS = [
     "A draft tree holds many candidate continuations; the target checks all of them at once. " * 2,
     "Letters: a b c d e f g h i j k l m n o p. " * 4,
 ]
-MAX_NEW_TOKENS = 40
+MAX_NEW_TOKENS = 32
 GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
 # float32: greedy comparisons must not hinge on bf16 rounding differences between
 # a batched verify and a one-token decode (patches/0001-input-embeds-dtype.md).
