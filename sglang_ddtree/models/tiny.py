@@ -321,6 +321,11 @@ def _write_drafter(folder: Path, spec: TinySpec, vocab_size: int, mask_id: int) 
     }
     for i in range(spec.draft_layers):
         weights.update(_layer_weights(gen, spec, f"layers.{i}"))
+    _save(folder, drafter_config(spec, vocab_size, mask_id), weights)
+
+
+def drafter_config(spec: TinySpec, vocab_size: int, mask_id: int) -> dict:
+    """The ``config.json`` of a DFlash drafter SGLang's ``DFlashDraftModel`` loads."""
     config = _qwen3_config(spec, vocab_size, spec.draft_layers)
     config.update(
         {
@@ -336,7 +341,7 @@ def _write_drafter(folder: Path, spec: TinySpec, vocab_size: int, mask_id: int) 
             },
         }
     )
-    _save(folder, config, weights)
+    return config
 
 
 def main(argv: list[str] | None = None) -> None:

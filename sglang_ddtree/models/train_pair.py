@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tiny import MASK_TOKEN, SPECIAL_TOKENS, TinySpec, _qwen3_config
+from .tiny import MASK_TOKEN, SPECIAL_TOKENS, TinySpec, _qwen3_config, drafter_config
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "pairs" / "pycode-4l"
 EOS_TOKEN = "<|endoftext|>"
@@ -858,20 +858,7 @@ def export_pair(
     for name in os.listdir(tok_dir):
         shutil.copy(tok_dir / name, out / "target" / name)
     (out / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
-    config = _qwen3_config(tiny, vocab, spec.draft_layers)
-    config.update(
-        {
-            "architectures": ["DFlashDraftModel"],
-            "block_size": spec.block_size,
-            "num_target_layers": spec.layers,
-            "rope_is_neox_style": False,
-            "dflash_config": {
-                "target_layer_ids": list(spec.target_layer_ids),
-                "mask_token": MASK_TOKEN,
-                "mask_token_id": mask_id,
-            },
-        }
-    )
+    config = drafter_config(tiny, vocab, mask_id)
     dr_weights = {k: v for k, v in drafter.state_dict().items() if k != "mask_embedding"}
     _save_folder(out / "drafter", config, dr_weights)
 
