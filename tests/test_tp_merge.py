@@ -127,3 +127,16 @@ def test_every_rank_builds_the_same_tree_and_accepts_the_same_path(ranks):
     assert reference["ids"] == full_ids.tolist()
     torch.testing.assert_close(torch.tensor(reference["log_probs"]), full_lp, rtol=0, atol=1e-5)
     assert any(length > 0 for length in [sum(p >= 0 for p in row) - 1 for row in reference["path"]])
+
+
+def test_sorted_topk_equals_a_stable_descending_sort():
+    from sglang_ddtree.tree.topk import sorted_topk
+
+    gen = torch.Generator().manual_seed(7)
+    x = (torch.randn(50, 300, generator=gen) * 2).round()  # ties everywhere
+    x[:, ::17] = -0.0
+    x[:, ::23] = float("-inf")
+    values, index = sorted_topk(x, 40)
+    ref = torch.sort(x, dim=-1, descending=True, stable=True)
+    assert torch.equal(index, ref.indices[:, :40])
+    assert torch.equal(values, ref.values[:, :40])

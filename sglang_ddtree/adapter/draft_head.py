@@ -24,6 +24,10 @@ def draft_topk(hidden: torch.Tensor, lm_head, k: int, tp_group=None) -> tuple[to
     if shard is None or tp_size == 1:
         vocab = int(getattr(lm_head, "org_vocab_size", weight.shape[0]))
         logits = torch.matmul(hidden.to(weight.dtype), weight[:vocab].T)
+        if logits.is_cuda and _cuda_kernels():
+            from ..kernels import gpu
+
+            return gpu.topk_log_probs(logits.contiguous(), k)  # fused log-softmax + top-k
         return full_vocab_topk(logits, k)
     num_org = int(shard.num_org_elements)
     logits = torch.matmul(hidden.to(weight.dtype), weight[:num_org].T)
@@ -37,6 +41,12 @@ def draft_topk(hidden: torch.Tensor, lm_head, k: int, tp_group=None) -> tuple[to
     gathered_ids = _all_gather(tp_group, ids)
     gathered_lse = _all_gather(tp_group, lse)
     return merge_shards(gathered_values, gathered_ids, gathered_lse, k)
+
+
+def _cuda_kernels() -> bool:
+    from ..kernels._cupy import cuda_available
+
+    return cuda_available()
 
 
 def _all_gather(group, tensor: torch.Tensor) -> torch.Tensor:

@@ -121,15 +121,11 @@ def topk_log_probs(
 def topk_log_probs_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch-only version of :func:`topk_log_probs` (any device, any k): ``torch.topk`` on
     an int64 key (orderable float bits, inverted id), so ties go to the smaller id."""
+    from ..tree.topk import sorted_topk
+
     x = draft_logits.float()
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    bits = (x + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0 == +0 as in a sort
-    order = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed-orderable
-    ids = torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
-    key = order * (1 << 32) + (0xFFFFFFFF - ids)
-    top = torch.topk(key, k, dim=-1, sorted=True).values
-    top_ids = 0xFFFFFFFF - (top & 0xFFFFFFFF)
-    return torch.gather(x, -1, top_ids) - lse, top_ids
+    values, top_ids = sorted_topk(x, k)
+    return values - torch.logsumexp(x, dim=-1, keepdim=True), top_ids
 
 
 # =========================================================================== tree build

@@ -30,9 +30,20 @@ def shard_topk(
 
 
 def sorted_topk(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k along the last dim by value descending, ties to the smaller index."""
-    order = torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
-    return torch.gather(values, -1, order), order
+    """Top-k along the last dim by value descending, ties to the smaller index.
+
+    ``torch.topk`` alone leaves the order of ties to the device; here it runs on an
+    int64 key - the float32 value's bits made signed-orderable, then the inverted
+    index - so every device returns the same indices as a stable descending sort,
+    without sorting the whole row."""
+    x = values.float()
+    bits = (x + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0 ranks like +0
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    index = torch.arange(x.shape[-1], device=x.device, dtype=torch.int64)
+    key = ordered * (1 << 32) + (0xFFFFFFFF - index)
+    top = torch.topk(key, k, dim=-1, sorted=True).values
+    order = 0xFFFFFFFF - (top & 0xFFFFFFFF)
+    return torch.gather(x, -1, order), order
 
 
 def merge_shards(
