@@ -21,6 +21,13 @@ __device__ __forceinline__ ddt_u64 ddt_score_key(double s) {
   return b < 0 ? ~(ddt_u64)b : ((ddt_u64)b | 0x8000000000000000ull);
 }
 
+// The same key for a score that is a sum of log-probs starting from +0 (every score but the
+// root entry's): such a sum is never -0 under round-to-nearest, so the +0.0 is not needed.
+__device__ __forceinline__ ddt_u64 ddt_sum_key(double s) {
+  ddt_i64 b = __double_as_longlong(s);
+  return b < 0 ? ~(ddt_u64)b : ((ddt_u64)b | 0x8000000000000000ull);
+}
+
 __device__ __forceinline__ double ddt_key_score(ddt_u64 k) {
   ddt_u64 b = (k & 0x8000000000000000ull) ? (k & 0x7fffffffffffffffull) : ~k;
   return __longlong_as_double((ddt_i64)b);

@@ -61,6 +61,21 @@ def test_targets_and_report(tmp_path):
     assert t["accept_us_bs64"]["value"] == 4.0 and t["accept_us_bs64"]["met"]
     md = tk.to_markdown(res)
     assert "## Build, block 16 (depth 15)" in md and "| 64 | 64 |" in md
+    assert "Cycles per pop" not in md
+    res["pop_cycles"] = [
+        dict(
+            budget=64,
+            width=65,
+            registers_kernel="ddtree_build_tree_r3",
+            registers_cycles_per_pop=640.0,
+            shared_kernel="ddtree_build_tree",
+            shared_cycles_per_pop=860.0,
+        ),
+        dict(budget=256, width=257, shared_kernel="ddtree_build_tree", shared_cycles_per_pop=1000.0),
+    ]
+    md = tk.to_markdown(res)
+    assert "| 64 | 65 | ddtree_build_tree_r3 | 640.0 | ddtree_build_tree | 860.0 |" in md
+    assert "| 256 | 257 | - | - | ddtree_build_tree | 1000.0 |" in md
     assert tk.device_slug(res["stamp"]) == "h200"
     png = tk.plot(res, tmp_path / "x.png")
     assert png is None or png.stat().st_size > 0

@@ -25,7 +25,7 @@ from kernel_cases import (
 )
 
 from sglang_ddtree.kernels import cpp
-from sglang_ddtree.kernels.gpu import build_smem_bytes
+from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
 
@@ -46,8 +46,10 @@ def emu():
     )
 
 
-def _build(emu, lp, ids, roots, prefix, budget, width, block=256):
+def _build(emu, lp, ids, roots, prefix, budget, width, block=256, heap_in_registers=True):
     smem, lp_in = build_smem_bytes(width, lp.shape[1], lp.shape[2])
+    name = build_kernel_name(width, heap_in_registers and lp_in)
+    slots = int(name.rsplit("_r", 1)[1]) if "_r" in name else 0
     keys = (
         "tokens",
         "depths",
@@ -58,21 +60,34 @@ def _build(emu, lp, ids, roots, prefix, budget, width, block=256):
         "first_child",
         "next_sibling",
     )
-    return dict(zip(keys, emu.build_tree(lp, ids, roots, prefix, budget, width, int(lp_in), block, smem)))
+    return dict(
+        zip(keys, emu.build_tree(lp, ids, roots, prefix, budget, width, int(lp_in), block, smem, slots))
+    )
 
 
 @pytest.mark.parametrize("ties", TIES)
 @pytest.mark.parametrize(
     "bs, depth, vocab, budget, extra",
-    [(1, 7, 111, 1, 0), (3, 7, 111, 31, 2), (3, 5, 3000, 32, 0), (5, 7, 3000, 33, 40), (2, 3, 3000, 300, 1)],
+    [
+        (1, 7, 111, 1, 0),
+        (2, 7, 111, 31, 0),  # width 32: the largest one-slot register heap
+        (3, 7, 111, 31, 2),
+        (3, 5, 3000, 32, 0),
+        (5, 7, 3000, 33, 40),
+        (2, 7, 3000, 140, 5),
+        (2, 9, 3000, 159, 0),  # width 160: the largest register heap
+        (2, 3, 3000, 300, 1),
+    ],
 )
-def test_build(emu, bs, depth, vocab, budget, extra, ties):
+@pytest.mark.parametrize("heap_in_registers", [True, False], ids=["registers", "shared"])
+def test_build(emu, bs, depth, vocab, budget, extra, ties, heap_in_registers):
     rng = np.random.default_rng(budget * 31 + bs)
     lp, ids = random_topk(rng, bs, depth, vocab, budget, ties)
     roots = rng.integers(0, vocab, size=bs).astype(np.int64)
     prefix = rng.integers(0, 9000, size=bs).astype(np.int64)
     width = budget + 1 + extra
-    got = _build(emu, lp, ids, roots, prefix, budget, width, block=128 if bs % 2 else 256)
+    block = 128 if bs % 2 else 256
+    got = _build(emu, lp, ids, roots, prefix, budget, width, block, heap_in_registers)
     assert_tree_equal(got, reference_tree(lp, ids, roots, budget, width, prefix), f"ties={ties}")
     first, nxt = links_reference(got["parents"], got["tree_sizes"])
     np.testing.assert_array_equal(got["first_child"], first)

@@ -56,7 +56,7 @@ def _poison(*tensors):
             t.fill_(POISON if t.dtype == torch.int64 else -0x5A5A5A5)
 
 
-def _tree_on_gpu(lp, ids, roots, budget, width, prefix, links=True):
+def _tree_on_gpu(lp, ids, roots, budget, width, prefix, links=True, heap_in_registers=True):
     gpu = _gpu()
     bs = lp.shape[0]
     out = gpu.TreeBuffers.allocate(bs, width, DEV, links=links)
@@ -69,6 +69,7 @@ def _tree_on_gpu(lp, ids, roots, budget, width, prefix, links=True):
         width,
         torch.from_numpy(prefix).to(DEV),
         out=out,
+        heap_in_registers=heap_in_registers,
     )
     torch.cuda.synchronize()
     return out
@@ -84,9 +85,10 @@ def _tree_dict(out):
 # --------------------------------------------------------------------------- tree build
 
 
-@pytest.mark.parametrize("budget", [1, 31, 32, 33, 1024])
+@pytest.mark.parametrize("heap_in_registers", [True, False], ids=["registers", "shared"])
+@pytest.mark.parametrize("budget", [1, 31, 32, 33, 64, 95, 159, 1024])
 @pytest.mark.parametrize("bs", [1, 3, 99, 257])
-def test_build_matches_reference(bs, budget):
+def test_build_matches_reference(bs, budget, heap_in_registers):
     for vocab in (111, 163840):
         for ties in TIES:
             rng = np.random.default_rng(zlib.crc32(repr((bs, budget, vocab, ties)).encode()))
@@ -94,8 +96,10 @@ def test_build_matches_reference(bs, budget):
             lp, ids = random_topk(rng, bs, depth, vocab, budget, ties)
             roots = rng.integers(0, vocab, size=bs).astype(np.int64)
             prefix = rng.integers(0, 20000, size=bs).astype(np.int64)
+            # bs 3 and 99 verify at width budget + 1: budgets 31, 95 and 159 then sit exactly
+            # on the register heaps' limits (widths 32, 96, 160)
             width = budget + 1 + (bs % 3)
-            out = _tree_on_gpu(lp, ids, roots, budget, width, prefix)
+            out = _tree_on_gpu(lp, ids, roots, budget, width, prefix, heap_in_registers=heap_in_registers)
             ref = reference_tree(lp, ids, roots, budget, width, prefix)
             assert_tree_equal(_tree_dict(out), ref, f"bs={bs} budget={budget} vocab={vocab} ties={ties}")
             first, nxt = links_reference(ref["parents"], ref["tree_sizes"])

@@ -392,6 +392,32 @@ def to_markdown(results: dict) -> str:
             ),
             "",
         ]
+    if results.get("pop_cycles"):
+        lines += [
+            "## Cycles per pop (one request, clock64 around the search)",
+            "",
+            "What bounds the build: each pop is a chain of dependent warp steps (lane max, warp "
+            "max reduction, ballot, shuffles from the winner, the two new keys), so its time is "
+            "the chain's latency, the same at any batch size.",
+            "",
+        ]
+        rows = [
+            (
+                r["budget"],
+                r["width"],
+                r.get("registers_kernel", "-"),
+                r.get("registers_cycles_per_pop", "-"),
+                r["shared_kernel"],
+                r["shared_cycles_per_pop"],
+            )
+            for r in results["pop_cycles"]
+        ]
+        lines += [
+            _stamp.md_table(
+                ["budget", "width", "register heap", "cycles/pop", "shared heap", "cycles/pop"], rows
+            ),
+            "",
+        ]
     if results.get("notes"):
         lines += ["## Notes", "", *results["notes"], ""]
     return "\n".join(lines)
@@ -456,6 +482,52 @@ def plot(results: dict, path: Path) -> Path | None:
     return path
 
 
+def pop_cycles(budgets=(16, 31, 32, 64, 95, 128, 159, 256), depth: int = 15, vocab: int = 163840) -> list:
+    """Cycles per pop of the build kernels' best-first search, from ``clock64`` around the
+    search (the kernel source compiled with ``-DDDT_TIME_POPS``; the timing build writes the
+    count into ``positions[:, 0]``). One request, width budget + 1; the register-heap kernel
+    the launcher picks and the shared-memory heap, on the same inputs."""
+    import cupy
+
+    from ..kernels import gpu
+    from ..kernels._cupy import NVRTC_OPTIONS, kernel_source, ptr
+
+    module = cupy.RawModule(code=kernel_source("ddtree_tree"), options=(*NVRTC_OPTIONS, "-DDDT_TIME_POPS"))
+    dev = torch.device("cuda")
+    rows = []
+    for budget in budgets:
+        width = budget + 1
+        gen = torch.Generator(device=dev).manual_seed(budget)
+        lp, ids = gpu.topk_log_probs(torch.randn(1, depth, vocab, generator=gen, device=dev) * 3, budget)
+        roots = torch.zeros(1, dtype=torch.int64, device=dev)
+        smem, staged = gpu.build_smem_bytes(width, depth, budget)
+        row = {"budget": budget, "width": width}
+        for label, registers in (("registers", True), ("shared", False)):
+            name = gpu.build_kernel_name(width, registers and staged)
+            if registers and name == "ddtree_build_tree":
+                continue
+            fn = module.get_function(name)
+            fn.max_dynamic_shared_size_bytes = smem
+            out = gpu.TreeBuffers.allocate(1, width, dev)
+            args = (ptr(lp), ptr(ids), ptr(roots), ptr(roots), depth, budget, budget, width, int(staged))
+            outs = tuple(ptr(t) for t in (out.tokens, out.depths, out.parents, out.tree_sizes, out.positions))
+            counts = []
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                for _ in range(20):
+                    fn(
+                        (1,),
+                        (gpu._BUILD_THREADS,),
+                        (*args, *outs, ptr(out.mask_words), 0, 0),
+                        shared_mem=smem,
+                    )
+                    torch.cuda.synchronize()
+                    counts.append(int(out.positions[0, 0]) / budget)
+            row[f"{label}_kernel"] = name
+            row[f"{label}_cycles_per_pop"] = statistics.median(counts)
+        rows.append(row)
+    return rows
+
+
 def single_pass(vocab: int, bs: int, budget: int, depth: int, repeat: int = 2) -> None:
     """Every kernel on one small case, ``repeat`` times (for ncu / compute-sanitizer runs)."""
     from ..kernels import gpu
@@ -502,6 +574,11 @@ def main(argv=None) -> int:
         help="run every kernel twice on one small case and exit (for ncu / compute-sanitizer)",
     )
     p.add_argument("--vocab", type=int, default=VOCAB, help="with --single")
+    p.add_argument(
+        "--pop-cycles",
+        action="store_true",
+        help="cycles per pop of each build kernel (clock64 around the search; adds a table)",
+    )
     args = p.parse_args(argv)
     if args.single:
         single_pass(args.vocab, args.batch_sizes[0], args.budgets[0], args.blocks[0] - 1)
@@ -513,13 +590,17 @@ def main(argv=None) -> int:
         return 2
     t0 = time.time()
     results = run(args)
+    if args.pop_cycles:
+        results["pop_cycles"] = pop_cycles()
     results["wall_s"] = time.time() - t0
     results["notes"] = [
         "- Python and C++ times include the device->host copy of the top-k inputs and the "
         "host->device copy of the layout (tokens, depths, parents, sizes, positions, mask words), "
         "as an SGLang port with a CPU builder pays them.",
         "- GPU build = one kernel (one block per request; warp 0 pops the heap, the block writes the "
-        "layout). 'GPU (1/graph)' is one launch per graph replay: the graph launch overhead included.",
+        "layout): the register-heap kernel for widths up to 160 (budget <= 159), the shared-memory "
+        "heap above. 'GPU (1/graph)' is one launch per graph replay: the graph launch overhead "
+        "included.",
         f"- Whole run: {results['wall_s']:.0f} s.",
     ]
     out_dir = _stamp.results_dir(args.out)

@@ -163,13 +163,27 @@ class TreeBuffers:
 
 def build_smem_bytes(width: int, depth: int, k: int) -> tuple[int, bool]:
     """Dynamic shared memory of the build kernel and whether the log-probs are staged there."""
-    base = 44 * width + 16
+    base = 48 * width + 16
     if base > _SMEM_MAX:
         raise ValueError(
-            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 44})"
+            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 48})"
         )
     with_lp = base + 4 * depth * k
     return (with_lp, True) if with_lp <= 160 * 1024 else (base, False)
+
+
+# Register-heap variants of the build kernel: ddtree_build_tree_r<R> holds R heap slots per
+# lane in registers and serves widths up to 32 * R; wider trees use the shared-memory heap.
+HEAP_REGISTER_SLOTS = (1, 2, 3, 5)
+
+
+def build_kernel_name(width: int, heap_in_registers: bool = True) -> str:
+    """The build kernel for verify width ``width``: the smallest register heap that holds it."""
+    if heap_in_registers:
+        for slots in HEAP_REGISTER_SLOTS:
+            if width <= 32 * slots:
+                return f"ddtree_build_tree_r{slots}"
+    return "ddtree_build_tree"
 
 
 def build_tree_batch(
@@ -181,6 +195,7 @@ def build_tree_batch(
     prefix_lens: torch.Tensor | None = None,
     out: TreeBuffers | None = None,
     links: bool = False,
+    heap_in_registers: bool = True,
 ) -> TreeBuffers:
     """Build every request's draft tree and its verify layout, one block per request.
 
@@ -199,6 +214,8 @@ def build_tree_batch(
     out : :class:`TreeBuffers` for ``(bs, width)`` or None (allocated).
     links : allocate ``first_child`` / ``next_sibling`` when ``out`` is None (they are
         written whenever ``out`` has them).
+    heap_in_registers : use the register-heap kernel when the width allows (False forces
+        the shared-memory heap; the results are the same).
 
     Returns
     -------
@@ -227,7 +244,8 @@ def build_tree_batch(
     if bs == 0:
         return out
     smem, lp_in_smem = build_smem_bytes(width, depth, k)
-    kernel("ddtree_tree", "ddtree_build_tree")(
+    # the register heaps read the log-probs from shared memory: staged or not at all
+    kernel("ddtree_tree", build_kernel_name(width, heap_in_registers and lp_in_smem))(
         (bs,),
         (_BUILD_THREADS,),
         (

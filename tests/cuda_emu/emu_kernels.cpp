@@ -22,7 +22,7 @@ using U8 = py::array_t<unsigned char, py::array::c_style>;
 static long long* ptr(I64& a) { return a.mutable_data(); }
 
 py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long long budget, long long W,
-                     long long lp_in_smem, int block, size_t smem_bytes) {
+                     long long lp_in_smem, int block, size_t smem_bytes, int heap_slots) {
   const long long bs = lp.shape(0), D = lp.shape(1), K = lp.shape(2), NW = (W + 31) / 32;
   I64 tokens({bs, W}), depths({bs, W}), parents({bs, W}), sizes(bs), positions({bs, W}), first({bs, W}),
       next({bs, W});
@@ -43,8 +43,19 @@ py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long lon
   long long *pt = ptr(tokens), *pd = ptr(depths), *pp = ptr(parents), *ps = ptr(sizes), *ppos = ptr(positions),
             *pf = ptr(first), *pn = ptr(next);
   int* pw = words.mutable_data();
+  // heap_slots: 0 = the shared-memory heap kernel, R = ddtree_build_tree_r<R>
+  decltype(&ddtree_build_tree) fn = nullptr;
+  switch (heap_slots) {
+    case 0: fn = &ddtree_build_tree; break;
+    case 1: fn = &ddtree_build_tree_r1; break;
+    case 2: fn = &ddtree_build_tree_r2; break;
+    case 3: fn = &ddtree_build_tree_r3; break;
+    case 5: fn = &ddtree_build_tree_r5; break;
+    default: throw std::invalid_argument("no build kernel with " + std::to_string(heap_slots) + " heap slots");
+  }
+  if (heap_slots && W > 32LL * heap_slots) throw std::invalid_argument("width too large for the register heap");
   emu::launch(dim3((unsigned)bs), dim3(block), smem_bytes, [=] {
-    ddtree_build_tree(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw, pf, pn);
+    fn(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw, pf, pn);
   });
   return py::make_tuple(tokens, depths, parents, sizes, positions, words, first, next);
 }
