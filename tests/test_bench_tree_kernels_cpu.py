@@ -75,7 +75,7 @@ def test_targets_and_report(tmp_path):
     ]
     md = tk.to_markdown(res)
     assert "| 64 | 65 | ddtree_build_tree_r3 | 640.0 | ddtree_build_tree | 860.0 |" in md
-    assert "| 256 | 257 | - | - | ddtree_build_tree | 1000.0 |" in md
+    assert "| 256 | 257 | - | - | ddtree_build_tree | 1000 |" in md
     assert tk.device_slug(res["stamp"]) == "h200"
     png = tk.plot(res, tmp_path / "x.png")
     assert png is None or png.stat().st_size > 0
