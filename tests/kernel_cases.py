@@ -30,6 +30,38 @@ def random_topk(rng: np.random.Generator, bs: int, depth: int, vocab: int, budge
     return np.ascontiguousarray(lp), ids
 
 
+# Inputs (ties, depth, budget, seed of random_topk, vocab 3000, one request) on which the
+# heap's top is, at some pops, tied only between entries that one lane of the build kernel
+# scans (node indices equal mod 32) and the earlier-popped node is not the one the rank-tuple
+# order picks: the in-lane tie path. Found by searching seeds with lane_local_tie_pops.
+LANE_TIE_CASES = (("dup", 3, 64, 3), ("dup", 3, 95, 82), ("int", 3, 40, 159), ("dup", 5, 40, 113))
+
+
+def lane_local_tie_pops(lp, budget: int) -> int:
+    """Pops of the reference search (one request, log-probs ``[depth, k]``) whose top entry is
+    tied only within one lane's nodes (indices equal mod 32) and not won by the lowest index."""
+    depth, k = lp.shape
+    par, dep, cnt, score, path = [-1], [0], [0], [0.0], [()]
+    hits = 0
+    for _ in range(budget):
+        entries = {
+            n: score[n] + float(lp[dep[n], cnt[n]]) for n in range(len(par)) if cnt[n] < k and dep[n] < depth
+        }
+        if not entries:
+            break
+        top = max(entries.values())
+        tied = [n for n, v in entries.items() if v == top]
+        win = min(tied, key=lambda n: path[n] + (cnt[n],))
+        hits += len(tied) > 1 and len({n % 32 for n in tied}) == 1 and win != min(tied)
+        par.append(win)
+        dep.append(dep[win] + 1)
+        cnt.append(0)
+        score.append(top)
+        path.append(path[win] + (cnt[win],))
+        cnt[win] += 1
+    return hits
+
+
 def reference_tree(lp, ids, roots, budget, width, prefix_lens):
     """The reference batch layout as a dict of numpy arrays (mask packed per request)."""
     ref = build_tree_batch_ref(lp, ids, roots, budget, width)

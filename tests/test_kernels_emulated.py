@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 from kernel_cases import (
+    LANE_TIE_CASES,
     TIES,
     assert_tree_equal,
+    lane_local_tie_pops,
     links_reference,
     random_posterior,
     random_req_to_token,
@@ -92,6 +94,17 @@ def test_build(emu, bs, depth, vocab, budget, extra, ties, heap_in_registers):
     first, nxt = links_reference(got["parents"], got["tree_sizes"])
     np.testing.assert_array_equal(got["first_child"], first)
     np.testing.assert_array_equal(got["next_sibling"], nxt)
+
+
+@pytest.mark.parametrize("ties, depth, budget, seed", LANE_TIE_CASES)
+@pytest.mark.parametrize("heap_in_registers", [True, False], ids=["registers", "shared"])
+def test_build_lane_local_ties(emu, ties, depth, budget, seed, heap_in_registers):
+    """Exact ties between entries of one lane only: the rank tuples, not the node order, decide."""
+    lp, ids = random_topk(np.random.default_rng(seed), 1, depth, 3000, budget, ties)
+    assert lane_local_tie_pops(lp[0], budget) > 0  # the case still exercises the path
+    roots, prefix = np.array([7], np.int64), np.array([100], np.int64)
+    got = _build(emu, lp, ids, roots, prefix, budget, budget + 1, 256, heap_in_registers)
+    assert_tree_equal(got, reference_tree(lp, ids, roots, budget, budget + 1, prefix))
 
 
 def test_build_log_probs_outside_shared_memory(emu):

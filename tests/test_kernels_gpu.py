@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 from kernel_cases import (
+    LANE_TIE_CASES,
     TIES,
     assert_tree_equal,
+    lane_local_tie_pops,
     links_reference,
     random_posterior,
     random_req_to_token,
@@ -105,6 +107,17 @@ def test_build_matches_reference(bs, budget, heap_in_registers):
             first, nxt = links_reference(ref["parents"], ref["tree_sizes"])
             np.testing.assert_array_equal(out.first_child.cpu().numpy(), first)
             np.testing.assert_array_equal(out.next_sibling.cpu().numpy(), nxt)
+
+
+@pytest.mark.parametrize("ties, depth, budget, seed", LANE_TIE_CASES)
+@pytest.mark.parametrize("heap_in_registers", [True, False], ids=["registers", "shared"])
+def test_build_lane_local_ties(ties, depth, budget, seed, heap_in_registers):
+    """Exact ties between entries of one lane only: the rank tuples, not the node order, decide."""
+    lp, ids = random_topk(np.random.default_rng(seed), 1, depth, 3000, budget, ties)
+    assert lane_local_tie_pops(lp[0], budget) > 0
+    roots, prefix = np.array([7], np.int64), np.array([100], np.int64)
+    out = _tree_on_gpu(lp, ids, roots, budget, budget + 1, prefix, heap_in_registers=heap_in_registers)
+    assert_tree_equal(_tree_dict(out), reference_tree(lp, ids, roots, budget, budget + 1, prefix))
 
 
 def test_build_log_probs_from_global_memory():
