@@ -196,47 +196,72 @@ __device__ int ddt_pop_shared(const float* lp, int D, int K, int budget, int lan
   return t;
 }
 
-// The best-first search with the heap keys in registers, for W <= 32 * R. Slot j of lane l
-// holds the key of node l + 32 j's entry (its next child's score key; 0 = none); the
-// nodes' fields (score, children popped so far, last child) stay in shared memory. A pop:
-// each lane's best slot, the warp max reduction, and meanwhile the lane loads what popping
-// its best would need; then the argmax, the two new keys, one shuffle of the new node's key
-// to its slot's lane, and branch-free key updates. Same pops, in the same order, as
-// ddt_pop_shared.
-struct DdtPopPlan {
-  int c, d, l;  // the node's children popped so far, depth, last child
-  double sv;    // its score
-  float lpP, lpT;  // log-probs of its next child and of that child's first child
+// The best-first search with the heap in registers, for W <= 32 * R. Slot j of lane l is
+// node l + 32 j: its heap key (next child's score key; 0 = none), score, children popped
+// so far, depth and last child. A pop: each lane's best slot and the two keys its pop
+// would push (computed while the warp argmax is in flight), the argmax, shuffles from the
+// winner, and branch-free slot updates; shared memory only receives the node records.
+// Same pops, in the same order, as ddt_pop_shared.
+template <int R>
+struct DdtSlots {
+  ddt_u64 key[R];
+  double sc[R];
+  int cn[R], dp[R], ls[R];
 };
 
-__device__ __forceinline__ DdtPopPlan ddt_plan_load(int e, bool live, const float* lp, int D, int K,
-                                                    const DdtBuildSmem& s) {
+// What popping lane `lane`'s slot bj would do: its node e, child number c, depth d, last
+// child l, score sv, and the log-probs behind the keys of the entries it would push (kP:
+// e's next child, kt: the new node's first child). Loaded first, keys summed later, so the
+// loads overlap the warp argmax.
+struct DdtPopPlan {
+  int e, c, d, l;
+  double sv;
+  float lpP, lpT;
+  ddt_u64 kP, kt;
+};
+
+template <int R>
+__device__ __forceinline__ DdtPopPlan ddt_plan_load(const DdtSlots<R>& h, int bj, int lane,
+                                                    const float* lp, int D, int K) {
   DdtPopPlan p;
   p.c = 0;
   p.d = 0;
   p.l = -1;
   p.sv = 0.0;
-  p.lpP = 0.0f;
-  p.lpT = 0.0f;
-  if (live) {  // a lane without entries reads nothing (its slot's node may not exist yet)
-    p.c = s.cnt[e];
-    p.d = s.dep[e];
-    p.l = s.last[e];
-    p.sv = s.score[e];
-    if (p.c + 1 < K) p.lpP = lp[p.d * K + p.c + 1];
-    if (p.d + 1 < D) p.lpT = lp[(p.d + 1) * K];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const bool hit = j == bj;
+    p.c = hit ? h.cn[j] : p.c;
+    p.d = hit ? h.dp[j] : p.d;
+    p.l = hit ? h.ls[j] : p.l;
+    p.sv = hit ? h.sc[j] : p.sv;
   }
+  p.e = lane + 32 * bj;
+  p.lpP = (p.c + 1 < K) ? lp[p.d * K + p.c + 1] : 0.0f;
+  p.lpT = (p.d + 1 < D) ? lp[(p.d + 1) * K] : 0.0f;
   return p;
+}
+
+// st: the popped node's score (== p.sv + lp[d*K + c], as the reference sums it).
+__device__ __forceinline__ void ddt_plan_keys(DdtPopPlan& p, double st, int D, int K) {
+  p.kP = (p.c + 1 < K) ? ddt_sum_key(p.sv + (double)p.lpP) : 0ull;
+  p.kt = (p.d + 1 < D) ? ddt_sum_key(st + (double)p.lpT) : 0ull;
 }
 
 // Lane's best slot among several with exactly its best key: the smallest rank tuple.
 template <int R>
-__device__ __forceinline__ int ddt_slot_tie(const ddt_u64 (&key)[R], int bj, ddt_u64 bk, int lane,
+__device__ __forceinline__ int ddt_slot_tie(const DdtSlots<R>& h, int bj, ddt_u64 bk, int lane,
                                             const DdtBuildSmem& s) {
+  int bc = 0;
+#pragma unroll
+  for (int j = 0; j < R; ++j) bc = (j == bj) ? h.cn[j] : bc;
 #pragma unroll
   for (int j = 0; j < R; ++j) {
-    const int e = lane + 32 * j, b = lane + 32 * bj;
-    if (j != bj && key[j] == bk && ddt_path_less(e, s.cnt[e], b, s.cnt[b], s.par, s.rnk, s.dep)) bj = j;
+    if (j != bj && h.key[j] == bk &&
+        ddt_path_less(lane + 32 * j, h.cn[j], lane + 32 * bj, bc, s.par, s.rnk, s.dep)) {
+      bj = j;
+      bc = h.cn[j];
+    }
   }
   return bj;
 }
@@ -244,76 +269,78 @@ __device__ __forceinline__ int ddt_slot_tie(const ddt_u64 (&key)[R], int bj, ddt
 template <int R>
 __device__ int ddt_pop_registers(const float* lp, int D, int K, int budget, int lane,
                                  const DdtBuildSmem& s) {
-  ddt_u64 key[R];
+  DdtSlots<R> h;
 #pragma unroll
-  for (int j = 0; j < R; ++j) key[j] = 0ull;
+  for (int j = 0; j < R; ++j) {
+    h.key[j] = 0ull;
+    h.sc[j] = 0.0;
+    h.cn[j] = 0;
+    h.dp[j] = 0;
+    h.ls[j] = -1;
+  }
   if (lane == 0) {
     ddt_write_root(s);
-    s.cnt[0] = 0;
-    s.score[0] = 0.0;
-    s.last[0] = -1;
-    key[0] = (D > 0 && K > 0) ? ddt_score_key((double)lp[0]) : 0ull;
+    h.key[0] = (D > 0 && K > 0) ? ddt_score_key((double)lp[0]) : 0ull;
   }
   int t = 0;
   while (t < budget) {
-    __syncwarp();  // the fields the previous pop stored are visible to every lane
     // this lane's best slot: the max key, the lowest slot on equal keys, and whether tied
-    ddt_u64 bk = key[0];
+    ddt_u64 bk = h.key[0];
     int bj = 0;
     bool tied = false;
 #pragma unroll
     for (int j = 1; j < R; ++j) {
-      tied = (key[j] == bk) || (tied && key[j] < bk);
-      bj = (key[j] > bk) ? j : bj;
-      bk = (key[j] > bk) ? key[j] : bk;
+      tied = (h.key[j] == bk) || (tied && h.key[j] < bk);
+      bj = (h.key[j] > bk) ? j : bj;
+      bk = (h.key[j] > bk) ? h.key[j] : bk;
     }
-    const bool live = bk != 0ull;
-    tied = tied && live;
+    tied = tied && bk != 0ull;
     // the warp argmax's reduction goes first; this lane's pop plan loads meanwhile
     const unsigned hi = (unsigned)(bk >> 32);
     const unsigned mhi = __reduce_max_sync(DDT_FULL_MASK, hi);
-    int e = lane + 32 * bj;
-    DdtPopPlan p = ddt_plan_load(e, live, lp, D, K, s);
-    const unsigned tied_lanes = R > 1 ? __ballot_sync(DDT_FULL_MASK, tied) : 0u;
+    DdtPopPlan p = ddt_plan_load<R>(h, bj, lane, lp, D, K);
+    const unsigned tied_lanes = __ballot_sync(DDT_FULL_MASK, tied);
     unsigned cand;
     int w = ddt_warp_argmax_finish(bk, hi, mhi, cand);
     if (w == -1) break;  // the heap is empty
     if (w == -2) {  // rare: equal keys on several lanes; settle each lane's own ties first
+      __syncwarp();  // node records written by other lanes are visible
       if (tied) {
-        bj = ddt_slot_tie<R>(key, bj, bk, lane, s);
-        e = lane + 32 * bj;
-        p = ddt_plan_load(e, live, lp, D, K, s);
+        bj = ddt_slot_tie<R>(h, bj, bk, lane, s);
+        p = ddt_plan_load<R>(h, bj, lane, lp, D, K);
       }
-      w = ddt_break_tie(cand, e, p.c, s);
+      w = ddt_break_tie(cand, p.e, p.c, s);
     } else if (tied_lanes & (1u << w)) {  // rare: the winner's slots tie
+      __syncwarp();  // node records written by other lanes are visible
       if (lane == w) {
-        bj = ddt_slot_tie<R>(key, bj, bk, lane, s);
-        e = lane + 32 * bj;
-        p = ddt_plan_load(e, live, lp, D, K, s);
+        bj = ddt_slot_tie<R>(h, bj, bk, lane, s);
+        p = ddt_plan_load<R>(h, bj, lane, lp, D, K);
       }
     }
-    const double st = ddt_key_score(bk);  // == p.sv + lp[d*K + c], the reference's sum
-    const ddt_u64 kP = (p.c + 1 < K) ? ddt_sum_key(p.sv + (double)p.lpP) : 0ull;
-    const ddt_u64 kt = (p.d + 1 < D) ? ddt_sum_key(st + (double)p.lpT) : 0ull;
-    const ddt_u64 kt_w = __shfl_sync(DDT_FULL_MASK, kt, w);
+    const double st = ddt_key_score(bk);
+    ddt_plan_keys(p, st, D, K);
+    const ddt_u64 kt_w = __shfl_sync(DDT_FULL_MASK, p.kt, w);
+    const double st_w = __shfl_sync(DDT_FULL_MASK, st, w);
+    const int d_w = __shfl_sync(DDT_FULL_MASK, p.d, w);
     ++t;
-    const bool is_w = lane == w;
-    if (is_w) {  // node t: child number c of node e; e's entry moves to its next child
-      s.par[t] = e;
+    const bool is_w = lane == w, is_t = lane == (t & 31);
+    if (is_w) {  // record node t: child number c of node e
+      s.par[t] = p.e;
       s.rnk[t] = p.c;
       s.dep[t] = p.d + 1;
       s.prev[t] = p.l;
-      s.cnt[t] = 0;
-      s.score[t] = st;
-      s.last[t] = -1;
-      s.cnt[e] = p.c + 1;
-      s.last[e] = t;
     }
-    const bool is_t = lane == (t & 31);
     const int jt = t >> 5;
 #pragma unroll
-    for (int j = 0; j < R; ++j)
-      key[j] = (is_t && j == jt) ? kt_w : ((is_w && j == bj) ? kP : key[j]);
+    for (int j = 0; j < R; ++j) {
+      const bool hp = is_w && j == bj;  // the popped node's slot moves to its next child
+      const bool ht = is_t && j == jt;  // node t's slot: its first child is next
+      h.key[j] = ht ? kt_w : (hp ? p.kP : h.key[j]);
+      h.cn[j] = ht ? 0 : (hp ? p.c + 1 : h.cn[j]);
+      h.ls[j] = ht ? -1 : (hp ? t : h.ls[j]);
+      h.sc[j] = ht ? st_w : h.sc[j];
+      h.dp[j] = ht ? d_w + 1 : h.dp[j];
+    }
   }
   return t;
 }
