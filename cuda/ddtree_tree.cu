@@ -25,33 +25,7 @@
 // device.
 
 #include "ddtree_common.cuh"
-
-// Is (path of node an) + (ar,) lexicographically smaller than (path of node bn) + (br,)?
-// A prefix sorts before its extensions (Python tuple order).
-__device__ __forceinline__ bool ddt_path_less(int an, int ar, int bn, int br, const int* par,
-                                              const int* rnk, const int* dep) {
-  int ad = dep[an] + 1, bd = dep[bn] + 1;
-  const int alen = ad, blen = bd;
-  // state (node, rank, depth): the element at `depth` is child number `rank` of `node`
-  while (ad > bd) {
-    ar = rnk[an];
-    an = par[an];
-    --ad;
-  }
-  while (bd > ad) {
-    br = rnk[bn];
-    bn = par[bn];
-    --bd;
-  }
-  if (an == bn && ar == br) return alen < blen;
-  while (an != bn) {
-    ar = rnk[an];
-    an = par[an];
-    br = rnk[bn];
-    bn = par[bn];
-  }
-  return ar < br;
-}
+#include "ddtree_path.cuh"
 
 // Shared memory of the build kernels (the launcher computes the same size):
 //   u64 fkey[W]; double score[W]; int par, rnk, dep, cnt, last, prev, first, next [W];

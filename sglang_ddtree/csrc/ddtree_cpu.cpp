@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "ddtree_path.cuh"  // from cuda/ (installed as sglang_ddtree/cuda)
+
 namespace py = pybind11;
 
 namespace {
@@ -76,28 +78,10 @@ class TreeBuilder {
  private:
   std::vector<Entry> heap_;
 
-  // (path of node an) + (ar,) < (path of node bn) + (br,), Python tuple order.
+  // (path of node an) + (ar,) < (path of node bn) + (br,), Python tuple order: the same
+  // function as the CUDA kernels' (cuda/ddtree_path.cuh).
   bool path_less(int an, int ar, int bn, int br) const {
-    int ad = dep[an] + 1, bd = dep[bn] + 1;
-    const int alen = ad, blen = bd;
-    while (ad > bd) {
-      ar = rnk[an];
-      an = par[an];
-      --ad;
-    }
-    while (bd > ad) {
-      br = rnk[bn];
-      bn = par[bn];
-      --bd;
-    }
-    if (an == bn && ar == br) return alen < blen;
-    while (an != bn) {
-      ar = rnk[an];
-      an = par[an];
-      br = rnk[bn];
-      bn = par[bn];
-    }
-    return ar < br;
+    return ddt_path_less(an, ar, bn, br, par.data(), rnk.data(), dep.data());
   }
 };
 

@@ -94,7 +94,12 @@ def compile_extension(
 @functools.cache
 def load_module():
     """The compiled ``_ddtree_cpu`` module (compiled on the first call)."""
-    return compile_extension("_ddtree_cpu", [CSRC_DIR / "ddtree_cpu.cpp"])
+    from ._cupy import CUDA_DIR  # cuda/ holds the tie-order header the CUDA kernels share
+
+    header = CUDA_DIR / "ddtree_path.cuh"
+    return compile_extension(
+        "_ddtree_cpu", [CSRC_DIR / "ddtree_cpu.cpp"], include_dirs=[CUDA_DIR], depends=[header]
+    )
 
 
 def available() -> bool:
