@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sglang_ddtree.tree.accept import accept_walk_ref, move_kv_ref, rewrite_req_to_token_ref
+from sglang_ddtree.tree.accept import accept_walk_ref
 from sglang_ddtree.tree.layout import build_tree_batch_ref, pack_mask_words
 
 TIES = ("none", "dup", "int")
@@ -87,23 +87,6 @@ def assert_tree_equal(got: dict, ref: dict, context: str = "") -> None:
             raise AssertionError(f"{context} {key}: differs from the reference at {bad}")
 
 
-def links_reference(parents: np.ndarray, sizes: np.ndarray):
-    """First-child / next-sibling arrays ``[bs, W]`` (-1 = none) of a layout."""
-    bs, width = parents.shape
-    first = np.full((bs, width), -1, dtype=np.int64)
-    nxt = np.full((bs, width), -1, dtype=np.int64)
-    for b in range(bs):
-        last: dict[int, int] = {}
-        for c in range(1, int(sizes[b])):
-            p = int(parents[b, c])
-            if p in last:
-                nxt[b, last[p]] = c
-            else:
-                first[b, p] = c
-            last[p] = c
-    return first, nxt
-
-
 def random_posterior(rng, tokens, parents, sizes, vocab: int, follow: float = 0.85) -> np.ndarray:
     """A target posterior per slot that follows a child of the slot with probability ``follow``."""
     bs, width = tokens.shape
@@ -120,27 +103,12 @@ def random_posterior(rng, tokens, parents, sizes, vocab: int, follow: float = 0.
 
 def reference_accept(tokens, parents, sizes, posterior, prefix_lens=None) -> dict:
     acc = accept_walk_ref(tokens, parents, sizes, posterior)
-    out = {"path": acc.path, "accept_lens": acc.accept_lens, "bonus": acc.bonus, "out_tokens": acc.out_tokens}
+    out = {
+        "path": acc.path.numpy(),
+        "accept_lens": acc.accept_lens.numpy(),
+        "bonus": acc.bonus.numpy(),
+        "out_tokens": acc.out_tokens.numpy(),
+    }
     if prefix_lens is not None:
-        out["new_seq_lens"] = np.asarray(prefix_lens) + acc.accept_lens + 1
+        out["new_seq_lens"] = np.asarray(prefix_lens) + out["accept_lens"] + 1
     return out
-
-
-def random_req_to_token(rng, bs: int, prefix_lens: np.ndarray, width: int, dtype=np.int32):
-    """A req_to_token table with ``bs`` distinct rows in use (plus spare rows) and a
-    permutation of slots (distinct slots everywhere)."""
-    rows = bs + 3
-    ctx = int(np.max(prefix_lens)) + width + 5
-    table = rng.permutation(rows * ctx).reshape(rows, ctx).astype(dtype)
-    pool_rows = rng.permutation(rows)[:bs].astype(np.int64)
-    return table, pool_rows
-
-
-def reference_commit(table, pool_rows, prefix_lens, path, accept_lens) -> np.ndarray:
-    return rewrite_req_to_token_ref(
-        torch.from_numpy(table), pool_rows, prefix_lens, path, accept_lens
-    ).numpy()
-
-
-def reference_move(layer: torch.Tensor, table, pool_rows, prefix_lens, path, accept_lens) -> torch.Tensor:
-    return move_kv_ref(layer, torch.from_numpy(np.asarray(table)), pool_rows, prefix_lens, path, accept_lens)

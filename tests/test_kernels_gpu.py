@@ -17,19 +17,18 @@ from kernel_cases import (
     TIES,
     assert_tree_equal,
     lane_local_tie_pops,
-    links_reference,
     random_posterior,
-    random_req_to_token,
     random_topk,
     reference_accept,
-    reference_commit,
-    reference_move,
     reference_tree,
 )
 
 from sglang_ddtree.kernels._cupy import cuda_available
+from sglang_ddtree.tree.accept import commit_sources_ref
+from sglang_ddtree.tree.batched import commit_sources
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
+from sglang_ddtree.tree.types import Trees
 
 pytestmark = [
     pytest.mark.gpu,
@@ -58,10 +57,10 @@ def _poison(*tensors):
             t.fill_(POISON if t.dtype == torch.int64 else -0x5A5A5A5)
 
 
-def _tree_on_gpu(lp, ids, roots, budget, width, prefix, links=True, heap_in_registers=True):
+def _tree_on_gpu(lp, ids, roots, budget, width, prefix, heap_in_registers=True):
     gpu = _gpu()
     bs = lp.shape[0]
-    out = gpu.TreeBuffers.allocate(bs, width, DEV, links=links)
+    out = Trees.allocate(bs, width, DEV)
     _poison(*vars(out).values())
     gpu.build_tree_batch(
         torch.from_numpy(lp).to(DEV),
@@ -104,9 +103,6 @@ def test_build_matches_reference(bs, budget, heap_in_registers):
             out = _tree_on_gpu(lp, ids, roots, budget, width, prefix, heap_in_registers=heap_in_registers)
             ref = reference_tree(lp, ids, roots, budget, width, prefix)
             assert_tree_equal(_tree_dict(out), ref, f"bs={bs} budget={budget} vocab={vocab} ties={ties}")
-            first, nxt = links_reference(ref["parents"], ref["tree_sizes"])
-            np.testing.assert_array_equal(out.first_child.cpu().numpy(), first)
-            np.testing.assert_array_equal(out.next_sibling.cpu().numpy(), nxt)
 
 
 @pytest.mark.parametrize("ties, depth, budget, seed", LANE_TIE_CASES)
@@ -235,7 +231,7 @@ def test_accept_matches_reference(bs, budget):
     prefix = rng.integers(0, 5000, size=bs).astype(np.int64)
     tree = reference_tree(lp, ids, roots, budget, width, prefix)
     t = {k: torch.from_numpy(v).to(DEV) for k, v in tree.items()}
-    out = gpu.AcceptBuffers.allocate(bs, width, DEV)
+    out = gpu.allocate_acceptance(bs, width, DEV)
     for follow in (0.0, 0.7, 1.0):
         post = random_posterior(rng, tree["tokens"], tree["parents"], tree["tree_sizes"], vocab, follow)
         _poison(*vars(out).values())
@@ -254,75 +250,11 @@ def test_accept_matches_reference(bs, budget):
             )
 
 
-# --------------------------------------------------------------------------- KV commit
-
-
-def _accepted(rng, bs, budget, vocab=50):
-    lp, ids = random_topk(rng, bs, 7, vocab, budget, "dup")
-    tree = reference_tree(lp, ids, np.zeros(bs, np.int64), budget, budget + 1, np.zeros(bs, np.int64))
-    post = random_posterior(rng, tree["tokens"], tree["parents"], tree["tree_sizes"], vocab, 0.9)
-    acc = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post)
-    assert (acc["accept_lens"] > 0).any()
-    return acc
-
-
-@pytest.mark.parametrize("table_dtype", [np.int32, np.int64])
-@pytest.mark.parametrize("bs, budget", [(1, 16), (3, 33), (99, 64), (257, 32)])
-def test_commit_page_size_1(bs, budget, table_dtype):
-    gpu = _gpu()
-    rng = np.random.default_rng(bs + budget)
-    acc = _accepted(rng, bs, budget)
-    prefix = rng.integers(0, 300, size=bs).astype(np.int64)
-    table, rows = random_req_to_token(rng, bs, prefix, budget + 1, table_dtype)
-    ref = reference_commit(table, rows, prefix, acc["path"], acc["accept_lens"])
-    dev_table = torch.from_numpy(table).to(DEV)
-    gpu.rewrite_req_to_token(
-        dev_table,
-        torch.from_numpy(rows).to(DEV),
-        torch.from_numpy(prefix).to(DEV),
-        torch.from_numpy(acc["path"]).to(DEV),
-        torch.from_numpy(acc["accept_lens"]).to(DEV),
-    )
-    np.testing.assert_array_equal(dev_table.cpu().numpy(), ref)
-
-
-@pytest.mark.parametrize(
-    "row_shape, dtype",
-    [((8, 128), torch.bfloat16), ((1, 576), torch.bfloat16), ((5,), torch.float32), ((3,), torch.float16)],
-)
-@pytest.mark.parametrize("bs, budget", [(1, 16), (3, 33), (64, 64)])
-def test_commit_page_size_gt_1(bs, budget, row_shape, dtype):
-    gpu = _gpu()
-    rng = np.random.default_rng(bs * 3 + budget)
-    acc = _accepted(rng, bs, budget)
-    prefix = rng.integers(0, 60, size=bs).astype(np.int64)
-    table, rows = random_req_to_token(rng, bs, prefix, budget + 1, np.int32)
-    slots = table.size
-    gen = torch.Generator().manual_seed(bs)
-    layers = [torch.randn(slots, *row_shape, generator=gen).to(dtype) for _ in range(3)]
-    refs = [reference_move(layer, table, rows, prefix, acc["path"], acc["accept_lens"]) for layer in layers]
-    dev_layers = [layer.to(DEV) for layer in layers]
-    kv = gpu.KVLayers.from_tensors(dev_layers)
-    want_align = (
-        16 if row_shape[-1] * layers[0].element_size() % 16 == 0 else (4 if dtype == torch.float32 else 1)
-    )
-    assert kv.align == want_align
-    args = [torch.from_numpy(a).to(DEV) for a in (table, rows, prefix, acc["path"], acc["accept_lens"])]
-    gpu.move_kv(kv, *args)
-    for got, ref in zip(dev_layers, refs):
-        assert torch.equal(got.cpu(), ref)
-    # the list form gives the same
-    dev_layers2 = [layer.to(DEV) for layer in layers]
-    gpu.move_kv(dev_layers2, *args)
-    for a, b in zip(dev_layers, dev_layers2):
-        assert torch.equal(a, b)
-
-
 # --------------------------------------------------------------------------- CUDA graphs
 
 
 def test_cuda_graph_capture_and_replay():
-    """top-k -> tree -> flat mask -> accept -> KV commit captured once, replayed on new inputs."""
+    """top-k -> tree -> flat mask -> accept -> commit plan captured once, replayed on new inputs."""
     gpu = _gpu()
     bs, depth, vocab, budget = 8, 15, 163840, 32
     width = budget + 1
@@ -333,32 +265,28 @@ def test_cuda_graph_capture_and_replay():
     s_post = torch.empty(bs, width, dtype=torch.int64, device=DEV)
     lp = torch.empty(bs, depth, budget, device=DEV)
     ids = torch.empty(bs, depth, budget, dtype=torch.int64, device=DEV)
-    tree = gpu.TreeBuffers.allocate(bs, width, DEV, links=True)
-    acc = gpu.AcceptBuffers.allocate(bs, width, DEV)
+    tree = Trees.allocate(bs, width, DEV)
+    acc = gpu.allocate_acceptance(bs, width, DEV)
     mask = torch.empty(bs * width * (max_prefix + width), dtype=torch.bool, device=DEV)
-    rng = np.random.default_rng(0)
-    table0, rows = random_req_to_token(rng, bs, np.full(bs, max_prefix), width, np.int32)
-    s_table = torch.from_numpy(table0).to(DEV)
-    s_rows = torch.from_numpy(rows).to(DEV)
+    sources = torch.empty(bs, width, dtype=torch.int64, device=DEV)
+    slots = torch.arange(width, device=DEV)
 
     def step():
         gpu.topk_log_probs(s_logits, budget, lp, ids)
         gpu.build_tree_batch(lp, ids, s_roots, budget, width, s_prefix, out=tree)
-        # posterior: every slot's second child (else its first): the walk goes through siblings
-        fc = tree.first_child
-        sc = torch.where(fc >= 0, tree.next_sibling.gather(1, fc.clamp(min=0)), -1)
-        pick = torch.where(sc >= 0, sc, fc)
-        s_post.copy_(torch.where(pick >= 0, tree.tokens.gather(1, pick.clamp(min=0)), 7))
+        # posterior: every slot's last child (else 7): the walk goes through siblings
+        is_child = tree.parents[:, None, :] == slots[None, :, None]  # [bs, parent, child]
+        last = torch.where(is_child.any(-1), width - 1 - is_child.flip(-1).to(torch.int8).argmax(-1), -1)
+        s_post.copy_(torch.where(last >= 0, tree.tokens.gather(1, last.clamp(min=0)), 7))
         gpu.flat_custom_mask(tree.mask_words, s_prefix, mask)
         gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, s_post, s_prefix, out=acc)
-        gpu.rewrite_req_to_token(s_table, s_rows, s_prefix, acc.path, acc.accept_lens)
+        sources.copy_(commit_sources(acc.path, acc.accept_lens))
 
     def fill(seed):
         g = torch.Generator().manual_seed(seed)
         s_logits.copy_((torch.randn(bs, depth, vocab, generator=g) * 3).bfloat16())
         s_roots.copy_(torch.randint(0, vocab, (bs,), generator=g))
         s_prefix.copy_(torch.randint(0, max_prefix, (bs,), generator=g))
-        s_table.copy_(torch.from_numpy(table0))
 
     fill(1)
     side = torch.cuda.Stream()
@@ -374,7 +302,7 @@ def test_cuda_graph_capture_and_replay():
     accepted = 0
     for seed in (2, 3, 4):
         fill(seed)
-        _poison(lp, ids, *vars(tree).values(), *vars(acc).values())
+        _poison(lp, ids, sources, *vars(tree).values(), *vars(acc).values())
         graph.replay()
         torch.cuda.synchronize()
         x = s_logits.cpu()
@@ -393,6 +321,6 @@ def test_cuda_graph_capture_and_replay():
         vis = torch.from_numpy(unpack_mask_words(ref["mask_words"], width))
         flat = flat_custom_mask(vis, prefix.tolist())
         assert torch.equal(mask[: flat.numel()].cpu(), flat)
-        want_table = reference_commit(table0, rows, prefix, racc["path"], racc["accept_lens"])
-        np.testing.assert_array_equal(s_table.cpu().numpy(), want_table)
+        want_sources = commit_sources_ref(racc["path"], racc["accept_lens"])
+        np.testing.assert_array_equal(sources.cpu().numpy(), want_sources)
     assert accepted > 0

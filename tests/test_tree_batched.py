@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_ddtree.tree import accept_walk_ref, build_tree_batch_ref, commit_moves_ref
+from sglang_ddtree.tree import accept_walk_ref, build_tree_batch_ref, commit_sources_ref
 from sglang_ddtree.tree.batched import accept_walk, commit_sources, non_argmax_accepted
 from sglang_ddtree.tree.build import topk_log_probs
 
@@ -62,13 +62,11 @@ def test_batched_accept_matches_reference(seed, bs, depth, vocab, budget, ties):
     assert got.bonus.tolist() == ref.bonus.tolist()
     assert got.out_tokens.tolist() == ref.out_tokens.tolist()
 
-    prefix = np.arange(bs) * 100 + 7
-    sources = commit_sources(got.path, got.accept_lens).numpy()
-    moves = [
-        (b, prefix[b] + int(sources[b, d]), prefix[b] + d) for b in range(bs) for d in range(batch.width)
-    ]
-    moves = [m for m in moves if m[1] != m[2]]
-    assert moves == commit_moves_ref(ref.path, ref.accept_lens, prefix)
+    sources = commit_sources(got.path, got.accept_lens)
+    assert sources.tolist() == commit_sources_ref(ref.path.numpy(), ref.accept_lens.numpy()).tolist()
+    # copying in position order is safe: a source is never a slot an earlier copy wrote
+    depth = torch.arange(batch.width)[None, :]
+    assert bool((sources >= depth).all())
 
 
 def test_non_argmax_count():

@@ -1,5 +1,8 @@
 """Draft log-probs for the tree: the drafter's hidden states through the target's
-LM head, reduced to per-depth top-k (merged over tensor-parallel vocab shards)."""
+LM head, reduced to per-depth top-k (merged over tensor-parallel vocab shards).
+
+The full-vocabulary top-k is the tree backend's (``kernels/backend.py``: the fused CUDA
+kernel or torch); the shard merge is torch on every backend."""
 
 from __future__ import annotations
 
@@ -15,20 +18,19 @@ def _dense_head(lm_head) -> torch.Tensor:
     return weight
 
 
-def draft_topk(hidden: torch.Tensor, lm_head, k: int, tp_group=None) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_topk(
+    hidden: torch.Tensor, lm_head, k: int, tp_group=None, topk=full_vocab_topk
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``hidden`` ``[n, hidden]`` -> top-k log-probs ``[n, k]`` float32 and token ids
-    ``[n, k]`` int64, identical on every tensor-parallel rank."""
+    ``[n, k]`` int64, identical on every tensor-parallel rank. ``topk(logits, k)`` is the
+    tree backend's full-vocabulary top-k."""
     weight = _dense_head(lm_head)
     shard = getattr(lm_head, "shard_indices", None)
     tp_size = 1 if tp_group is None else int(tp_group.world_size)
     if shard is None or tp_size == 1:
         vocab = int(getattr(lm_head, "org_vocab_size", weight.shape[0]))
         logits = torch.matmul(hidden.to(weight.dtype), weight[:vocab].T)
-        if logits.is_cuda and _cuda_kernels():
-            from ..kernels import gpu
-
-            return gpu.topk_log_probs(logits.contiguous(), k)  # fused log-softmax + top-k
-        return full_vocab_topk(logits, k)
+        return topk(logits, k)
     num_org = int(shard.num_org_elements)
     logits = torch.matmul(hidden.to(weight.dtype), weight[:num_org].T)
     values, ids, lse = shard_topk(logits, k, int(shard.org_vocab_start_index))
@@ -41,12 +43,6 @@ def draft_topk(hidden: torch.Tensor, lm_head, k: int, tp_group=None) -> tuple[to
     gathered_ids = _all_gather(tp_group, ids)
     gathered_lse = _all_gather(tp_group, lse)
     return merge_shards(gathered_values, gathered_ids, gathered_lse, k)
-
-
-def _cuda_kernels() -> bool:
-    from ..kernels._cupy import cuda_available
-
-    return cuda_available()
 
 
 def _all_gather(group, tensor: torch.Tensor) -> torch.Tensor:

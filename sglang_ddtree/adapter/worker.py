@@ -39,11 +39,10 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from ..config import DDTreeConfig, DDTreeConfigError, oracle_draft_path, tree_backend_override
-from ..tree.batched import commit_sources, non_argmax_accepted
+from ..kernels.backend import get_tree_backend
 from .draft_head import draft_topk
 from .posterior import tree_posterior
 from .stats import TreeStats
-from .tree_builder import TreeEngine
 from .verify_input import DDTreeVerifyInput
 
 logger = logging.getLogger("sglang_ddtree")
@@ -68,7 +67,7 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         self.width = self.ddtree.verify_width
         self._backend_checked = False
-        self.trees = TreeEngine(torch.device(self.device), tree_backend_override())
+        self.trees = get_tree_backend(tree_backend_override())
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         oracle = oracle_draft_path()
         self.oracle = None
@@ -160,9 +159,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
         logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
         posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
-        acceptance = self.trees.accept(trees, posterior, self.ddtree.depth)
-        commit_lens = (acceptance.accept_lens + 1).to(torch.int32)
-        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
+        commit_lens = acceptance.commit_lens.to(torch.int32)
+        new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)
 
         if batch.return_logprob:
             accept_rows = torch.where(
@@ -174,7 +173,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(new_seq_lens)
 
-        sources = commit_sources(acceptance.path, acceptance.accept_lens)  # [bs, width]
+        sources = self.trees.commit_sources(acceptance)  # [bs, width]
         self._commit_target_kv(plan, sources, bs)
         self._commit_draft_kv(plan, logits_output, sources, prefix_lens, commit_lens, bs)
         logits_output.hidden_states = None
@@ -182,9 +181,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.stats.record(
             accept_lens=acceptance.accept_lens,
             tree_sizes=trees.tree_sizes,
-            non_argmax=non_argmax_accepted(
-                acceptance.path, acceptance.accept_lens, trees.tokens, trees.depths, token_ids[:, :, 0]
-            ),
+            non_argmax=self.trees.non_argmax_accepted(acceptance, trees, token_ids[:, :, 0]),
         )
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -255,7 +252,7 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             lm_head = unwrap_lora_layer(target_model.lm_head)
             tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
-            log_probs, token_ids = draft_topk(hidden, lm_head, k, tp_group)
+            log_probs, token_ids = draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
         return log_probs.view(bs, block - 1, -1), token_ids.view(bs, block - 1, -1)
 
     def _draft_seq_lens_cpu(self, batch, draft_input, bs):
@@ -273,9 +270,7 @@ class DDTreeWorker(DFlashWorkerV2):
             draft_token=trees.tokens.reshape(-1),
             positions=trees.positions.reshape(-1),
             draft_token_num=width,
-            custom_mask=self.trees.flat_custom_mask(trees, batch.seq_lens, batch.seq_lens_cpu)
-            if custom
-            else None,
+            custom_mask=self.trees.flat_mask(trees, batch.seq_lens, batch.seq_lens_cpu) if custom else None,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=plan,
             tree_visibility=None if custom else trees.visibility(),

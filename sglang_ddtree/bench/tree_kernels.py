@@ -9,7 +9,7 @@ For every block size (8, 16: depth = block - 1), budget (16 ... 256) and batch s
   copy (what the SGLang ports pay); ``cpp`` = the same with the C++ builder; ``gpu`` = the
   build kernel;
 * **accept** - tree + target posterior on the GPU to path / accept lengths / bonus /
-  output tokens on the GPU: ``python`` (``accept_walk_ref`` with both copies), ``cpp``,
+  output tokens on the GPU: ``python`` (``accept_walk_ref`` with both copies),
   ``torch`` (the batched torch walk of ``tree/batched.py``, one step per depth), ``gpu``;
 * **top-k** - draft logits (bf16) to top-k log-probs + ids, exact ties: the fused kernel, and
   at budget 64 the torch path with the same result and plain ``torch.topk`` (whose ties
@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..tree.types import Trees
 from . import _stamp
 
 VOCAB = 163840
@@ -66,12 +67,21 @@ def _graph_us(fn, calls: int, reps: int) -> float:
     return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
 
 
-def _posterior_following(
-    tokens: torch.Tensor, first_child: torch.Tensor, next_sibling: torch.Tensor, seed: int
-):
-    """A posterior that accepts deep: at every slot the second child if any, else the first."""
+def _first_two_children(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[bs, W]`` each: every slot's first and second child (smallest slots), -1 if none."""
+    width = parents.shape[1]
+    slots = torch.arange(width, device=parents.device)
+    is_child = parents[:, None, :] == slots[None, :, None]  # [bs, parent, child]
+    first = torch.where(is_child.any(-1), is_child.to(torch.int8).argmax(-1), -1)
+    rest = is_child & (slots[None, None, :] != first[..., None])
+    second = torch.where(rest.any(-1), rest.to(torch.int8).argmax(-1), -1)
+    return first, second
+
+
+def _posterior_following(tokens: torch.Tensor, parents: torch.Tensor, seed: int):
+    """A posterior that accepts deep: at every slot the second child (30%) if any, else the first."""
     g = torch.Generator(device=tokens.device).manual_seed(seed)
-    sc = torch.where(first_child >= 0, next_sibling.gather(1, first_child.clamp(min=0)), -1)
+    first_child, sc = _first_two_children(parents)
     use_second = torch.rand(first_child.shape, generator=g, device=tokens.device) < 0.3
     pick = torch.where(use_second & (sc >= 0), sc, first_child)
     noise = torch.randint(0, VOCAB, tokens.shape, generator=g, device=tokens.device)
@@ -150,7 +160,7 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
 
     depth = block - 1
     width = budget + 1
-    tree = gpu.TreeBuffers.allocate(bs, width, dev, links=True)
+    tree = Trees.allocate(bs, width, dev)
     gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
     torch.cuda.synchronize()
 
@@ -208,8 +218,8 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
     )
 
     # ---- accept
-    post = _posterior_following(tree.tokens, tree.first_child, tree.next_sibling, bs + budget)
-    acc = gpu.AcceptBuffers.allocate(bs, width, dev)
+    post = _posterior_following(tree.tokens, tree.parents, bs + budget)
+    acc = gpu.allocate_acceptance(bs, width, dev)
     gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
     torch.cuda.synchronize()
     ref_acc = accept_walk_ref(
@@ -218,21 +228,15 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
         tree.tree_sizes.cpu().numpy(),
         post.cpu().numpy(),
     )
-    if not np.array_equal(acc.path.cpu().numpy(), ref_acc.path):
+    if not torch.equal(acc.path.cpu(), ref_acc.path):
         raise AssertionError(f"accept mismatch at block={block} budget={budget} bs={bs}")
 
     def python_accept():
         t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
         a = accept_walk_ref(t, p_, s, q)
-        return [torch.from_numpy(v).to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
-
-    def cpp_accept():
-        t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
-        a = cpp.accept_walk(t, p_, s, q)
-        return [torch.from_numpy(v).to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
+        return [v.to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
 
     a_py = _median_wall(python_accept, args.python_reps) * 1e6
-    a_cpp = _median_wall(cpp_accept, args.cpp_reps) * 1e6 if has_cpp else float("nan")
     a_gpu = _graph_us(
         lambda: gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc),
         args.calls,
@@ -248,7 +252,6 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
         budget=budget,
         bs=bs,
         python_us=a_py,
-        cpp_us=a_cpp,
         torch_us=a_torch,
         gpu_us=a_gpu,
         mean_accept_len=float(acc.accept_lens.float().mean()),
@@ -362,7 +365,6 @@ def to_markdown(results: dict) -> str:
                 r["budget"],
                 r["bs"],
                 r["python_us"],
-                r["cpp_us"],
                 r["torch_us"],
                 r["gpu_us"],
                 r["mean_accept_len"],
@@ -371,7 +373,7 @@ def to_markdown(results: dict) -> str:
             if r["block"] == block
         ]
         lines += [
-            _stamp.md_table(["budget", "bs", "python", "C++", "torch walk", "GPU", "mean accept len"], rows),
+            _stamp.md_table(["budget", "bs", "python", "torch walk", "GPU", "mean accept len"], rows),
             "",
         ]
         lines += [f"## Top-k (bf16 logits, vocab {results['vocab']}), block {block}", ""]
@@ -463,7 +465,6 @@ def plot(results: dict, path: Path) -> Path | None:
     rows = [r for r in results["accept"] if r["block"] == blk and r["budget"] == 64]
     for key, label in (
         ("python_us", "Python"),
-        ("cpp_us", "C++"),
         ("torch_us", "torch walk"),
         ("gpu_us", "CUDA"),
     ):
@@ -508,7 +509,7 @@ def pop_cycles(budgets=(16, 31, 32, 64, 95, 128, 159, 256), depth: int = 15, voc
                 continue
             fn = module.get_function(name)
             fn.max_dynamic_shared_size_bytes = smem
-            out = gpu.TreeBuffers.allocate(1, width, dev)
+            out = Trees.allocate(1, width, dev)
             args = (ptr(lp), ptr(ids), ptr(roots), ptr(roots), depth, budget, budget, width, int(staged))
             outs = tuple(ptr(t) for t in (out.tokens, out.depths, out.parents, out.tree_sizes, out.positions))
             counts = []
@@ -517,7 +518,7 @@ def pop_cycles(budgets=(16, 31, 32, 64, 95, 128, 159, 256), depth: int = 15, voc
                     fn(
                         (1,),
                         (gpu._BUILD_THREADS,),
-                        (*args, *outs, ptr(out.mask_words), 0, 0),
+                        (*args, *outs, ptr(out.mask_words)),
                         shared_mem=smem,
                     )
                     torch.cuda.synchronize()
@@ -538,21 +539,15 @@ def single_pass(vocab: int, bs: int, budget: int, depth: int, repeat: int = 2) -
     roots = torch.randint(0, vocab, (bs,), generator=gen, device=dev)
     prefix = torch.randint(0, 300, (bs,), generator=gen, device=dev)
     width = budget + 1
-    tree = gpu.TreeBuffers.allocate(bs, width, dev, links=True)
-    acc = gpu.AcceptBuffers.allocate(bs, width, dev)
+    tree = Trees.allocate(bs, width, dev)
+    acc = gpu.allocate_acceptance(bs, width, dev)
     mask = torch.empty(bs * width * (300 + width), dtype=torch.bool, device=dev)
-    table = torch.randperm((bs + 1) * (300 + width + 8), device=dev).int().view(bs + 1, -1)
-    rows = torch.arange(bs, device=dev)
-    layers = [torch.randn(table.numel(), 8, 128, device=dev).bfloat16() for _ in range(2)]
-    kv = gpu.KVLayers.from_tensors(layers)
     for _ in range(repeat):
         lp, ids = gpu.topk_log_probs(logits, budget)
         gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
         gpu.flat_custom_mask(tree.mask_words, prefix, mask)
-        post = _posterior_following(tree.tokens, tree.first_child, tree.next_sibling, 1)
+        post = _posterior_following(tree.tokens, tree.parents, 1)
         gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
-        gpu.move_kv(kv, table, rows, prefix, acc.path, acc.accept_lens)
-        gpu.rewrite_req_to_token(table, rows, prefix, acc.path, acc.accept_lens)
     torch.cuda.synchronize()
     print("single pass done: accept lens", acc.accept_lens.tolist())
 

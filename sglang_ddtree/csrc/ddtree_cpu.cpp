@@ -1,5 +1,5 @@
-// DDTree on the CPU in C++: the tree build, the batch layout and the accept walk of
-// sglang_ddtree/tree/ (build.py, layout.py, accept.py), with identical integer results.
+// DDTree on the CPU in C++: the tree build and the batch layout of sglang_ddtree/tree/
+// (build.py, layout.py), with identical integer results.
 //
 // The build is the reference's best-first heap: entries (score, parent, rank), highest
 // score first, exactly equal float64 scores ordered by the rank tuple (a prefix first),
@@ -199,60 +199,11 @@ py::tuple build_tree_batch(F32 log_probs, I64 token_ids, I64 root_tokens, py::ob
   return py::make_tuple(tokens, depths, parents, sizes, positions, words, vis_out);
 }
 
-// As accept_walk_ref: (path, accept_lens, bonus, out_tokens).
-py::tuple accept_walk(I64 tokens, I64 parents, I64 tree_sizes, I64 posterior) {
-  require(tokens.ndim() == 2 && parents.ndim() == 2 && posterior.ndim() == 2, "tokens, parents, posterior: [bs, width]");
-  const int64_t bs = tokens.shape(0), W = tokens.shape(1);
-  require(parents.shape(0) == bs && parents.shape(1) == W && posterior.shape(0) == bs && posterior.shape(1) == W,
-          "tokens, parents and posterior must have one shape");
-  require(tree_sizes.ndim() == 1 && tree_sizes.shape(0) == bs, "tree_sizes must be [bs]");
-  I64 path({bs, W}), accept_lens(bs), bonus(bs), out_tokens({bs, W});
-  {
-    const int64_t *tk = tokens.data(), *pa = parents.data(), *sz = tree_sizes.data(), *po = posterior.data();
-    int64_t *ph = mut(path), *al = mut(accept_lens), *bo = mut(bonus), *ot = mut(out_tokens);
-    py::gil_scoped_release nogil;
-    for (int64_t b = 0; b < bs; ++b) {
-      const int64_t* t = tk + b * W;
-      const int64_t* p = pa + b * W;
-      const int64_t* q = po + b * W;
-      int64_t* h = ph + b * W;
-      int64_t* o = ot + b * W;
-      for (int64_t i = 0; i < W; ++i) {
-        h[i] = -1;
-        o[i] = 0;
-      }
-      const int64_t size = std::min<int64_t>(sz[b], W);
-      int64_t cur = 0, depth = 0;
-      h[0] = 0;
-      for (;;) {
-        const int64_t want = q[cur];
-        int64_t child = -1;
-        for (int64_t c = cur + 1; c < size; ++c)
-          if (p[c] == cur && t[c] == want) {
-            child = c;
-            break;
-          }
-        if (child < 0) break;
-        o[depth] = want;
-        ++depth;
-        h[depth] = child;
-        cur = child;
-      }
-      al[b] = depth;
-      bo[b] = q[cur];
-      o[depth] = q[cur];
-    }
-  }
-  return py::make_tuple(path, accept_lens, bonus, out_tokens);
-}
-
 }  // namespace
 
 PYBIND11_MODULE(_ddtree_cpu, m) {
-  m.doc() = "DDTree tree build, batch layout and accept walk (C++)";
+  m.doc() = "DDTree tree build and batch layout (C++)";
   m.def("build_tree", &build_tree, py::arg("log_probs"), py::arg("token_ids"), py::arg("budget"));
   m.def("build_tree_batch", &build_tree_batch, py::arg("log_probs"), py::arg("token_ids"), py::arg("root_tokens"),
         py::arg("prefix_lens"), py::arg("budget"), py::arg("width"), py::arg("want_visibility") = false);
-  m.def("accept_walk", &accept_walk, py::arg("tokens"), py::arg("parents"), py::arg("tree_sizes"),
-        py::arg("posterior"));
 }

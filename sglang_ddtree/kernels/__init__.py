@@ -2,9 +2,10 @@
 the choice between them.
 
 * :mod:`.gpu` - typed launchers of the CUDA kernels (top-k log-probs, tree build and
-  layout, flat verify mask, accept walk, KV commit); CuPy compiles them on first use.
-* :mod:`.cpp` - the C++ builder (tree build, layout, accept walk), compiled on first use.
-* :mod:`.backend` - picks CUDA, C++ or the Python reference (``SGLANG_DDTREE_TREE_BACKEND``).
+  layout, flat verify mask, accept walk); CuPy compiles them on first use.
+* :mod:`.cpp` - the C++ builder (tree build, layout), compiled on first use.
+* :mod:`.backend` - the one place that picks CUDA, C++ or the Python reference for every
+  step of a round (``SGLANG_DDTREE_TREE_BACKEND``).
 
 Importing this package (or any of its modules) never needs CuPy, a GPU or a compiler.
 """

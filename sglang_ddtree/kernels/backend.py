@@ -1,35 +1,42 @@
-"""Which tree implementation runs: the CUDA kernels, the C++ builder or the Python reference.
+"""Which implementation runs each step of a round: the CUDA kernels, the C++ builder or
+the Python reference. This module is the only place that chooses.
 
 :func:`select_backend` picks ``"cuda"`` when a CUDA device and CuPy are present, else
 ``"cpp"`` when the C++ builder compiles (a C++ compiler and pybind11), else ``"python"``;
-``$SGLANG_DDTREE_TREE_BACKEND`` (``auto``, ``cuda``, ``cpp``, ``python``) or the
-``preference`` argument forces one. The choice is logged once. A missing CuPy or compiler
-never raises here: it only moves the choice down the list (forcing an unavailable backend
-does raise).
+a preference (``auto``, ``cuda``, ``cpp``, ``python``; by default
+``$SGLANG_DDTREE_TREE_BACKEND``, read in ``config.py``) forces one. The choice is logged
+once. A missing CuPy or compiler never raises here: it only moves the choice down the list
+(forcing an unavailable backend does raise).
 
-:func:`get_tree_backend` returns an object with the same two methods for all three:
+Every backend has the same methods, takes torch tensors on the worker's device and
+returns them there (the CPU backends copy to the host and back, as a worker would):
 
-* ``build(log_probs, token_ids, root_tokens, budget, width, prefix_lens=None)`` -> dict of
-  tensors on the inputs' device: ``tokens``, ``depths``, ``parents``, ``positions``
-  ``[bs, W]`` int64, ``tree_sizes [bs]`` int64, ``mask_words [bs, W, ceil(W/32)]`` int32;
-* ``accept(tokens, parents, tree_sizes, posterior)`` -> dict ``path [bs, W]``,
-  ``accept_lens [bs]``, ``bonus [bs]``, ``out_tokens [bs, W]`` (int64, same device).
+* ``topk(logits [n, vocab], k)`` -> ``(log_probs [n, k] float32, token_ids [n, k] int64)``;
+* ``build(log_probs, token_ids [bs, depth, k], root_tokens [bs], prefix_lens [bs], budget,
+  width)`` -> :class:`~sglang_ddtree.tree.types.Trees`;
+* ``flat_mask(trees, prefix_lens, prefix_lens_cpu=None)`` -> SGLang's flat verify mask;
+* ``accept(trees, posterior [bs, width], prefix_lens, max_depth)`` ->
+  :class:`~sglang_ddtree.tree.types.Acceptance` (``new_seq_lens`` included);
+* ``commit_sources(acceptance)`` -> ``[bs, width]`` verify slot per final position;
+* ``non_argmax_accepted(acceptance, trees, top1_ids [bs, depth])`` -> ``[bs]``.
 
-The CPU backends copy the inputs to the host and the results back, as a worker would.
+Only :class:`CudaBackend` runs CUDA code; the others run torch and numpy (C++ for the
+build of :class:`CppBackend`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 import torch
 
+from ..tree import batched
+from ..tree.types import Acceptance, Trees
+
 logger = logging.getLogger("sglang_ddtree")
 
 BACKENDS = ("cuda", "cpp", "python")
-ENV_VAR = "SGLANG_DDTREE_TREE_BACKEND"
 _logged: set[str] = set()
 
 
@@ -47,9 +54,13 @@ def _cpp_ok() -> bool:
 
 def select_backend(preference: str | None = None) -> str:
     """``"cuda"``, ``"cpp"`` or ``"python"`` (see the module docstring)."""
-    pref = (preference or os.environ.get(ENV_VAR) or "auto").strip().lower()
+    if preference is None:
+        from ..config import tree_backend_override
+
+        preference = tree_backend_override()
+    pref = preference.strip().lower()
     if pref not in ("auto", *BACKENDS):
-        raise ValueError(f"{ENV_VAR} must be one of auto, {', '.join(BACKENDS)}; got {pref!r}")
+        raise ValueError(f"tree backend must be one of auto, {', '.join(BACKENDS)}; got {pref!r}")
     if pref == "auto":
         if _cuda_ok():
             choice, why = "cuda", "CUDA device and CuPy present"
@@ -68,104 +79,131 @@ def select_backend(preference: str | None = None) -> str:
     return choice
 
 
-def _np(t) -> np.ndarray:
-    return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
 
 
-class CudaTreeBackend:
+def _to_trees(arrays: dict, device) -> Trees:
+    fields = ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words")
+    return Trees(**{f: torch.from_numpy(np.ascontiguousarray(arrays[f])).to(device) for f in fields})
+
+
+class TorchSteps:
+    """The steps every backend can run as torch ops on any device (no host sync)."""
+
+    name = "torch"
+
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from ..tree.topk import full_vocab_topk
+
+        return full_vocab_topk(logits, k)
+
+    def flat_mask(
+        self, trees: Trees, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        from ..tree.layout import flat_custom_mask_torch
+
+        return flat_custom_mask_torch(trees.visibility(), prefix_lens)
+
+    def accept(
+        self, trees: Trees, posterior: torch.Tensor, prefix_lens: torch.Tensor, max_depth: int
+    ) -> Acceptance:
+        return batched.accept_walk(
+            trees.tokens, trees.parents, trees.tree_sizes, posterior, max_depth, prefix_lens
+        )
+
+    def commit_sources(self, acceptance: Acceptance) -> torch.Tensor:
+        return batched.commit_sources(acceptance.path, acceptance.accept_lens)
+
+    def non_argmax_accepted(
+        self, acceptance: Acceptance, trees: Trees, top1_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return batched.non_argmax_accepted(
+            acceptance.path, acceptance.accept_lens, trees.tokens, trees.depths, top1_ids
+        )
+
+
+class CudaBackend(TorchSteps):
+    """The CUDA kernels (``kernels/gpu.py``): fused top-k, build, flat mask, accept walk."""
+
     name = "cuda"
 
-    def build(self, log_probs, token_ids, root_tokens, budget: int, width: int, prefix_lens=None) -> dict:
+    def topk(self, logits, k):
         from . import gpu
 
-        out = gpu.build_tree_batch(log_probs, token_ids, root_tokens, budget, width, prefix_lens)
-        return {
-            "tokens": out.tokens,
-            "depths": out.depths,
-            "parents": out.parents,
-            "tree_sizes": out.tree_sizes,
-            "positions": out.positions,
-            "mask_words": out.mask_words,
-        }
+        return gpu.topk_log_probs(logits.contiguous(), k)  # fused log-softmax + top-k
 
-    def accept(self, tokens, parents, tree_sizes, posterior) -> dict:
+    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> Trees:
         from . import gpu
 
-        out = gpu.accept_walk(tokens, parents, tree_sizes, posterior)
-        return {
-            "path": out.path,
-            "accept_lens": out.accept_lens,
-            "bonus": out.bonus,
-            "out_tokens": out.out_tokens,
-        }
-
-
-class CppTreeBackend:
-    name = "cpp"
-
-    def build(self, log_probs, token_ids, root_tokens, budget: int, width: int, prefix_lens=None) -> dict:
-        from . import cpp
-
-        device = log_probs.device if isinstance(log_probs, torch.Tensor) else torch.device("cpu")
-        res = cpp.build_tree_batch(
-            _np(log_probs.float() if isinstance(log_probs, torch.Tensor) else log_probs),
-            _np(token_ids),
-            _np(root_tokens),
+        return gpu.build_tree_batch(
+            log_probs.float().contiguous(),
+            token_ids.to(torch.int64).contiguous(),
+            root_tokens.to(torch.int64).contiguous(),
             budget,
             width,
-            None if prefix_lens is None else _np(prefix_lens),
+            prefix_lens.to(torch.int64).contiguous(),
         )
-        return {k: torch.from_numpy(v).to(device) for k, v in res.items()}
 
-    def accept(self, tokens, parents, tree_sizes, posterior) -> dict:
+    def flat_mask(self, trees, prefix_lens, prefix_lens_cpu=None):
+        """Its size depends on the prefix lengths: taken from the scheduler's host copy
+        when it keeps one (no synchronisation), read back from the device otherwise."""
+        from . import gpu
+
+        host_lens = prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens
+        numel = gpu.flat_mask_numel(host_lens.tolist(), trees.width)
+        out = torch.empty(numel, dtype=torch.bool, device=trees.mask_words.device)
+        return gpu.flat_custom_mask(trees.mask_words, prefix_lens.to(torch.int64), out)
+
+    def accept(self, trees, posterior, prefix_lens, max_depth):
+        from . import gpu
+
+        return gpu.accept_walk(
+            trees.tokens,
+            trees.parents,
+            trees.tree_sizes,
+            posterior.contiguous(),
+            prefix_lens.to(torch.int64).contiguous(),
+        )
+
+
+class CppBackend(TorchSteps):
+    """The C++ builder for the build; torch for the rest."""
+
+    name = "cpp"
+
+    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> Trees:
         from . import cpp
 
-        device = tokens.device if isinstance(tokens, torch.Tensor) else torch.device("cpu")
-        acc = cpp.accept_walk(_np(tokens), _np(parents), _np(tree_sizes), _np(posterior))
-        return {
-            "path": torch.from_numpy(acc.path).to(device),
-            "accept_lens": torch.from_numpy(acc.accept_lens).to(device),
-            "bonus": torch.from_numpy(acc.bonus).to(device),
-            "out_tokens": torch.from_numpy(acc.out_tokens).to(device),
-        }
+        arrays = cpp.build_tree_batch(
+            _np(log_probs.float()), _np(token_ids), _np(root_tokens), budget, width, _np(prefix_lens)
+        )
+        return _to_trees(arrays, log_probs.device)
 
 
-class PythonTreeBackend:
+class PythonBackend(TorchSteps):
+    """The reference builder (``tree/layout.py``); torch for the rest."""
+
     name = "python"
 
-    def build(self, log_probs, token_ids, root_tokens, budget: int, width: int, prefix_lens=None) -> dict:
+    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> Trees:
         from ..tree.layout import build_tree_batch_ref, pack_mask_words
 
-        device = log_probs.device if isinstance(log_probs, torch.Tensor) else torch.device("cpu")
-        lp = _np(log_probs).astype(np.float32)
-        batch = build_tree_batch_ref(lp, _np(token_ids), _np(root_tokens), budget, width)
-        pre = np.zeros(lp.shape[0], dtype=np.int64) if prefix_lens is None else _np(prefix_lens)
-        res = {
+        batch = build_tree_batch_ref(_np(log_probs.float()), _np(token_ids), _np(root_tokens), budget, width)
+        arrays = {
             "tokens": batch.tokens,
             "depths": batch.depths,
             "parents": batch.parents,
             "tree_sizes": batch.tree_sizes,
-            "positions": batch.positions(pre),
+            "positions": batch.positions(_np(prefix_lens)),
             "mask_words": pack_mask_words(batch.visibility),
         }
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in res.items()}
-
-    def accept(self, tokens, parents, tree_sizes, posterior) -> dict:
-        from ..tree.accept import accept_walk_ref
-
-        device = tokens.device if isinstance(tokens, torch.Tensor) else torch.device("cpu")
-        acc = accept_walk_ref(_np(tokens), _np(parents), _np(tree_sizes), _np(posterior))
-        return {
-            "path": torch.from_numpy(acc.path).to(device),
-            "accept_lens": torch.from_numpy(acc.accept_lens).to(device),
-            "bonus": torch.from_numpy(acc.bonus).to(device),
-            "out_tokens": torch.from_numpy(acc.out_tokens).to(device),
-        }
+        return _to_trees(arrays, log_probs.device)
 
 
-_CLASSES = {"cuda": CudaTreeBackend, "cpp": CppTreeBackend, "python": PythonTreeBackend}
+_CLASSES = {"cuda": CudaBackend, "cpp": CppBackend, "python": PythonBackend}
 
 
-def get_tree_backend(preference: str | None = None):
+def get_tree_backend(preference: str | None = None) -> TorchSteps:
     """An instance of the selected backend (see :func:`select_backend`)."""
     return _CLASSES[select_backend(preference)]()

@@ -191,25 +191,3 @@ def build_tree_batch(
     if not want_visibility:
         result.pop("visibility")
     return result
-
-
-def accept_walk(tokens, parents, tree_sizes, posterior):
-    """C++ version of :func:`sglang_ddtree.tree.accept.accept_walk_ref`.
-
-    Parameters
-    ----------
-    tokens, parents, posterior : int64 ``[bs, W]``.
-    tree_sizes : int64 ``[bs]``.
-
-    Returns
-    -------
-    Acceptance
-        ``path [bs, W]`` (-1 padded), ``accept_lens [bs]``, ``bonus [bs]``,
-        ``out_tokens [bs, W]`` (0 padded).
-    """
-    from ..tree.accept import Acceptance
-
-    path, accept_lens, bonus, out_tokens = load_module().accept_walk(
-        _np(tokens, np.int64), _np(parents, np.int64), _np(tree_sizes, np.int64), _np(posterior, np.int64)
-    )
-    return Acceptance(path, accept_lens, bonus, out_tokens)

@@ -12,8 +12,6 @@ launcher                                   reference (``sglang_ddtree.tree``)
 :func:`build_tree_batch`                   ``layout.build_tree_batch_ref`` + ``pack_mask_words``
 :func:`flat_custom_mask`                   ``layout.flat_custom_mask``
 :func:`accept_walk`                        ``accept.accept_walk_ref``
-:func:`rewrite_req_to_token`               ``accept.rewrite_req_to_token_ref`` (in place)
-:func:`move_kv`                            ``accept.move_kv_ref`` (in place, many layers)
 =========================================  ===========================================
 
 Integer outputs are identical to the references (``tests/test_kernels_gpu.py``); top-k
@@ -23,10 +21,10 @@ log-prob values differ from the CPU reference only by the rounding of the log-su
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
+from ..tree.types import Acceptance, Trees
 from ._cupy import kernel, ptr
 
 TOPK_MAX_K = 1024
@@ -48,10 +46,6 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int |
         raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
-
-
-def _as_i64(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.int64 else t.to(torch.int64)
 
 
 # =========================================================================== top-k
@@ -131,42 +125,12 @@ def topk_log_probs_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tens
 # =========================================================================== tree build
 
 
-@dataclass
-class TreeBuffers:
-    """Caller-owned outputs of :func:`build_tree_batch` (the layout of ``TreeBatch``)."""
-
-    tokens: torch.Tensor  # [bs, W] int64, slot 0 root, padding = root token
-    depths: torch.Tensor  # [bs, W] int64, 0 for root and padding
-    parents: torch.Tensor  # [bs, W] int64, -1 for root and padding
-    tree_sizes: torch.Tensor  # [bs] int64, nodes + 1
-    positions: torch.Tensor  # [bs, W] int64, prefix_len + depth
-    mask_words: torch.Tensor  # [bs, W, ceil(W/32)] int32, ancestor mask bit-packed
-    first_child: torch.Tensor | None = None  # [bs, W] int64, -1 if none
-    next_sibling: torch.Tensor | None = None  # [bs, W] int64, -1 if none
-
-    @classmethod
-    def allocate(cls, bs: int, width: int, device, links: bool = False) -> TreeBuffers:
-        def e():
-            return torch.empty((bs, width), dtype=torch.int64, device=device)
-
-        return cls(
-            tokens=e(),
-            depths=e(),
-            parents=e(),
-            tree_sizes=torch.empty(bs, dtype=torch.int64, device=device),
-            positions=e(),
-            mask_words=torch.empty((bs, width, (width + 31) // 32), dtype=torch.int32, device=device),
-            first_child=e() if links else None,
-            next_sibling=e() if links else None,
-        )
-
-
 def build_smem_bytes(width: int, depth: int, k: int) -> tuple[int, bool]:
     """Dynamic shared memory of the build kernel and whether the log-probs are staged there."""
-    base = 48 * width + 16
+    base = 32 * width + 16
     if base > _SMEM_MAX:
         raise ValueError(
-            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 48})"
+            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 32})"
         )
     with_lp = base + 4 * depth * k
     return (with_lp, True) if with_lp <= 160 * 1024 else (base, False)
@@ -193,10 +157,9 @@ def build_tree_batch(
     budget: int,
     width: int,
     prefix_lens: torch.Tensor | None = None,
-    out: TreeBuffers | None = None,
-    links: bool = False,
+    out: Trees | None = None,
     heap_in_registers: bool = True,
-) -> TreeBuffers:
+) -> Trees:
     """Build every request's draft tree and its verify layout, one block per request.
 
     Same trees as :func:`sglang_ddtree.tree.layout.build_tree_batch_ref` (tokens, depths,
@@ -211,15 +174,14 @@ def build_tree_batch(
     budget : int, nodes per tree (root excluded), ``0 <= budget <= width - 1``.
     width : int, verify width ``W``.
     prefix_lens : int64 ``[bs]`` or None; positions are ``prefix_lens + depth``.
-    out : :class:`TreeBuffers` for ``(bs, width)`` or None (allocated).
-    links : allocate ``first_child`` / ``next_sibling`` when ``out`` is None (they are
-        written whenever ``out`` has them).
+    out : :class:`~sglang_ddtree.tree.types.Trees` for ``(bs, width)`` or None (allocated);
+        preallocated outputs let a CUDA graph capture the launch.
     heap_in_registers : use the register-heap kernel when the width allows (False forces
         the shared-memory heap; the results are the same).
 
     Returns
     -------
-    TreeBuffers
+    Trees
         ``tokens``, ``depths``, ``parents``, ``positions`` ``[bs, W]`` int64;
         ``tree_sizes [bs]`` int64; ``mask_words [bs, W, ceil(W/32)]`` int32.
     """
@@ -233,12 +195,10 @@ def build_tree_batch(
     if budget < 0 or width < budget + 1:
         raise ValueError(f"need 0 <= budget <= width - 1, got budget={budget}, width={width}")
     if out is None:
-        out = TreeBuffers.allocate(bs, width, log_probs.device, links)
+        out = Trees.allocate(bs, width, log_probs.device)
     nw = (width + 31) // 32
-    for name in ("tokens", "depths", "parents", "positions", "first_child", "next_sibling"):
-        t = getattr(out, name)
-        if t is not None:
-            _check(t, f"out.{name}", torch.int64, [bs, width])
+    for name in ("tokens", "depths", "parents", "positions"):
+        _check(getattr(out, name), f"out.{name}", torch.int64, [bs, width])
     _check(out.tree_sizes, "out.tree_sizes", torch.int64, [bs])
     _check(out.mask_words, "out.mask_words", torch.int32, [bs, width, nw])
     if bs == 0:
@@ -264,8 +224,6 @@ def build_tree_batch(
             ptr(out.tree_sizes),
             ptr(out.positions),
             ptr(out.mask_words),
-            ptr(out.first_child),
-            ptr(out.next_sibling),
         ),
         shared_mem=smem,
     )
@@ -328,25 +286,15 @@ def flat_custom_mask(
 # =========================================================================== accept
 
 
-@dataclass
-class AcceptBuffers:
-    """Caller-owned outputs of :func:`accept_walk` (the fields of ``Acceptance``)."""
+def allocate_acceptance(bs: int, width: int, device) -> Acceptance:
+    """Outputs of :func:`accept_walk`, allocated once (e.g. for a CUDA graph)."""
 
-    path: torch.Tensor  # [bs, W] int64, accepted slots root first, -1 padded
-    accept_lens: torch.Tensor  # [bs] int64, accepted draft nodes (root excluded)
-    bonus: torch.Tensor  # [bs] int64
-    out_tokens: torch.Tensor  # [bs, W] int64, accepted drafts then bonus, 0 padded
-    new_seq_lens: torch.Tensor | None = None  # [bs] int64, prefix + accept_len + 1
+    def e(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.int64, device=device)
 
-    @classmethod
-    def allocate(cls, bs: int, width: int, device, seq_lens: bool = True) -> AcceptBuffers:
-        return cls(
-            path=torch.empty((bs, width), dtype=torch.int64, device=device),
-            accept_lens=torch.empty(bs, dtype=torch.int64, device=device),
-            bonus=torch.empty(bs, dtype=torch.int64, device=device),
-            out_tokens=torch.empty((bs, width), dtype=torch.int64, device=device),
-            new_seq_lens=torch.empty(bs, dtype=torch.int64, device=device) if seq_lens else None,
-        )
+    return Acceptance(
+        path=e(bs, width), accept_lens=e(bs), bonus=e(bs), out_tokens=e(bs, width), new_seq_lens=e(bs)
+    )
 
 
 def accept_walk(
@@ -355,8 +303,8 @@ def accept_walk(
     tree_sizes: torch.Tensor,
     posterior: torch.Tensor,
     prefix_lens: torch.Tensor | None = None,
-    out: AcceptBuffers | None = None,
-) -> AcceptBuffers:
+    out: Acceptance | None = None,
+) -> Acceptance:
     """Walk every tree along the target's ``posterior``, one warp per request.
 
     Greedy (posterior = argmax per slot) and sampled (one target sample per slot) are the
@@ -368,11 +316,12 @@ def accept_walk(
     tree_sizes : int64 ``[bs]``.
     posterior : int64 ``[bs, W]``, the target's token at every slot.
     prefix_lens : int64 ``[bs]`` or None; with it ``new_seq_lens = prefix + accept + 1``.
-    out : :class:`AcceptBuffers` or None (allocated).
+    out : :class:`~sglang_ddtree.tree.types.Acceptance` or None (allocated by
+        :func:`allocate_acceptance`).
 
     Returns
     -------
-    AcceptBuffers
+    Acceptance
         ``path [bs, W]`` (-1 padded), ``accept_lens [bs]``, ``bonus [bs]``,
         ``out_tokens [bs, W]`` (0 padded), ``new_seq_lens [bs]`` (if the buffer exists).
     """
@@ -386,7 +335,7 @@ def accept_walk(
     if prefix_lens is not None:
         _check(prefix_lens, "prefix_lens", torch.int64, [bs])
     if out is None:
-        out = AcceptBuffers.allocate(bs, width, tokens.device, seq_lens=True)
+        out = allocate_acceptance(bs, width, tokens.device)
     _check(out.path, "out.path", torch.int64, [bs, width])
     _check(out.accept_lens, "out.accept_lens", torch.int64, [bs])
     _check(out.bonus, "out.bonus", torch.int64, [bs])
@@ -414,150 +363,3 @@ def accept_walk(
         shared_mem=36 * width,
     )
     return out
-
-
-# =========================================================================== KV commit
-
-
-def _check_commit(req_to_token, req_pool_indices, prefix_lens, path, accept_lens):
-    if req_to_token.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"req_to_token must be int32 or int64, got {req_to_token.dtype}")
-    if req_to_token.dim() != 2 or req_to_token.stride(1) != 1:
-        raise ValueError("req_to_token must be [rows, context] with contiguous rows")
-    if not req_to_token.is_cuda:
-        raise ValueError("req_to_token must be on a CUDA device")
-    if path.dim() != 2:
-        raise ValueError(f"path must be [bs, W], got {list(path.shape)}")
-    bs, width = (int(s) for s in path.shape)
-    _check(path, "path", torch.int64, [bs, width])
-    _check(accept_lens, "accept_lens", torch.int64, [bs])
-    req_pool_indices = _as_i64(req_pool_indices).contiguous()
-    prefix_lens = _as_i64(prefix_lens).contiguous()
-    _check(req_pool_indices, "req_pool_indices", torch.int64, [bs])
-    _check(prefix_lens, "prefix_lens", torch.int64, [bs])
-    return bs, width, req_pool_indices, prefix_lens
-
-
-def rewrite_req_to_token(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    path: torch.Tensor,
-    accept_lens: torch.Tensor,
-) -> torch.Tensor:
-    """Page size 1 KV commit, in place: swap ``req_to_token`` entries so that position
-    ``prefix + d`` names the slot the accepted node ``path[d]`` was verified in
-    (:func:`sglang_ddtree.tree.accept.rewrite_req_to_token_ref`, in its order).
-
-    Parameters
-    ----------
-    req_to_token : int32 / int64 ``[rows, context]`` (SGLang's ``req_to_token`` table).
-    req_pool_indices : int64 ``[bs]``, distinct rows.
-    prefix_lens : int64 ``[bs]``, committed length before the verified tree.
-    path : int64 ``[bs, W]``; accept_lens : int64 ``[bs]`` (from :func:`accept_walk`).
-
-    Returns
-    -------
-    req_to_token (modified in place)
-    """
-    bs, width, rpi, pre = _check_commit(req_to_token, req_pool_indices, prefix_lens, path, accept_lens)
-    if bs == 0:
-        return req_to_token
-    name = "ddtree_commit_req_to_token_" + ("i32" if req_to_token.dtype == torch.int32 else "i64")
-    kernel("ddtree_accept", name)(
-        (bs,),
-        (32,),
-        (ptr(req_to_token), req_to_token.stride(0), ptr(rpi), ptr(pre), ptr(path), ptr(accept_lens), width),
-        shared_mem=16 * width,
-    )
-    return req_to_token
-
-
-@dataclass(frozen=True)
-class KVLayers:
-    """Base addresses of per-layer KV tensors ``[slots, ...]`` for :func:`move_kv`.
-
-    Build it once per pool (it allocates and copies the address table): SGLang keeps one
-    tensor per layer (``k_buffer[i]``, ``v_buffer[i]``, or the MLA ``kv_buffer[i]``).
-    """
-
-    pointers: torch.Tensor  # [L] int64 on the device
-    row_bytes: int  # bytes of one slot's row, the same in every layer
-    align: int  # 16, 4 or 1: common alignment of every base address and of row_bytes
-    tensors: tuple = ()  # keeps the buffers alive
-
-    @classmethod
-    def from_tensors(cls, tensors: Sequence[torch.Tensor]) -> KVLayers:
-        tensors = tuple(tensors)
-        if not tensors:
-            raise ValueError("no KV layer tensors")
-        row_bytes = None
-        addrs = []
-        for i, t in enumerate(tensors):
-            if not t.is_cuda or not t.is_contiguous():
-                raise ValueError(f"KV layer {i} must be a contiguous CUDA tensor [slots, ...]")
-            rb = t[0].numel() * t.element_size() if t.shape[0] > 0 else 0
-            if row_bytes is None:
-                row_bytes = rb
-            elif rb != row_bytes:
-                raise ValueError(f"KV layer {i} has {rb}-byte rows, layer 0 has {row_bytes}")
-            addrs.append(t.data_ptr())
-        align = 1
-        for a in (16, 4):
-            if row_bytes % a == 0 and all(p % a == 0 for p in addrs):
-                align = a
-                break
-        pointers = torch.tensor(addrs, dtype=torch.int64).to(tensors[0].device)
-        return cls(pointers=pointers, row_bytes=int(row_bytes), align=align, tensors=tensors)
-
-
-def move_kv(
-    kv: KVLayers | Sequence[torch.Tensor],
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    path: torch.Tensor,
-    accept_lens: torch.Tensor,
-    chunks: int | None = None,
-) -> None:
-    """Page size > 1 KV commit, in place, every layer in one launch: copy each accepted
-    node's KV row from its verify slot to the slot of its final position
-    (:func:`sglang_ddtree.tree.accept.move_kv_ref` applied to every layer).
-
-    Parameters
-    ----------
-    kv : :class:`KVLayers` (preferred: built once) or the per-layer tensors
-        ``[slots, heads, head_dim]`` / ``[slots, 1, 576]`` (then the address table is
-        built on every call, which a CUDA graph cannot capture).
-    req_to_token : int32 / int64 ``[rows, context]``; req_pool_indices, prefix_lens,
-        accept_lens : int64 ``[bs]``; path : int64 ``[bs, W]``.
-    chunks : blocks per request (default: enough for every column of every layer).
-    """
-    if not isinstance(kv, KVLayers):
-        kv = KVLayers.from_tensors(kv)
-    bs, width, rpi, pre = _check_commit(req_to_token, req_pool_indices, prefix_lens, path, accept_lens)
-    if bs == 0 or kv.row_bytes == 0:
-        return
-    n_layers = int(kv.pointers.numel())
-    vec = {16: "v16", 4: "v4", 1: "v1"}[kv.align]
-    items = n_layers * (kv.row_bytes // kv.align)
-    if chunks is None:
-        chunks = max(1, min(1024, (items + 255) // 256))
-    name = f"ddtree_move_kv_{'i32' if req_to_token.dtype == torch.int32 else 'i64'}_{vec}"
-    kernel("ddtree_accept", name)(
-        (int(chunks), bs),
-        (256,),
-        (
-            ptr(kv.pointers),
-            n_layers,
-            kv.row_bytes,
-            ptr(req_to_token),
-            req_to_token.stride(0),
-            ptr(rpi),
-            ptr(pre),
-            ptr(path),
-            ptr(accept_lens),
-            width,
-        ),
-        shared_mem=16 * width,
-    )

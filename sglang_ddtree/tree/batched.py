@@ -1,25 +1,17 @@
-"""Batched torch versions of the accept walk and the KV-commit plan.
+"""Batched torch versions of the accept walk and the KV commit plan.
 
 They run on any device with a fixed number of kernel launches (one step per tree
 depth, no data-dependent shapes, no host synchronisation), so they are the
 portable path of the worker and CUDA-graph capturable. They mirror
-``accept.accept_walk_ref`` and ``accept.commit_moves_ref`` exactly
+``accept.accept_walk_ref`` and ``accept.commit_sources_ref`` exactly
 (``tests/test_tree_batched.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class BatchedAcceptance:
-    path: torch.Tensor  # [bs, width] int64, accepted slots root first, -1 padded
-    accept_lens: torch.Tensor  # [bs] int64, accepted draft nodes (root excluded)
-    bonus: torch.Tensor  # [bs] int64
-    out_tokens: torch.Tensor  # [bs, width] int64, accepted drafts then bonus, 0 padded
+from .types import Acceptance
 
 
 def accept_walk(
@@ -28,8 +20,10 @@ def accept_walk(
     tree_sizes: torch.Tensor,  # [bs]
     posterior: torch.Tensor,  # [bs, width]
     max_depth: int,
-) -> BatchedAcceptance:
-    """Walk every tree along ``posterior`` for at most ``max_depth`` steps."""
+    prefix_lens: torch.Tensor | None = None,  # [bs]
+) -> Acceptance:
+    """Walk every tree along ``posterior`` for at most ``max_depth`` steps; with
+    ``prefix_lens`` also ``new_seq_lens = prefix + accept_len + 1``."""
     bs, width = tokens.shape
     device = tokens.device
     slots = torch.arange(width, device=device)[None, :]
@@ -53,7 +47,8 @@ def accept_walk(
     out_tokens = torch.zeros((bs, width), dtype=torch.int64, device=device)
     out_tokens[:, : width - 1] = torch.where(depth_index < accept_lens[:, None], accepted_tokens, 0)
     out_tokens.scatter_(1, accept_lens[:, None], bonus[:, None])
-    return BatchedAcceptance(path, accept_lens, bonus, out_tokens)
+    new_seq_lens = None if prefix_lens is None else prefix_lens.to(torch.int64) + accept_lens + 1
+    return Acceptance(path, accept_lens, bonus, out_tokens, new_seq_lens)
 
 
 def commit_sources(path: torch.Tensor, accept_lens: torch.Tensor) -> torch.Tensor:

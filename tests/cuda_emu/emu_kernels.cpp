@@ -24,11 +24,10 @@ static long long* ptr(I64& a) { return a.mutable_data(); }
 py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long long budget, long long W,
                      long long lp_in_smem, int block, size_t smem_bytes, int heap_slots) {
   const long long bs = lp.shape(0), D = lp.shape(1), K = lp.shape(2), NW = (W + 31) / 32;
-  I64 tokens({bs, W}), depths({bs, W}), parents({bs, W}), sizes(bs), positions({bs, W}), first({bs, W}),
-      next({bs, W});
+  I64 tokens({bs, W}), depths({bs, W}), parents({bs, W}), sizes(bs), positions({bs, W});
   I32 words({bs, W, NW});
   // poison outputs: every element must be written
-  for (I64* a : {&tokens, &depths, &parents, &sizes, &positions, &first, &next})
+  for (I64* a : {&tokens, &depths, &parents, &sizes, &positions})
     std::fill(a->mutable_data(), a->mutable_data() + a->size(), (long long)0x5a5a5a5a5a5a5a5aLL);
   std::fill(words.mutable_data(), words.mutable_data() + words.size(), 0x5a5a5a5a);
   const long long* pre = nullptr;
@@ -40,8 +39,7 @@ py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long lon
   const float* plp = lp.data();
   const long long* pids = ids.data();
   const long long* proots = roots.data();
-  long long *pt = ptr(tokens), *pd = ptr(depths), *pp = ptr(parents), *ps = ptr(sizes), *ppos = ptr(positions),
-            *pf = ptr(first), *pn = ptr(next);
+  long long *pt = ptr(tokens), *pd = ptr(depths), *pp = ptr(parents), *ps = ptr(sizes), *ppos = ptr(positions);
   int* pw = words.mutable_data();
   // heap_slots: 0 = the shared-memory heap kernel, R = ddtree_build_tree_r<R>
   decltype(&ddtree_build_tree) fn = nullptr;
@@ -55,9 +53,9 @@ py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long lon
   }
   if (heap_slots && W > 32LL * heap_slots) throw std::invalid_argument("width too large for the register heap");
   emu::launch(dim3((unsigned)bs), dim3(block), smem_bytes, [=] {
-    fn(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw, pf, pn);
+    fn(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw);
   });
-  return py::make_tuple(tokens, depths, parents, sizes, positions, words, first, next);
+  return py::make_tuple(tokens, depths, parents, sizes, positions, words);
 }
 
 U8 flat_mask(I32 words, I64 prefix, long long W, long long out_numel, int grid_x, int block) {
@@ -90,54 +88,6 @@ py::tuple accept_walk(I64 tokens, I64 parents, I64 sizes, I64 posterior, py::obj
   return py::make_tuple(path, acc, bonus, out, newlens);
 }
 
-py::array commit_table(py::array table, I64 rpi, I64 prefix, I64 path, I64 acc) {
-  const long long bs = rpi.shape(0), W = path.shape(1), stride = table.shape(1);
-  py::array t = table.attr("copy")();
-  const long long *pr = rpi.data(), *pp = prefix.data(), *ph = path.data(), *pa = acc.data();
-  if (t.dtype().is(py::dtype::of<int>())) {
-    int* pt = static_cast<int*>(t.mutable_data());
-    emu::launch(dim3((unsigned)bs), dim3(32), (size_t)16 * W,
-                [=] { ddtree_commit_req_to_token_i32(pt, stride, pr, pp, ph, pa, W); });
-  } else {
-    long long* pt = static_cast<long long*>(t.mutable_data());
-    emu::launch(dim3((unsigned)bs), dim3(32), (size_t)16 * W,
-                [=] { ddtree_commit_req_to_token_i64(pt, stride, pr, pp, ph, pa, W); });
-  }
-  return t;
-}
-
-// layers: list of uint8 arrays [slots * row_bytes], moved in place (copies returned)
-std::vector<U8> move_kv(std::vector<U8> layers, long long row_bytes, py::array table, I64 rpi, I64 prefix, I64 path,
-                        I64 acc, int vec, int grid_x) {
-  const long long bs = rpi.shape(0), W = path.shape(1), stride = table.shape(1);
-  std::vector<U8> out;
-  std::vector<long long> ptrs;
-  for (auto& l : layers) {
-    U8 c = l.attr("copy")().cast<U8>();
-    ptrs.push_back((long long)c.mutable_data());
-    out.push_back(c);
-  }
-  const long long* lp = ptrs.data();
-  const long long nl = (long long)ptrs.size();
-  const long long *pr = rpi.data(), *pp = prefix.data(), *ph = path.data(), *pa = acc.data();
-  const bool t32 = table.dtype().is(py::dtype::of<int>());
-  const void* tp = table.data();
-  emu::launch(dim3(grid_x, (unsigned)bs), dim3(256), (size_t)16 * W, [=] {
-    if (t32) {
-      const int* t = static_cast<const int*>(tp);
-      if (vec == 16) ddtree_move_kv_i32_v16(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
-      else if (vec == 4) ddtree_move_kv_i32_v4(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
-      else ddtree_move_kv_i32_v1(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
-    } else {
-      const long long* t = static_cast<const long long*>(tp);
-      if (vec == 16) ddtree_move_kv_i64_v16(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
-      else if (vec == 4) ddtree_move_kv_i64_v4(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
-      else ddtree_move_kv_i64_v1(lp, nl, row_bytes, t, stride, pr, pp, ph, pa, W);
-    }
-  });
-  return out;
-}
-
 // logits: float32 [rows, V] (dtype 0) or the raw 16-bit patterns of bfloat16 (1) / float16 (2)
 py::tuple topk(py::array logits, int dtype, long long k) {
   const long long rows = logits.shape(0), V = logits.shape(1);
@@ -160,6 +110,4 @@ PYBIND11_MODULE(_ddtree_emu, m) {
   m.def("build_tree", &build_tree);
   m.def("flat_mask", &flat_mask);
   m.def("accept_walk", &accept_walk);
-  m.def("commit_table", &commit_table);
-  m.def("move_kv", &move_kv);
 }

@@ -1,0 +1,65 @@
+"""The two values a round passes between its steps, whatever implementation made them.
+
+Every tree backend (``kernels/backend.py``: CUDA, C++, Python) returns a :class:`Trees`
+from ``build`` and an :class:`Acceptance` from ``accept``, as torch tensors on the
+worker's device; the references in this package return the same types on the CPU.
+Shapes follow the glossary in ``tree/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Trees:
+    """One round's draft trees in their verify layout; every array ``[bs, width]``."""
+
+    tokens: torch.Tensor  # int64, slot 0 = root, padding repeats the root
+    depths: torch.Tensor  # int64, 0 for root and padding
+    parents: torch.Tensor  # int64, -1 for root and padding
+    positions: torch.Tensor  # int64, prefix_len + depth
+    tree_sizes: torch.Tensor  # [bs] int64, nodes + 1
+    mask_words: torch.Tensor  # [bs, width, ceil(width / 32)] int32, ancestors + self, bit-packed
+
+    @property
+    def width(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @classmethod
+    def allocate(cls, bs: int, width: int, device) -> Trees:
+        def rows() -> torch.Tensor:
+            return torch.empty((bs, width), dtype=torch.int64, device=device)
+
+        return cls(
+            tokens=rows(),
+            depths=rows(),
+            parents=rows(),
+            positions=rows(),
+            tree_sizes=torch.empty(bs, dtype=torch.int64, device=device),
+            mask_words=torch.empty((bs, width, (width + 31) // 32), dtype=torch.int32, device=device),
+        )
+
+    def visibility(self) -> torch.Tensor:
+        """``[bs, width, width]`` bool, unpacked from ``mask_words``."""
+        bits = torch.arange(32, device=self.mask_words.device, dtype=torch.int32)
+        unpacked = (self.mask_words[..., None] >> bits) & 1
+        return unpacked.reshape(*self.mask_words.shape[:2], -1)[..., : self.width].bool()
+
+
+@dataclass
+class Acceptance:
+    """The walk of every tree along the target's posterior."""
+
+    path: torch.Tensor  # [bs, width] int64, accepted slots root first, -1 padded
+    accept_lens: torch.Tensor  # [bs] int64, accepted draft nodes (root excluded)
+    bonus: torch.Tensor  # [bs] int64
+    out_tokens: torch.Tensor  # [bs, width] int64, accepted drafts then bonus, 0 padded
+    new_seq_lens: torch.Tensor | None = None  # [bs] int64, prefix + accept_len + 1 (when known)
+
+    @property
+    def commit_lens(self) -> torch.Tensor:
+        """Tokens emitted this round (accepted drafts + bonus), as SGLang counts them."""
+        return self.accept_lens + 1
