@@ -78,8 +78,9 @@ class DDTreeConfig:
 
     def topk(self, vocab: int) -> int:
         """Candidates kept per depth: ``min(budget, vocab)``, capped by ``max_topk``."""
-        k = min(self.budget, vocab)
-        return k if self.max_topk is None else min(k, self.max_topk)
+        from .tree.round import draft_k
+
+        return draft_k(self.budget, vocab, self.max_topk)
 
     @classmethod
     def from_spec_fields(cls, num_draft_tokens: int, block_size: int) -> DDTreeConfig:

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import cpu_engine_requested
@@ -182,6 +183,14 @@ def run_arm(pair: dict, arm: Arm, prompts: list[dict], phases: dict[str, dict], 
 
 
 @torch.no_grad()
+def _greedy_posterior(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The target's greedy token after every slot, known from the plain server's output:
+    the token after position ``p`` is ``tokens[p + 1]`` on the slots the walk can reach
+    (those matching the output so far); -1 (no token) past the end of the output."""
+    nxt = positions + 1
+    return np.where(nxt < len(tokens), tokens[np.minimum(nxt, len(tokens) - 1)], -1)
+
+
 def offline_replay(
     pair: dict, prompts: list[dict], greedy: list[list[int]], arms: list[Arm]
 ) -> dict[str, float]:
@@ -190,7 +199,7 @@ def offline_replay(
     from safetensors.torch import load_file
 
     from ..models.train_pair import Drafter, PairSpec, Target, block_layout
-    from ..tree.build import build_tree_from_topk, topk_log_probs
+    from ..tree.round import reference_round
 
     spec_fields = dict(pair["manifest"]["spec"])
     spec_fields["target_layer_ids"] = tuple(spec_fields["target_layer_ids"])
@@ -214,22 +223,21 @@ def offline_replay(
         block_ids[:, ::block] = seq[:, start:]
         hidden = drafter(target.model.embed_tokens(block_ids), pos, feats, mask)
         logits = target.logits(hidden.view(-1, block, hidden.shape[-1])[:, 1:])  # [anchors, block-1, vocab]
+        greedy_tokens = seq[0].numpy()
         for arm in arms:
             if not arm.speculative:
                 continue
-            k = min(arm.max_topk or arm.budget, vocab)
             a = start
             while a < length - 1:  # the server stops once the output is complete
-                tree = build_tree_from_topk(topk_log_probs(logits[a - start], k), arm.budget)
-                node, accepted = 0, 0
-                for depth in range(1, block):
-                    if a + depth >= length:
-                        break
-                    children = [i + 1 for i in range(tree.num_nodes) if tree.parents[i + 1] == node]
-                    match = [c for c in children if tree.node_tokens[c - 1] == int(seq[0, a + depth])]
-                    if not match:
-                        break
-                    node, accepted = match[0], accepted + 1
+                result = reference_round(
+                    logits[a - start][None],
+                    greedy_tokens[a : a + 1],
+                    np.array([a]),
+                    lambda layout, positions: _greedy_posterior(greedy_tokens, positions),
+                    arm.budget,
+                    max_topk=arm.max_topk,
+                )
+                accepted = int(result.acceptance.accept_lens[0])
                 rounds[arm.name].append(accepted + 1)
                 a += accepted + 1
     return {name: sum(r) / max(len(r), 1) for name, r in rounds.items()}

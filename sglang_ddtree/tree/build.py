@@ -19,7 +19,8 @@ Two details are pinned down here so that GPU and C++ builders can match bit for 
 * **score arithmetic** - ``score(node) = score(parent) + logp[depth-1, rank]`` in
   float64. The paper's code updates a sibling as ``score - lp[r] + lp[r+1]``, which
   can round one ulp above its predecessor; the parent-plus-edge form never does, so
-  pops come out in exactly the order of the key (see ``test_tree_build.py``), and a
+  pops come out in exactly the order of the key (see
+  ``tests/test_tree_reference.py::test_scores_are_monotone_along_successors``), and a
   parallel builder may select instead of pop.
 
 Shapes: ``depth`` = block size - 1 draft positions, ``vocab``, ``n`` = nodes
