@@ -233,7 +233,7 @@ def offline_replay(
                     logits[a - start][None],
                     greedy_tokens[a : a + 1],
                     np.array([a]),
-                    lambda layout, positions: _greedy_posterior(greedy_tokens, positions),
+                    lambda layout, positions, tokens=greedy_tokens: _greedy_posterior(tokens, positions),
                     arm.budget,
                     max_topk=arm.max_topk,
                 )
