@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+ALGORITHM_NAME = "DDTREE"  # --speculative-algorithm
 DEFAULT_BUDGET = 32
 MAX_BUDGET = 1024
 DEFAULT_BLOCK_SIZE = 16

@@ -14,9 +14,9 @@ import logging
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-logger = logging.getLogger("sglang_ddtree")
+from ..config import ALGORITHM_NAME  # noqa: F401 - re-exported: callers import it from here
 
-ALGORITHM_NAME = "DDTREE"
+logger = logging.getLogger("sglang_ddtree")
 
 
 class DDTreeSpecAlgo(CustomSpecAlgo):

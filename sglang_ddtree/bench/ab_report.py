@@ -10,7 +10,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from .ab import PARITY_FLAGS, PARITY_KEYS, SPEC_KEYS, Arm
+from .ab_arms import PARITY_FLAGS, PARITY_KEYS, SPEC_KEYS, Arm
 
 COLUMNS = {
     "arm": "the server configuration (flags in the Arms section)",
@@ -277,7 +277,7 @@ def build_report(
     allow_greedy_mismatch: bool,
     strict_parity: bool,
 ) -> dict:
-    from .ab import CONTEXT_KEYS
+    from .ab_arms import CONTEXT_KEYS
 
     baseline = settings["baseline"]
     rows = summarise(arms, baseline)

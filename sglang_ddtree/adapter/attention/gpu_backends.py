@@ -64,9 +64,10 @@ def check_live_backend(attn_backend) -> None:
 
 
 def _serving_ddtree(spec_algorithm) -> bool:
-    from ..spec import DDTreeSpecAlgo
+    # by name: importing spec.py here would close a cycle (spec -> server_args -> here)
+    from ...config import ALGORITHM_NAME
 
-    return isinstance(spec_algorithm, DDTreeSpecAlgo)
+    return getattr(spec_algorithm, "name", None) == ALGORITHM_NAME
 
 
 def install_capture_input() -> None:
