@@ -25,7 +25,7 @@ DEFAULT_BLOCK_SIZE = 16
 
 ENV_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
 ENV_TREE_BACKEND = "SGLANG_DDTREE_TREE_BACKEND"  # auto | cuda | cpp | python
-ENV_ORACLE_DRAFT = "SGLANG_DDTREE_ORACLE_DRAFT"  # test-only controlled drafter (JSON file)
+ENV_TEST_PLUGIN = "SGLANG_DDTREE_TEST_PLUGIN"  # test-only: a module whose install() runs at registration
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 
@@ -45,8 +45,10 @@ def tree_backend_override() -> str:
     return value
 
 
-def oracle_draft_path() -> str | None:
-    return os.environ.get(ENV_ORACLE_DRAFT) or None
+def test_plugin_module() -> str | None:
+    """A test-only module that the plugin's ``register`` imports and installs (e.g. the
+    tests' scripted drafter, which overrides the worker's ``_propose``)."""
+    return os.environ.get(ENV_TEST_PLUGIN, "").strip() or None
 
 
 def max_topk_override() -> int | None:

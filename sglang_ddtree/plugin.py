@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .config import DDTreeConfigError, cpu_engine_requested
+from .config import DDTreeConfigError, cpu_engine_requested, test_plugin_module
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -40,6 +40,15 @@ def register() -> None:
     requests.install()
     _install_cli_hooks()
     _install_error_reporting()
+    _install_test_plugin()
+
+
+def _install_test_plugin() -> None:
+    name = test_plugin_module()
+    if name:
+        import importlib
+
+        importlib.import_module(name).install()
 
 
 def _install_cli_hooks() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import json
+import os
 import re
 from pathlib import Path
 
@@ -91,7 +92,15 @@ def write_oracle(path: Path, requests, outputs, ranks=ORACLE_RANKS) -> Path:
 
 
 def oracle_env(oracle_path: Path, max_topk: int | None = None) -> dict:
-    env = {"SGLANG_DDTREE_ORACLE_DRAFT": str(oracle_path), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
+    """The scripted drafter (``tests/oracle_plugin.py``) in every server process."""
+    tests_dir = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        "PYTHONPATH": path,
+        "SGLANG_DDTREE_TEST_PLUGIN": "oracle_plugin",
+        "SGLANG_DDTREE_ORACLE_DRAFT": str(oracle_path),
+        "SGLANG_DDTREE_LOG_STATS_EVERY": "1",
+    }
     if max_topk is not None:
         env["SGLANG_DDTREE_MAX_TOPK"] = str(max_topk)
     return env

@@ -1,6 +1,6 @@
 """What the tree buys, through the real server (CPU mode).
 
-A drafter whose proposals the test controls (``adapter/oracle.py``) puts the right
+A drafter whose proposals the test controls (``tests/oracle_plugin.py``) puts the right
 token at rank 1 at some depths. A chain cannot accept past those depths; the tree
 must - while every output (greedy tokens, stop conditions, log-probs, seeded
 samples) stays identical to the non-speculative server.

@@ -38,7 +38,7 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-from ..config import DDTreeConfig, DDTreeConfigError, oracle_draft_path, tree_backend_override
+from ..config import DDTreeConfig, DDTreeConfigError, tree_backend_override
 from ..kernels.backend import get_tree_backend
 from .draft_head import draft_topk
 from .posterior import tree_posterior
@@ -69,13 +69,6 @@ class DDTreeWorker(DFlashWorkerV2):
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
-        oracle = oracle_draft_path()
-        self.oracle = None
-        if oracle:
-            from .oracle import OracleDrafter
-
-            self.oracle = OracleDrafter.load(oracle)
-            logger.warning("DDTREE test drafter active (%s): proposals come from a script.", oracle)
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget=%d, max siblings per depth=%s, verify width=%d, drafter block=%d, "
@@ -242,18 +235,16 @@ class DDTreeWorker(DFlashWorkerV2):
         with torch.inference_mode():
             hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
         hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
-        vocab = int(self.model_runner.model_config.vocab_size)
-        k = self.ddtree.topk(vocab)
-        if self.oracle is not None:
-            from ..tree.topk import full_vocab_topk
-
-            logits = self.oracle.draft_logits(batch.reqs, prefix_lens, block - 1, vocab, self.device)
-            log_probs, token_ids = full_vocab_topk(logits.view(bs * (block - 1), vocab), k)
-        else:
-            lm_head = unwrap_lora_layer(target_model.lm_head)
-            tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
-            log_probs, token_ids = draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
+        k = self.ddtree.topk(int(self.model_runner.model_config.vocab_size))
+        log_probs, token_ids = self._propose(batch, hidden, prefix_lens, k)
         return log_probs.view(bs, block - 1, -1), token_ids.view(bs, block - 1, -1)
+
+    def _propose(self, batch, hidden, prefix_lens, k):
+        """The drafter's hidden states ``[bs * depth, hidden]`` through the target's LM head
+        to top-k log-probs and ids ``[bs * depth, k]`` (a test plugin may script them)."""
+        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
+        tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
+        return draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
 
     def _draft_seq_lens_cpu(self, batch, draft_input, bs):
         """Host upper bound of each request's KV length during the draft forward."""

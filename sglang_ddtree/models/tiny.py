@@ -4,7 +4,7 @@ DFlash drafter, deterministic from a seed and cached on disk.
 They exist so that the real SGLang server can run end to end on a CPU in
 seconds: tests, the demo and the A/B smoke run all use them. Weights are random
 (a random drafter is almost never right; tests that need accepted drafts control
-the drafter, see ``sglang_ddtree.adapter.oracle``).
+the drafter, see ``tests/oracle_plugin.py``).
 
     python -m sglang_ddtree.models.tiny [--out DIR] [--seed N]
 """

@@ -1,4 +1,4 @@
-"""A drafter whose proposals a test controls (test-only).
+"""A drafter whose proposals a test controls: a test-only plugin module.
 
 With random drafter weights nothing is ever accepted, and a tree that accepts
 nothing proves nothing. This drafter knows each request's true greedy
@@ -8,7 +8,10 @@ sibling of a decoy) where only a tree can. Everything else in the round - draft
 forward, tree build, tree-masked verify, accept, KV commit - runs for real, and
 the output must still equal non-speculative decoding.
 
-Enabled by ``SGLANG_DDTREE_ORACLE_DRAFT=<file.json>``::
+Loaded in every server process by ``SGLANG_DDTREE_TEST_PLUGIN=oracle_plugin`` (with this
+folder on ``PYTHONPATH``; see ``tests/serving.py::oracle_env``), it replaces the worker's
+``_propose`` - the drafter's hidden states to per-depth top-k - by the script in
+``SGLANG_DDTREE_ORACLE_DRAFT=<file.json>``::
 
     {"continuations": [[prompt ids..., output ids...], ...],
      "ranks": [0, 1, 0, 1, ...],      # rank of the right token per depth (cycled)
@@ -18,6 +21,8 @@ Enabled by ``SGLANG_DDTREE_ORACLE_DRAFT=<file.json>``::
 from __future__ import annotations
 
 import json
+import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -61,3 +66,22 @@ class OracleDrafter:
                 if rank > 0:
                     logits[b, d, (right + self.decoy_offset) % vocab] = HIGH
         return logits.to(device)
+
+
+def install() -> None:
+    """Make the worker propose from the script (called by the plugin's ``register``)."""
+    from sglang_ddtree.adapter.worker import DDTreeWorker
+
+    path = os.environ["SGLANG_DDTREE_ORACLE_DRAFT"]
+    oracle = OracleDrafter.load(path)
+    logging.getLogger("sglang_ddtree").warning(
+        "DDTREE test drafter active (%s): proposals come from a script.", path
+    )
+
+    def propose(self, batch, hidden, prefix_lens, k):
+        bs, depth = len(prefix_lens), self.block_size - 1
+        vocab = int(self.model_runner.model_config.vocab_size)
+        logits = oracle.draft_logits(batch.reqs, prefix_lens, depth, vocab, self.device)
+        return self.trees.topk(logits.view(bs * depth, vocab), k)
+
+    DDTreeWorker._propose = propose
