@@ -27,6 +27,7 @@ ENV_TREE_BACKEND = "SGLANG_DDTREE_TREE_BACKEND"  # auto | cuda | cpp | python
 ENV_ORACLE_DRAFT = "SGLANG_DDTREE_ORACLE_DRAFT"  # test-only controlled drafter (JSON file)
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
+ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
 
 
 class DDTreeConfigError(ValueError):
@@ -35,6 +36,10 @@ class DDTreeConfigError(ValueError):
 
 def cpu_engine_requested() -> bool:
     return os.environ.get(ENV_CPU_ENGINE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def gpu_compat_requested() -> bool:
+    return os.environ.get(ENV_GPU_COMPAT, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def tree_backend_override() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .config import DDTreeConfigError, cpu_engine_requested
+from .config import DDTreeConfigError, cpu_engine_requested, gpu_compat_requested
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -26,6 +26,10 @@ def register() -> None:
         from .cpu import fallbacks
 
         fallbacks.install()
+    if gpu_compat_requested():
+        from . import gpu_compat
+
+        gpu_compat.install()
     from .adapter.spec import register_algorithm
 
     register_algorithm()

@@ -233,15 +233,46 @@ def test_live_backend_check():
 
 
 def test_verify_graphs_are_captured_with_a_tree_mask():
+    """Both capture-time verify inputs carry a tree mask for the target's DDTREE graphs.
+
+    The decode graph runner's ``get_spec_info`` builds the input its verify graphs are
+    captured with; for the DFlash family on triton it passes no mask, which captures the
+    causal kernel and makes every replay ignore the tree (the lossy-under-graphs defect).
+    """
+    from types import SimpleNamespace
+
     import torch
     from sglang.srt.model_executor.runner import base_runner
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.plugins import load_plugins
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
 
     load_plugins()
+    ddtree = SpeculativeAlgorithm.from_string("DDTREE")
     mask = torch.ones(64, dtype=torch.bool)
-    dummy = base_runner.create_dummy_verify_input(SpeculativeAlgorithm.from_string("DDTREE"), mask, 17, False)
+    dummy = base_runner.create_dummy_verify_input(ddtree, mask, 17, False)
     assert isinstance(dummy, DDTreeVerifyInput)
     assert dummy.custom_mask is mask and dummy.draft_token_num == 17 and dummy.topk == 1
+
+    class TritonAttnBackend:  # noqa: N801 - SGLang decides by the class name
+        pass
+
+    def graph_runner(is_draft_worker):
+        return SimpleNamespace(
+            model_runner=SimpleNamespace(
+                spec_algorithm=ddtree, is_draft_worker=is_draft_worker, attn_backend=TritonAttnBackend()
+            ),
+            buffers=SimpleNamespace(custom_mask=mask),
+            captured_req_width=17,
+            _capture_ragged_verify_layout=lambda num_tokens: None,
+        )
+
+    target = DecodeCudaGraphRunner.get_spec_info(graph_runner(False), 17)
+    assert target.custom_mask is mask and target.draft_token_num == 17
+    drafter = DecodeCudaGraphRunner.get_spec_info(graph_runner(True), 17)
+    assert drafter.custom_mask is None  # the drafter's block is causal
+    dflash = graph_runner(False)
+    dflash.model_runner.spec_algorithm = SpeculativeAlgorithm.DFLASH
+    assert DecodeCudaGraphRunner.get_spec_info(dflash, 17).custom_mask is None  # stock DFLASH untouched
