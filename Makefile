@@ -13,7 +13,7 @@ STAMP        := $(VENV)/.deps-installed
 CPU_ENV      := SGLANG_USE_CPU_ENGINE=1
 PYTEST_ARGS  ?=
 
-.PHONY: help venv demo test test-fast lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
+.PHONY: gpu-bundle help venv demo test test-fast lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
 	pair-eval train-pair clean-venv
 
 help:
@@ -24,6 +24,7 @@ help:
 	@echo "make ab-smoke    A/B tool smoke run on the tiny models (CPU)"
 	@echo "make pair-eval   acceptance of DDTREE vs the chain on the trained pair (CPU, ~10 min)"
 	@echo "make train-pair  retrain the small target + DFlash drafter pair (GPU, ~2 min)"
+	@echo "make gpu-bundle  build the GPU bundle for the H200 (.carry/gpu; docs/gpu.md)"
 	@echo "make bench-tree  tree-kernel benchmark (GPU machine)"
 	@echo "make bench-moe   Marlin MoE verify-cost sweep (GPU machine; docs/benchmarks.md)"
 	@echo "make bench-attention  MLA tree-verify attention benchmark (GPU machine)"
@@ -83,3 +84,6 @@ train-pair: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+gpu-bundle:
+	bash gpu/make_bundle.sh
