@@ -203,7 +203,9 @@ def test_topk_split_workspace_reused(emu):
     plan = split_plan(3, vocab, k, splits=5)
     gen = torch.Generator().manual_seed(5)
     x = torch.cat([topk_logits(m, 1, vocab, gen, plan.slice_len) for m in ("randn", "few", "boundary")])
-    lp, ids, counters = emu.topk_split(_raw(x), 0, k, plan.splits, plan.slice_len, plan.merge_chunk, plan.cap, 2)
+    lp, ids, counters = emu.topk_split(
+        _raw(x), 0, k, plan.splits, plan.slice_len, plan.merge_chunk, plan.cap, 2
+    )
     assert (counters == 0).all()
     _assert_topk_equal(x, k, lp, ids, "second launch")
 

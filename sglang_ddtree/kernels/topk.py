@@ -92,7 +92,9 @@ def auto_splits(rows: int, vocab: int, k: int, sm_count: int) -> int:
     return max(min_splits(vocab, k), fill)
 
 
-def split_plan(rows: int, vocab: int, k: int, sm_count: int = 132, splits: int | None = None) -> SplitPlan | None:
+def split_plan(
+    rows: int, vocab: int, k: int, sm_count: int = 132, splits: int | None = None
+) -> SplitPlan | None:
     """The split kernel's geometry, or None when it cannot serve (k > 256, or the candidates
     would not fit in shared memory); ``splits`` overrides the automatic choice."""
     if not 1 <= k <= min(SPLIT_MAX_K, vocab):
