@@ -15,6 +15,7 @@ import torch
 from kernel_cases import (
     LANE_TIE_CASES,
     TIES,
+    TOPK_MODES,
     assert_tree_equal,
     lane_local_tie_pops,
     links_reference,
@@ -25,6 +26,7 @@ from kernel_cases import (
     reference_commit,
     reference_move,
     reference_tree,
+    topk_logits,
 )
 
 from sglang_ddtree.kernels._cupy import cuda_available
@@ -148,12 +150,13 @@ def test_build_shape_checks():
 # --------------------------------------------------------------------------- top-k
 
 
+@pytest.mark.parametrize("algorithm", ["split", "row"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "bs, depth, vocab, ks",
-    [(3, 7, 111, (1, 31, 32, 33, 111)), (2, 3, 163840, (1, 32, 33, 1024, 1500))],
+    [(3, 7, 111, (1, 31, 32, 33, 111)), (2, 3, 163840, (1, 32, 33, 256, 257, 1024, 1500))],
 )
-def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
+def test_topk_matches_reference(bs, depth, vocab, ks, dtype, algorithm):
     gpu = _gpu()
     gen = torch.Generator().manual_seed(vocab + depth)
     for mode in ("randn", "round", "few"):
@@ -168,7 +171,7 @@ def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
             lp = torch.empty(bs, depth, k, device=DEV)
             ids = torch.empty(bs, depth, k, dtype=torch.int64, device=DEV)
             _poison(lp, ids)
-            gpu.topk_log_probs(xd, k, lp, ids)
+            gpu.topk_log_probs(xd, k, lp, ids, algorithm=algorithm)
             lp, ids = lp.cpu().numpy(), ids.cpu().numpy()
             for b in range(bs):
                 ref = topk_log_probs(x[b], k)
@@ -176,6 +179,68 @@ def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
                 np.testing.assert_allclose(
                     lp[b], ref.log_probs, rtol=1e-5, atol=1e-5, err_msg=f"{mode} k={k}"
                 )
+
+
+def _assert_topk_rows(x, k, lp, ids, what):
+    lp, ids = lp.cpu().numpy(), ids.cpu().numpy()
+    for r in range(x.shape[0]):
+        ref = topk_log_probs(x[r : r + 1], k)
+        np.testing.assert_array_equal(ids[r], ref.token_ids[0], err_msg=f"{what} row {r}")
+        np.testing.assert_allclose(lp[r], ref.log_probs[0], rtol=1e-5, atol=1e-5, err_msg=f"{what} row {r}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [111, 32000, 163840])
+def test_topk_split_awkward_cases(vocab, dtype):
+    """The emulated tests' patterns (ties across slice boundaries, -inf slices, all-equal and
+    saw-tooth rows) on the GPU: automatic and forced split counts, k 1 ... 256."""
+    from sglang_ddtree.kernels import topk as tk
+
+    gen = torch.Generator().manual_seed(vocab)
+    for k in (1, 7, 8, 33, 64, 256):
+        if k > vocab:
+            continue
+        for splits in (None, 1, 3, 12, 32):
+            plan = tk.split_plan(len(TOPK_MODES), vocab, k, tk._sm_count(torch.device(DEV)), splits)
+            if plan is None:
+                continue
+            x = torch.cat([topk_logits(m, 1, vocab, gen, plan.slice_len) for m in TOPK_MODES]).to(dtype)
+            lp = torch.empty(len(TOPK_MODES), k, device=DEV)
+            ids = torch.empty(len(TOPK_MODES), k, dtype=torch.int64, device=DEV)
+            _poison(lp, ids)
+            gpu = _gpu()
+            gpu.topk_log_probs(x.to(DEV), k, lp, ids, splits=splits)
+            _assert_topk_rows(x, k, lp, ids, f"k={k} {plan}")
+
+
+def test_topk_split_workspace_graph_replay():
+    """One workspace, captured once, replayed on new logits (counters reset by every launch);
+    bs 1, 8 and 64 of 15 depths share the workspace sized for 64."""
+    gpu = _gpu()
+    from sglang_ddtree.kernels.topk import TopkWorkspace
+
+    depth, vocab, k = 15, 163840, 64
+    ws = TopkWorkspace.allocate(64 * depth, vocab, k, DEV)
+    for bs in (1, 8, 64):
+        s_logits = torch.empty(bs, depth, vocab, dtype=torch.bfloat16, device=DEV)
+        lp = torch.empty(bs, depth, k, device=DEV)
+        ids = torch.empty(bs, depth, k, dtype=torch.int64, device=DEV)
+        gpu.topk_log_probs(s_logits.normal_(), k, lp, ids, workspace=ws)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gpu.topk_log_probs(s_logits, k, lp, ids, workspace=ws)
+        for seed in (1, 2):
+            gen = torch.Generator().manual_seed(seed + bs)
+            modes = [TOPK_MODES[(i + seed) % len(TOPK_MODES)] for i in range(bs * depth)]
+            x = torch.cat([topk_logits(m, 1, vocab, gen) for m in modes]).bfloat16()
+            s_logits.copy_(x.view(bs, depth, vocab))
+            _poison(lp, ids)
+            graph.replay()
+            torch.cuda.synchronize()
+            rows = slice(0, bs * depth, max(1, bs * depth // 24))  # a sample of rows: the reference is slow
+            _assert_topk_rows(x[rows], k, lp.view(-1, k)[rows], ids.view(-1, k)[rows], f"bs={bs} seed={seed}")
+        assert int(ws.counters.abs().sum()) == 0
 
 
 def test_topk_then_build_equals_reference_on_gpu_inputs():

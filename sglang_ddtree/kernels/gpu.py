@@ -8,7 +8,7 @@ in a CUDA graph and replayed. CuPy compiles each kernel module on first use.
 =========================================  ===========================================
 launcher                                   reference (``sglang_ddtree.tree``)
 =========================================  ===========================================
-:func:`topk_log_probs`                     ``build.topk_log_probs`` (batched)
+:func:`topk_log_probs` (``topk.py``)       ``build.topk_log_probs`` (batched)
 :func:`build_tree_batch`                   ``layout.build_tree_batch_ref`` + ``pack_mask_words``
 :func:`flat_custom_mask`                   ``layout.flat_custom_mask``
 :func:`accept_walk`                        ``accept.accept_walk_ref``
@@ -28,12 +28,10 @@ from dataclasses import dataclass
 import torch
 
 from ._cupy import kernel, ptr
+from .topk import TOPK_MAX_K, TopkWorkspace, topk_log_probs, topk_log_probs_torch  # noqa: F401 - top-k launcher
 
-TOPK_MAX_K = 1024
-_TOPK_THREADS = 512
 _BUILD_THREADS = 256
 _SMEM_MAX = 227 * 1024  # per-block opt-in limit of sm_90
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int | None]) -> None:
@@ -52,80 +50,6 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int |
 
 def _as_i64(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int64 else t.to(torch.int64)
-
-
-# =========================================================================== top-k
-
-
-def topk_log_probs(
-    draft_logits: torch.Tensor,
-    k: int,
-    out_log_probs: torch.Tensor | None = None,
-    out_token_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row top-k log-probs and token ids of draft logits, ties to the smaller id.
-
-    Parameters
-    ----------
-    draft_logits : float32 / bfloat16 / float16 ``[..., vocab]`` (e.g. ``[bs, depth, vocab]``),
-        contiguous, on the GPU.
-    k : int, ``1 <= k <= vocab``. Up to 1024 the fused kernel runs; above, a torch path
-        with the same result.
-    out_log_probs : float32 ``[..., k]`` or None.
-    out_token_ids : int64 ``[..., k]`` or None.
-
-    Returns
-    -------
-    (log_probs, token_ids)
-        float32 ``[..., k]`` (``logit - logsumexp(row)``, descending) and int64 ``[..., k]``.
-    """
-    if draft_logits.dtype not in _DTYPE_CODE:
-        raise TypeError(f"draft_logits must be float32, bfloat16 or float16, got {draft_logits.dtype}")
-    lead, vocab = tuple(draft_logits.shape[:-1]), int(draft_logits.shape[-1])
-    k = int(k)
-    if not 1 <= k <= vocab:
-        raise ValueError(f"need 1 <= k <= vocab, got k={k}, vocab={vocab}")
-    _check(draft_logits, "draft_logits", draft_logits.dtype, [*lead, vocab])
-    dev = draft_logits.device
-    if out_log_probs is None:
-        out_log_probs = torch.empty((*lead, k), dtype=torch.float32, device=dev)
-    if out_token_ids is None:
-        out_token_ids = torch.empty((*lead, k), dtype=torch.int64, device=dev)
-    _check(out_log_probs, "out_log_probs", torch.float32, [*lead, k])
-    _check(out_token_ids, "out_token_ids", torch.int64, [*lead, k])
-    rows = draft_logits.numel() // max(vocab, 1)
-    if rows == 0:
-        return out_log_probs, out_token_ids
-    if k > TOPK_MAX_K:
-        lp, ids = topk_log_probs_torch(draft_logits, k)
-        out_log_probs.copy_(lp)
-        out_token_ids.copy_(ids)
-        return out_log_probs, out_token_ids
-    kernel("ddtree_topk", "ddtree_topk_logprobs")(
-        (rows,),
-        (_TOPK_THREADS,),
-        (
-            ptr(draft_logits),
-            _DTYPE_CODE[draft_logits.dtype],
-            vocab,
-            vocab,
-            k,
-            ptr(out_log_probs),
-            ptr(out_token_ids),
-            0,  # path_taken: not recorded
-        ),
-    )
-    return out_log_probs, out_token_ids
-
-
-def topk_log_probs_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch-only version of :func:`topk_log_probs` (any device, any k): ``torch.topk`` on
-    an int64 key (orderable float bits, inverted id), so ties go to the smaller id."""
-    from ..tree.topk import sorted_topk
-
-    x = draft_logits.float()
-    values, top_ids = sorted_topk(x, k)
-    return values - torch.logsumexp(x, dim=-1, keepdim=True), top_ids
 
 
 # =========================================================================== tree build
