@@ -5,9 +5,9 @@
 #   bash gpu/device.sh python -m pytest -m gpu_server tests/gpu_server     # the GPU serving suite
 #   bash gpu/device.sh python -m sglang_ddtree.bench.ab ...                 # A/B runs
 #
-# Needs in the call's carry: .carry/gpu (site-<version>.tar.gz from `make gpu-bundle`, and
-# optionally cache-<version>.tar.gz, the compile caches an earlier run wrote to $OUT). The
-# plugin runs from the working tree. Writes $OUT/cache-<version>.tar.gz (JIT, Triton and CuPy
+# Needs in the call's carry: .carry/gpu (site-<version>.tar.xz from `make gpu-bundle`, and
+# optionally cache-<version>.tar.xz, the compile caches an earlier run wrote to $OUT). The
+# plugin runs from the working tree. Writes $OUT/cache-<version>.tar.xz (JIT, Triton and CuPy
 # caches) at the end: copy it into .carry/gpu so the next call skips those compiles.
 # Multi-GPU kinds: NVLink multicast stays off (the device's rule), whatever the job starts.
 set -u
@@ -21,15 +21,19 @@ CACHE=/tmp/ddtree-cache
 t0=$(date +%s)
 say() { echo "[device $(( $(date +%s) - t0 ))s] $*"; }
 mkdir -p "$OUT" "$CACHE"
+untar_xz() {  # untar_xz FILE DIR (python's lzma where the image has no xz)
+  if command -v xz > /dev/null; then tar xJf "$1" -C "$2"
+  else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" "$1" "$2"; fi
+}
 
-stamp="$(cksum < "$B/site-$V.tar.gz" | cut -d' ' -f1)"
+stamp="$(cksum < "$B/site-$V.tar.xz" | cut -d' ' -f1)"
 if [ "$(cat "$SITE/.stamp" 2>/dev/null)" != "$stamp" ]; then  # a warm machine keeps /tmp
-  rm -rf "$SITE" && mkdir -p "$SITE" && tar xzf "$B/site-$V.tar.gz" -C "$SITE" || exit 3
+  rm -rf "$SITE" && mkdir -p "$SITE" && untar_xz "$B/site-$V.tar.xz" "$SITE" || exit 3
   echo "$stamp" > "$SITE/.stamp"
   say "bundle unpacked"
 fi
-if [ -f "$B/cache-$V.tar.gz" ] && [ ! -f "$CACHE/.restored" ]; then
-  tar xzf "$B/cache-$V.tar.gz" -C "$CACHE" && touch "$CACHE/.restored" && say "compile caches restored: $(du -sh "$CACHE" | cut -f1)"
+if [ -f "$B/cache-$V.tar.xz" ] && [ ! -f "$CACHE/.restored" ]; then
+  untar_xz "$B/cache-$V.tar.xz" "$CACHE" && touch "$CACHE/.restored" && say "compile caches restored: $(du -sh "$CACHE" | cut -f1)"
 fi
 
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
@@ -42,5 +46,5 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 "$@"
 rc=$?
 say "job exited with $rc"
-( cd "$CACHE" && tar czf "$OUT/cache-$V.tar.gz" --exclude=.restored . ) && say "caches saved: $(du -h "$OUT/cache-$V.tar.gz" | cut -f1)"
+( cd "$CACHE" && tar cf - --exclude=.restored . | { xz -T0 -6 2>/dev/null || python3 -c "import lzma, sys; sys.stdout.buffer.write(lzma.compress(sys.stdin.buffer.read()))"; } > "$OUT/cache-$V.tar.xz" ) && say "caches saved: $(du -h "$OUT/cache-$V.tar.xz" | cut -f1)"
 exit $rc

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -67,6 +68,7 @@ def fleet(results):
         fleet.stop_all()
         with tarfile.open(results_dir() / "gpu_server_logs.tar.gz", "w:gz") as tar:
             tar.add(logs, arcname="gpu_server_logs")
+        shutil.rmtree(logs)  # the tarball is what comes back
 
 
 __all__ = ["ARMS"]
