@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
 import time
 from pathlib import Path
 
@@ -63,6 +64,19 @@ WAVES = [
     ["plain_bf16_graphs", "ddtree_fp32_graphs"],
     [arm for arm in ARMS if arm not in ("plain_bf16_graphs", "ddtree_fp32_graphs")],
 ]
+
+
+def selected_waves() -> list[list[str]]:
+    """``WAVES``, restricted to ``GPU_SERVER_ARMS`` (comma list) when set: a run of part of
+    the suite (``-k bf16``) starts only the servers it needs."""
+    wanted = [a for a in os.environ.get("GPU_SERVER_ARMS", "").split(",") if a]
+    unknown = set(wanted) - set(ARMS)
+    if unknown:
+        raise ValueError(f"GPU_SERVER_ARMS: unknown arms {sorted(unknown)}; known: {sorted(ARMS)}")
+    waves = [[a for a in wave if not wanted or a in wanted] for wave in WAVES]
+    return [w for w in waves if w]
+
+
 # Which plain server each speculative float32 arm must match token for token.
 REFERENCE = {"ddtree_fp32_graphs_page16_no_overlap_chunked": "plain_fp32_page16_chunked"}
 
@@ -97,6 +111,8 @@ class Fleet:
         self.start_seconds[arm] = round(time.monotonic() - began, 1)
 
     def __getitem__(self, arm: str) -> ServerProcess:
+        if arm not in self.servers and arm not in self.errors:
+            raise RuntimeError(f"server {arm} was not started (GPU_SERVER_ARMS)")
         if arm in self.errors:
             raise RuntimeError(f"server {arm} did not start:\n{self.errors[arm]}")
         return self.servers[arm]
@@ -171,5 +187,5 @@ def margin_violations(reference: ServerProcess, prompt: list[int], output: list[
                 {"index": i, "emitted": token, "argmax": best_token, "gap": best_logprob - logprob}
             )
         else:
-            near_ties += 1
+            near_ties.append(round(best_logprob - logprob, 4))
     return {"violations": violations, "near_ties": near_ties}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .arms import ARMS, WAVES, Fleet
+from .arms import ARMS, Fleet, selected_waves
 
 
 def _cuda_available() -> bool:
@@ -59,7 +59,7 @@ def fleet(results):
     logs.mkdir(exist_ok=True)
     fleet = Fleet(logs)
     try:
-        for wave in WAVES:
+        for wave in selected_waves():
             with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
                 list(pool.map(fleet.start, wave))
         results["server_start_s"] = fleet.start_seconds
