@@ -461,3 +461,39 @@ def test_cuda_graph_capture_and_replay():
         want_table = reference_commit(table0, rows, prefix, racc["path"], racc["accept_lens"])
         np.testing.assert_array_equal(s_table.cpu().numpy(), want_table)
     assert accepted > 0
+
+
+# --------------------------------------------------------------------------- known fault
+# Inputs on which the register-heap build faulted on the H200 (gpu/jobs/build_probe.py):
+# one request, depth 7, vocab 4096, budget 16, k 16, duplicated log-probs (seeds 0 and 2).
+FAULT_CASES = [("dup", 0), ("dup", 2)]
+
+
+@pytest.mark.parametrize("ties, seed", FAULT_CASES)
+def test_shared_heap_builds_the_fault_cases(ties, seed):
+    """The heap the worker uses builds the reference tree where the register heap faults."""
+    lp, ids = random_topk(np.random.default_rng(seed), 1, 7, 4096, 16, ties)
+    roots, prefix = np.array([5]), np.array([100])
+    out = _tree_on_gpu(lp, ids, roots, 16, 17, prefix, heap_in_registers=False)
+    assert_tree_equal(_tree_dict(out), reference_tree(lp, ids, roots, 16, 17, prefix), f"seed={seed}")
+
+
+@pytest.mark.xfail(strict=True, reason="register-heap build faults on these tied inputs (open defect)")
+@pytest.mark.parametrize("ties, seed", FAULT_CASES)
+def test_register_heap_tie_fault(ties, seed):
+    """In a child process (a fault loses the CUDA context): the register heap on the same
+    inputs. Strict xfail: fixing the kernel turns this into a failure to remove."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, torch; sys.path.insert(0, 'tests')\n"
+        "from kernel_cases import random_topk\n"
+        "from sglang_ddtree.kernels import gpu\n"
+        f"lp, ids = random_topk(np.random.default_rng({seed}), 1, 7, 4096, 16, {ties!r})\n"
+        "t = lambda a: torch.tensor(a, device='cuda')\n"
+        "gpu.build_tree_batch(t(lp), t(ids), t([5]), 16, 17, t([100]), heap_in_registers=True)\n"
+        "torch.cuda.synchronize()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-500:]
