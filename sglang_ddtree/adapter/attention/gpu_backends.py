@@ -16,8 +16,9 @@ What each backend does with it in SGLang 0.5.23 (docs/backends.md):
 * everything else (flashinfer MLA, trtllm_mla, flashmla, cutlass_mla, fa4, ...) has no
   tree mask on the verify path and is refused at start-up.
 
-These GPU paths are wired by reading SGLang's code; they have not been served on a
-GPU here (SGLang 0.5.23 cannot run on the benchmark machine's torch). The CPU path
+triton is served on the H200 and checked token for token against the plain server
+under CUDA graphs (tests/gpu_server, docs/gpu.md). fa3 and flashinfer are wired by reading
+SGLang's code and untested on a GPU (the GPU bundle carries neither). The CPU path
 (torch_native) is tested end to end.
 """
 
