@@ -10,11 +10,12 @@ logits follow: the output before the root, then the slot's own path.
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang_ddtree.adapter.penalties import RowPenalties, apply_path_penalties
+from sglang_ddtree.adapter.penalties import PenaltyTable, RowPenalties, apply_path_penalties
 from sglang_ddtree.tree.paths import first_child_next_sibling, path_token_counts
 
 VOCAB = 40
@@ -129,3 +130,42 @@ def test_first_child_next_sibling_links_every_tree_slot_once(seed):
             for k, j in enumerate(kids):
                 assert int(next_sibling[b, j]) == (kids[k + 1] if k + 1 < len(kids) else -1)
         assert int(next_sibling[b, 0]) == -1
+
+
+def _req(row, output, **params):
+    defaults = {
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "min_new_tokens": 0,
+        "stop_token_ids": None,
+    }
+    return SimpleNamespace(
+        kv=SimpleNamespace(req_pool_idx=row),
+        output_ids=output,
+        sampling_params=SimpleNamespace(**{**defaults, **params}),
+        eos_token_ids={2},
+        tokenizer=None,
+    )
+
+
+def test_penalty_table_counts_prefill_output_and_accepted_paths():
+    table = PenaltyTable(lambda: 8, VOCAB, torch.device("cpu"))
+    table.register([_req(3, [])])
+    assert table.counts is None  # nothing allocated until a request needs it
+    table.register([_req(5, [7, 7, 9], frequency_penalty=0.5, min_new_tokens=4), _req(3, [])])
+    pool = torch.tensor([5, 3])
+    rows = table.rows(pool)
+    assert rows.counts[0, 7] == 2 and rows.counts[0, 9] == 1 and rows.out_len.tolist() == [3, 0]
+    assert rows.frequency.tolist() == [0.5, 0.0] and rows.stop_ids[0, 0] == 2 and rows.stop_valid[0, 0]
+    assert not rows.stop_valid[1].any()
+    # the root (slot 0) and two accepted drafts become output; the bonus does not
+    tokens = torch.tensor([[11, 12, 13, 14], [20, 21, 22, 23]])
+    path = torch.tensor([[0, 2, 3, -1], [0, -1, -1, -1]])
+    table.advance(pool, rows, tokens, path, torch.tensor([2, 0]))
+    after = table.rows(pool)
+    assert after.counts[0, [11, 13, 14, 12]].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert after.counts[1, 20] == 1 and after.out_len.tolist() == [6, 1]
+    # a reused pool row starts from the new request's own output
+    table.register([_req(5, [])])
+    assert table.rows(torch.tensor([5])).counts.sum() == 0

@@ -69,11 +69,12 @@ def _dependent_requests(tokenizer, unconstrained: dict[str, list[int]]) -> list[
     early (held back by min_new_tokens) and tokens a custom processor forbids."""
     requests = []
     processor = DisallowedTokensLogitsProcessor.to_str()
+    # One list for every request: the processor requires equal parameters per batch.
+    forbidden = sorted({unconstrained[p][i] for p in PROMPTS[:3] for i in (1, 4)})
     for prompt in PROMPTS[:3]:
-        out = unconstrained[prompt]
-        params = {**GREEDY, "stop_token_ids": [out[2]], "min_new_tokens": 8}
+        params = {**GREEDY, "stop_token_ids": [unconstrained[prompt][2]], "min_new_tokens": 8}
         requests.append(_request(tokenizer, "min_new_tokens", prompt, params))
-        params = {**GREEDY, "custom_params": {"token_ids": [out[1], out[4]]}}
+        params = {**GREEDY, "custom_params": {"token_ids": forbidden}}
         requests.append(_request(tokenizer, "custom", prompt, params, {"custom_logit_processor": processor}))
     return requests
 

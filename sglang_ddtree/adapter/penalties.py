@@ -131,7 +131,8 @@ class PenaltyTable:
                 return
             self._allocate()
         for req in reqs:
-            self._register_one(req)
+            if getattr(req.kv, "req_pool_idx", None) is not None:
+                self._register_one(req)
 
     def _register_one(self, req) -> None:
         row, params = int(req.kv.req_pool_idx), req.sampling_params
