@@ -48,13 +48,16 @@ def stop_token_ids(req) -> list[int]:
 
 
 def _penalize(logits, counts, frequency, presence, repetition) -> None:
-    """``logits`` ``[bs, n, m]`` in place; ``counts`` broadcast to it; the
-    per-request parameters are ``[bs]``."""
+    """``logits`` ``[n, a, b]`` in place; ``counts`` broadcast to it; the
+    per-request parameters are ``[n]``."""
     present = counts > 0
     additive = -(frequency[:, None, None] * counts) - presence[:, None, None] * present
     logits.add_(additive)
     scale = torch.where(present, repetition[:, None, None], 1.0)
-    logits.copy_(torch.where(logits < 0, logits * scale, logits / scale))
+    negative = logits < 0
+    divided = logits / scale
+    logits.mul_(scale)  # the plain server's where(l < 0, l * s, l / s), one temporary
+    torch.where(negative, logits, divided, out=logits)
 
 
 @dataclass

@@ -36,6 +36,7 @@ logger = logging.getLogger("sglang_ddtree")
 @dataclass
 class RoundFeatures:
     penalties: RowPenalties | None = None
+    penalty_rows: torch.Tensor | None = None  # [n] batch rows of the penalised requests
     grammar_tree: object | None = None  # sglang GrammarTree, copying to the host
 
 
@@ -55,10 +56,11 @@ class RequestFeatures:
         """Before the verify forward: gather the penalty state and start copying the
         tree links to the host for the grammar traversal (overlapping the forward)."""
         features = RoundFeatures()
-        if self.penalty_table.counts is not None and any(
-            has_penalties(r.sampling_params) for r in batch.reqs
-        ):
-            features.penalties = self.penalty_table.rows(batch.req_pool_indices)
+        rows = [i for i, r in enumerate(batch.reqs) if has_penalties(r.sampling_params)]
+        if rows and self.penalty_table.counts is not None:
+            # Only the penalised requests pay: their rows are adjusted as a sub-batch.
+            features.penalty_rows = torch.tensor(rows, dtype=torch.int64).to(trees.tokens.device)
+            features.penalties = self.penalty_table.rows(batch.req_pool_indices[features.penalty_rows])
             self._log_once("penalties", "exact per-path penalties are computed after the verify forward")
         if batch.has_grammar:
             from sglang.srt.speculative.spec_utils import GrammarTree
@@ -76,10 +78,7 @@ class RequestFeatures:
         bs, width = trees.tokens.shape
         logits_3d = logits.view(bs, width, -1)
         if features.penalties is not None:
-            path_counts = path_token_counts(trees.visibility(), trees.tokens)
-            apply_path_penalties(
-                logits_3d[..., : self.vocab], features.penalties, trees.tokens, trees.depths, path_counts
-            )
+            self._apply_penalties(features, logits_3d[..., : self.vocab], trees)
         if features.grammar_tree is not None:
             self._apply_grammar(batch, features.grammar_tree, logits, grammar_barrier)
         sampling_info = batch.sampling_info
@@ -92,6 +91,16 @@ class RequestFeatures:
 
             self._log_once("custom", "custom logit processors run on the host for every tree slot")
             apply_custom_logit_processor(logits, sampling_info, num_tokens_in_batch=width)
+
+    @staticmethod
+    def _apply_penalties(features: RoundFeatures, logits_3d, trees) -> None:
+        rows = features.penalty_rows
+        tokens = trees.tokens.index_select(0, rows)
+        path_counts = path_token_counts(trees.visibility().index_select(0, rows), tokens)
+        adjusted = logits_3d.index_select(0, rows)
+        depths = trees.depths.index_select(0, rows)
+        apply_path_penalties(adjusted, features.penalties, tokens, depths, path_counts)
+        logits_3d.index_copy_(0, rows, adjusted)
 
     def _apply_grammar(self, batch, grammar_tree, logits, grammar_barrier) -> None:
         from sglang.srt.speculative.spec_utils import build_grammar_vocab_mask
@@ -108,12 +117,13 @@ class RequestFeatures:
 
     def finish_round(self, batch, features: RoundFeatures, trees, acceptance) -> None:
         if features.penalties is not None:
+            rows = features.penalty_rows
             self.penalty_table.advance(
-                batch.req_pool_indices,
+                batch.req_pool_indices[rows],
                 features.penalties,
-                trees.tokens,
-                acceptance.path,
-                acceptance.accept_lens,
+                trees.tokens.index_select(0, rows),
+                acceptance.path.index_select(0, rows),
+                acceptance.accept_lens.index_select(0, rows),
             )
 
     def _log_once(self, key: str, message: str) -> None:
