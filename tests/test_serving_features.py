@@ -168,3 +168,16 @@ def test_grammar_output_is_valid_despite_invalid_rank0_proposals(reference, tree
             assert isinstance(json.loads(text)["a"], int)
         if request["_name"] == "ebnf":
             assert re.fullmatch("x[0-9]*y?", text), text
+
+
+def test_features_with_the_sync_scheduler(tiny, reference):
+    """Without overlap: the grammar advances in the result processor (no barrier)
+    before every round, and the features still hold token for token."""
+    extra = ["--disable-overlap-schedule", *PLAIN_OPTIONS]
+    args = ddtree_args(tiny, budget=16, extra=extra)
+    with run_server(
+        args, env=oracle_env(reference["oracle"]), name="ddtree-sync", tmp=reference["tmp"]
+    ) as server:
+        results = _send_all(server, reference["requests"])
+    for request, want, got in zip(reference["requests"], reference["outputs"], results):
+        assert got["output_ids"] == want, request["_name"]
