@@ -7,7 +7,9 @@ One decode round, per batch:
 2. **build** - a best-first tree of ``budget`` nodes per request;
 3. **verify** - the target runs ``budget + 1`` slots per request in one forward,
    each slot seeing the prefix and its tree ancestors;
-4. **accept** - walk each tree along the target's argmax (or samples);
+4. **accept** - adjust every slot's verify logits for the request's features
+   (penalties and grammar per path, ``request_features.py``), then walk each
+   tree along the target's argmax (or samples);
 5. **commit** - move the accepted path's KV to the front of the verify window, and
    write the drafter's context KV for the accepted tokens.
 
