@@ -1,34 +1,20 @@
 """Per-request admission checks for DDTREE.
 
-A tree round verifies every depth in one forward, so any sampling feature whose
-effect on token ``t+1`` depends on the tokens drafted at ``t`` cannot be applied
-exactly to the whole tree: SGLang applies penalties, ``min_new_tokens`` and custom
-logit processors once per round, identically to every position. DDTREE refuses
-such requests with a clear message instead of silently leaving the target
-distribution. Grammar-constrained decoding is not wired for trees yet.
+Grammar (json_schema, regex, EBNF, structural tags), frequency / presence /
+repetition penalties, ``min_new_tokens``, ``logit_bias`` and custom logit
+processors are served under a tree (``request_features.py``; the semantics per
+feature are in docs/features.md). What a tree cannot serve is refused here, per
+request, with a message that names the feature, before the request is scheduled.
 """
 
 from __future__ import annotations
 
 
 def ddtree_request_error(req) -> str | None:
-    params = req.sampling_params
-    if any(getattr(params, name, None) for name in ("json_schema", "regex", "ebnf", "structural_tag")):
+    if getattr(req, "return_sampling_mask", False):
         return (
-            "DDTREE speculative decoding does not support constrained decoding (json_schema/regex/ebnf) yet."
-        )
-    if (params.frequency_penalty or 0.0) != 0.0 or (params.presence_penalty or 0.0) != 0.0:
-        return (
-            "DDTREE speculative decoding refuses frequency/presence penalties: they depend on tokens "
-            "drafted within the same verify round and would not be applied exactly."
-        )
-    if (params.repetition_penalty or 1.0) != 1.0:
-        return "DDTREE speculative decoding refuses repetition_penalty (not exact under tree verification)."
-    if (getattr(params, "min_new_tokens", 0) or 0) > 0:
-        return "DDTREE speculative decoding refuses min_new_tokens (not exact under tree verification)."
-    if getattr(req, "custom_logit_processor", None):
-        return (
-            "DDTREE speculative decoding refuses custom logit processors (not exact under tree verification)."
+            "DDTREE speculative decoding does not support return_sampling_mask: "
+            "the sampling-mask capture is defined for a chain verify block."
         )
     return None
 
