@@ -63,7 +63,10 @@ def max_topk_override() -> int | None:
 
 
 def stats_log_interval() -> int:
-    return int(os.environ.get(ENV_LOG_TREE_STATS, "0") or 0)
+    value = os.environ.get(ENV_LOG_TREE_STATS, "").strip()
+    if value and not value.isdigit():
+        raise DDTreeConfigError(f"{ENV_LOG_TREE_STATS}={value!r}: expected a non-negative integer")
+    return int(value or 0)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,10 @@ def register() -> None:
     from .adapter.attention import gpu_backends
 
     gpu_backends.install()
-    from .adapter import requests
+    from .adapter import req_to_token, requests
 
     requests.install()
+    req_to_token.install()
     _install_cli_hooks()
     _install_error_reporting()
 

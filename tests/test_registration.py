@@ -174,10 +174,37 @@ def _launch(tiny, extra, env_changes):
     return result, time.monotonic() - started
 
 
+@pytest.mark.parametrize(
+    "overrides, env, message",
+    [
+        ({"attention_backend": "triton"}, {}, "--attention-backend triton does not run with --device cpu"),
+        ({"decode_attention_backend": "fa3"}, {}, "--decode-attention-backend fa3 does not run"),
+        ({}, {"SGLANG_DDTREE_TREE_BACKEND": "bogus"}, "expected auto, cuda, cpp or python"),
+        ({}, {"SGLANG_DDTREE_TREE_BACKEND": "cuda"}, "needs a GPU"),
+        ({}, {"SGLANG_DDTREE_MAX_TOPK": "0"}, "expected a positive integer"),
+        ({}, {"SGLANG_DDTREE_LOG_STATS_EVERY": "often"}, "expected a non-negative integer"),
+        ({}, {"SGLANG_DDTREE_ORACLE_DRAFT": "/no/such/oracle.json"}, "is not a file"),
+    ],
+)
+def test_validation_rejects_cpu_backends_and_bad_variables(tiny, monkeypatch, overrides, env, message):
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(DDTreeConfigError, match=message):
+        ddtree_args.validate_server_args(_cfg(tiny, **overrides))
+
+
 @pytest.mark.server
 @pytest.mark.parametrize(
     "case",
-    ["missing-drafter", "vocab-mismatch", "cpu-without-cpu-mode", "bad-budget"],
+    [
+        "missing-drafter",
+        "vocab-mismatch",
+        "cpu-without-cpu-mode",
+        "bad-budget",
+        "cpu-triton",
+        "bogus-tree-backend",
+    ],
 )
 def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
     env = {}
@@ -187,6 +214,8 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         "vocab-mismatch": "does not match the target",
         "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
         "bad-budget": "must be >= 1",
+        "cpu-triton": "--attention-backend triton does not run with --device cpu",
+        "bogus-tree-backend": "SGLANG_DDTREE_TREE_BACKEND='bogus'",
     }[case]
     if case == "missing-drafter":
         extra = ["--speculative-draft-model-path", str(tmp_path / "no-such-drafter")]
@@ -196,9 +225,14 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         env = {"SGLANG_USE_CPU_ENGINE": None}
     elif case == "bad-budget":
         extra += ["--speculative-ddtree-budget", "0"]
+    elif case == "cpu-triton":
+        extra += ["--attention-backend", "triton"]
+    elif case == "bogus-tree-backend":
+        env = {"SGLANG_DDTREE_TREE_BACKEND": "bogus"}
     result, seconds = _launch(tiny, extra, env)
     assert result.returncode != 0
     assert "error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
+    assert sum(line.startswith("error: ") for line in result.stderr.splitlines()) == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "Load weight" not in result.stderr + result.stdout  # stopped before any model loaded
 
