@@ -13,17 +13,19 @@ STAMP        := $(VENV)/.deps-installed
 CPU_ENV      := SGLANG_USE_CPU_ENGINE=1
 PYTEST_ARGS  ?=
 
-.PHONY: help venv demo test test-fast lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
+.PHONY: gpu-bundle help venv demo test test-fast test-slow lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
 	pair-eval train-pair clean-venv
 
 help:
 	@echo "make demo        set up (first run: ~5 min) and run the CPU demo"
 	@echo "make test        set up and run the test suite (real SGLang on CPU)"
 	@echo "make test-fast   tests that start no server"
+	@echo "make test-slow   the slow tests make test leaves out (server soak, ~5-10 min)"
 	@echo "make lint        ruff check + format check"
 	@echo "make ab-smoke    A/B tool smoke run on the tiny models (CPU)"
 	@echo "make pair-eval   acceptance of DDTREE vs the chain on the trained pair (CPU, ~10 min)"
 	@echo "make train-pair  retrain the small target + DFlash drafter pair (GPU, ~2 min)"
+	@echo "make gpu-bundle  build the GPU bundle for the H200 (.carry/gpu; docs/gpu.md)"
 	@echo "make bench-tree  tree-kernel benchmark (GPU machine)"
 	@echo "make bench-moe   Marlin MoE verify-cost sweep (GPU machine; docs/benchmarks.md)"
 	@echo "make bench-attention  MLA tree-verify attention benchmark (GPU machine)"
@@ -47,7 +49,11 @@ demo: venv
 	$(CPU_ENV) $(PY) -m sglang_ddtree.demo
 
 test: venv
-	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=15 tests $(PYTEST_ARGS)
+	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" tests $(PYTEST_ARGS)
+
+# Tests marked slow (the server soak, a few minutes): not part of `make test`.
+test-slow: venv
+	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m slow tests $(PYTEST_ARGS)
 
 test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not server" tests $(PYTEST_ARGS)
@@ -83,3 +89,6 @@ train-pair: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+gpu-bundle:
+	bash gpu/make_bundle.sh

@@ -16,31 +16,13 @@
 // scan orders the ranges), then the same sort. k <= 1024.
 
 #include "ddtree_common.cuh"
+#include "ddtree_logits.cuh"
 
 #define DDT_TOPK_THREADS 512
 #define DDT_TOPK_MAXK 1024
 #define DDT_TOPK_BINS 2048
 #define DDT_TOPK_UNROLL 4
 #define DDT_TOPK_CAP 4096
-
-__device__ __forceinline__ float ddt_half_to_float(unsigned short h) {
-  const unsigned s = (unsigned)(h & 0x8000u) << 16;
-  const unsigned e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-  if (e == 0) {
-    const float v = (float)m * 5.9604644775390625e-08f;  // m * 2^-24, exact
-    return s ? -v : v;
-  }
-  if (e == 31) return __uint_as_float(s | 0x7f800000u | (m << 13));
-  return __uint_as_float(s | ((e + 112u) << 23) | (m << 13));
-}
-
-// dtype: 0 float32, 1 bfloat16, 2 float16
-__device__ __forceinline__ float ddt_load_logit(const void* row, int dtype, ddt_i64 i) {
-  if (dtype == 0) return reinterpret_cast<const float*>(row)[i];
-  const unsigned short h = reinterpret_cast<const unsigned short*>(row)[i];
-  if (dtype == 1) return __uint_as_float((unsigned)h << 16);
-  return ddt_half_to_float(h);
-}
 
 // Block-wide inclusive scan of one value per thread (blockDim.x == DDT_TOPK_THREADS);
 // returns the inclusive prefix, *total gets the sum.

@@ -28,6 +28,7 @@ ENV_TREE_BACKEND = "SGLANG_DDTREE_TREE_BACKEND"  # auto | cuda | cpp | python
 ENV_TEST_PLUGIN = "SGLANG_DDTREE_TEST_PLUGIN"  # test-only: a module whose install() runs at registration
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
+ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
 
 
 class DDTreeConfigError(ValueError):
@@ -36,6 +37,10 @@ class DDTreeConfigError(ValueError):
 
 def cpu_engine_requested() -> bool:
     return os.environ.get(ENV_CPU_ENGINE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def gpu_compat_requested() -> bool:
+    return os.environ.get(ENV_GPU_COMPAT, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def tree_backend_override() -> str:
@@ -61,7 +66,10 @@ def max_topk_override() -> int | None:
 
 
 def stats_log_interval() -> int:
-    return int(os.environ.get(ENV_LOG_TREE_STATS, "0") or 0)
+    value = os.environ.get(ENV_LOG_TREE_STATS, "").strip()
+    if value and not value.isdigit():
+        raise DDTreeConfigError(f"{ENV_LOG_TREE_STATS}={value!r}: expected a non-negative integer")
+    return int(value or 0)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,17 @@ A server runs in its own process group on a free local port, with its log in a
 file. :class:`ServerProcess` waits for it to answer a generation, and always
 stops every process it started - on success, failure or Ctrl-C - and reports
 the tail of the log when the server dies during start-up.
+
+Every group started here (:class:`ProcessGroup`: servers, load generators) also
+dies with the process that started it, even when that process is SIGKILLed and
+runs no clean-up: the group's leader gets ``PR_SET_PDEATHSIG``, and a small
+watchdog process kills the whole group (the leader's own children included)
+once its starter is gone.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -15,10 +22,160 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+WATCHDOG_NAME = "sglang-ddtree-watchdog"
+# Runs as ``python -c WATCHDOG_SCRIPT sglang-ddtree-watchdog <starter pid> <group>``:
+# waits (on a pidfd, no polling) for the starter to exit, then SIGKILLs the group.
+# It leaves on its own once the group is gone, so it never signals a reused id.
+WATCHDOG_SCRIPT = """
+import os, select, signal, sys, time
+starter, group = int(sys.argv[2]), int(sys.argv[3])
+def group_alive():
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+try:
+    starter_fd = os.pidfd_open(starter)
+except (AttributeError, OSError):
+    starter_fd = None
+while group_alive():
+    if os.getppid() != starter:
+        break
+    if starter_fd is None:
+        time.sleep(1.0)
+    elif select.select([starter_fd], [], [], 5.0)[0]:
+        break
+else:
+    sys.exit(0)
+try:
+    os.killpg(group, signal.SIGKILL)
+except OSError:
+    pass
+"""
+
+PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal():
+    """A ``preexec_fn`` that has the child SIGKILLed when its parent dies (Linux).
+
+    The kernel sends it when the *thread* that forked exits, so it is only used
+    when starting from the main thread; the watchdog covers the other cases."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    starter = os.getpid()
+
+    def set_parent_death_signal():
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != starter:  # the starter died before the prctl took effect
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of group ``pgid`` that still run (zombies waiting to be reaped do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return [pgid] if group_alive(pgid) else []
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def wait_group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while live_group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+class ProcessGroup:
+    """A command in its own session (process group), guarded by a watchdog."""
+
+    def __init__(self, cmd: list[str], *, stdout, env: dict[str, str] | None = None):
+        self.process = subprocess.Popen(
+            cmd,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_parent_death_signal(),
+        )
+        self.pgid = self.process.pid
+        self.watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                WATCHDOG_SCRIPT,
+                WATCHDOG_NAME,
+                str(os.getpid()),
+                str(self.pgid),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C at the terminal must not take the guard first
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def stop(self, graceful_timeout: float = 30.0, kill_timeout: float = 120.0) -> bool:
+        """SIGTERM to the leader (a clean shutdown of its children), then SIGKILL
+        to the whole group for anything left. Returns whether the group is gone."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=graceful_timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.pgid, signal.SIGKILL)
+        try:
+            self.process.wait(timeout=kill_timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        gone = wait_group_gone(self.pgid, kill_timeout)
+        self._stop_watchdog()
+        return gone
+
+    def _stop_watchdog(self) -> None:
+        if self.watchdog.poll() is None:
+            self.watchdog.kill()
+        self.watchdog.wait()
 
 
 class ServerStartError(RuntimeError):
@@ -32,7 +189,8 @@ def free_port() -> int:
 
 
 def cpu_server_args(target: str, extra: list[str] | None = None, max_total_tokens: int = 8192) -> list[str]:
-    """Arguments for a CPU-mode server on a local model folder."""
+    """Arguments for a CPU-mode server on a local model folder. ``--sleep-on-idle``:
+    an idle scheduler otherwise polls its sockets in a busy loop (a whole core)."""
     return [
         "--model-path",
         str(target),
@@ -42,6 +200,7 @@ def cpu_server_args(target: str, extra: list[str] | None = None, max_total_token
         "torch_native",
         "--max-total-tokens",
         str(max_total_tokens),
+        "--sleep-on-idle",
         *(extra or []),
     ]
 
@@ -74,6 +233,7 @@ class ServerProcess:
         )
         self.start_timeout = start_timeout
         self.name = name
+        self.group: ProcessGroup | None = None
         self.process: subprocess.Popen | None = None
 
     @property
@@ -81,15 +241,11 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
-        log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *self.args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            start_new_session=True,
-        )
-        log.close()
+        with open(self.log_path, "w") as log:
+            self.group = ProcessGroup(
+                [sys.executable, "-m", "sglang.launch_server", *self.args], stdout=log, env=self.env
+            )
+        self.process = self.group.process
         try:
             self._wait_ready()
         except BaseException:
@@ -122,24 +278,15 @@ class ServerProcess:
         text = [line if len(line) < 400 else line[:400] + " ..." for line in text]
         return "--- last lines of " + str(self.log_path) + " ---\n" + "\n".join(text[-lines:])
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 30.0) -> bool:
         """Stop the server: SIGTERM to the launcher (which stops its scheduler and
         detokenizer cleanly), then SIGKILL to the whole process group for anything
         left. Signalling the group first would look like a crashed scheduler to the
-        launcher, which then waits for crash diagnostics."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(self.process.pid, signal.SIGKILL)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
+        launcher, which then waits for crash diagnostics. Returns whether every
+        process of the group is gone."""
+        if self.group is None:
+            return True
+        return self.group.stop(graceful_timeout=timeout)
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .config import DDTreeConfigError, cpu_engine_requested, test_plugin_module
+from .config import DDTreeConfigError, cpu_engine_requested, gpu_compat_requested, test_plugin_module
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -26,6 +26,10 @@ def register() -> None:
         from .cpu import fallbacks
 
         fallbacks.install()
+    if gpu_compat_requested():
+        from . import gpu_compat
+
+        gpu_compat.install()
     from .adapter.spec import register_algorithm
 
     register_algorithm()
@@ -35,9 +39,10 @@ def register() -> None:
     from .adapter.attention import gpu_backends
 
     gpu_backends.install()
-    from .adapter import requests
+    from .adapter import req_to_token, requests
 
     requests.install()
+    req_to_token.install()
     _install_cli_hooks()
     _install_error_reporting()
     _install_test_plugin()

@@ -1,12 +1,24 @@
-"""Shared fixtures: the tiny models, and real SGLang servers in CPU mode."""
+"""Shared fixtures: the tiny models, and real SGLang servers in CPU mode.
+
+At the end of a run the suite checks that no server, load generator or tool it
+started still runs (each carries the run's tag in its environment)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
+from processes import RUN_TAG_ENV, kill_all, wait_none_left
 
 from sglang_ddtree.models.tiny import build_tiny_models
+
+# Long enough for a server killed at the very end to finish dying on a loaded machine.
+LEFTOVER_GRACE_S = 60.0
+
+
+def pytest_configure(config):
+    os.environ[RUN_TAG_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,6 +28,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "server" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    left = wait_none_left(os.environ[RUN_TAG_ENV], LEFTOVER_GRACE_S)
+    if not left:
+        return
+    kill_all(left)
+    lines = "\n".join(f"  {pid}: {cmd}" for pid, cmd in sorted(left.items()))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"processes started by the test run were still running at its end (now killed):\n{lines}"
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -112,3 +112,36 @@ def reference_accept(tokens, parents, sizes, posterior, prefix_lens=None) -> dic
     if prefix_lens is not None:
         out["new_seq_lens"] = np.asarray(prefix_lens) + out["accept_lens"] + 1
     return out
+
+
+# Draft-logit patterns for the top-k kernels: continuous, rounded (many equal logits), a few
+# distinct values (massive ties), one value everywhere, -inf entries, a whole slice of -inf,
+# equal maxima on both sides of every slice boundary, and a saw tooth (many candidates reach
+# the bound: the kernels' sort path).
+TOPK_MODES = ("randn", "round", "few", "equal", "neginf", "neginf_slice", "boundary", "sawtooth")
+
+
+def topk_logits(mode: str, rows: int, vocab: int, gen: torch.Generator, slice_len: int = 0) -> torch.Tensor:
+    """float32 ``[rows, vocab]`` logits of one :data:`TOPK_MODES` pattern. ``slice_len``: the
+    split kernel's slice length, where ``"boundary"`` puts its ties (else every 1000)."""
+    x = torch.randn(rows, vocab, generator=gen) * 3
+    if mode == "round":
+        x = x.round()
+    elif mode == "few":
+        x = torch.randint(-2, 2, (rows, vocab), generator=gen).float()
+    elif mode == "equal":
+        x = torch.full((rows, vocab), 1.25)
+    elif mode == "neginf":
+        x[:, ::3] = -float("inf")
+    elif mode == "neginf_slice":
+        x[:, : vocab // 2] = -float("inf")
+    elif mode == "boundary":
+        step = slice_len or 1000
+        edges = torch.arange(step, vocab, step) if step < vocab else torch.tensor([vocab // 2])
+        top = float(x.max()) + 1.0
+        for offset in (-2, -1, 0, 1):
+            idx = (edges + offset).clamp(0, vocab - 1)
+            x[:, idx] = top
+    elif mode == "sawtooth":
+        x = -(torch.arange(vocab) % 2048).float().expand(rows, vocab).clone()
+    return x.contiguous()

@@ -15,7 +15,11 @@ folder on ``PYTHONPATH``; see ``tests/serving.py::oracle_env``), it replaces the
 
     {"continuations": [[prompt ids..., output ids...], ...],
      "ranks": [0, 1, 0, 1, ...],      # rank of the right token per depth (cycled)
-     "decoy_offset": 1}
+     "decoy_offset": 1,
+     "overrides": {"2": {"ranks": [1], "decoy_token": 7}}}   # optional, per continuation
+
+A decoy is ``right + decoy_offset``, or ``decoy_token`` where a continuation sets
+one (to propose a token a grammar forbids, say).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,36 +39,40 @@ class OracleDrafter:
     continuations: list[list[int]]
     ranks: list[int]
     decoy_offset: int = 1
+    overrides: dict[int, dict] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str) -> OracleDrafter:
         with open(path) as f:
             spec = json.load(f)
-        return cls(spec["continuations"], spec.get("ranks", [0]), spec.get("decoy_offset", 1))
+        overrides = {int(k): v for k, v in spec.get("overrides", {}).items()}
+        return cls(spec["continuations"], spec.get("ranks", [0]), spec.get("decoy_offset", 1), overrides)
 
-    def _continuation(self, req) -> list[int] | None:
+    def _continuation(self, req) -> tuple[list[int], dict] | tuple[None, None]:
         prompt = list(req.origin_input_ids)
-        for sequence in self.continuations:
+        for index, sequence in enumerate(self.continuations):
             if sequence[: len(prompt)] == prompt:
-                return sequence
-        return None
+                return sequence, self.overrides.get(index, {})
+        return None, None
 
     def draft_logits(self, reqs, prefix_lens: torch.Tensor, depth: int, vocab: int, device) -> torch.Tensor:
         """``[bs, depth, vocab]`` logits: at each depth the right token at its rank."""
         logits = torch.full((len(reqs), depth, vocab), OTHER, dtype=torch.float32)
         for b, (req, prefix_len) in enumerate(zip(reqs, prefix_lens.tolist())):
-            sequence = self._continuation(req)
+            sequence, override = self._continuation(req)
             if sequence is None:
                 continue
+            ranks = override.get("ranks", self.ranks)
             for d in range(depth):
                 position = int(prefix_len) + 1 + d  # the root sits at prefix_len
                 if position >= len(sequence):
                     break
                 right = sequence[position]
-                rank = self.ranks[d % len(self.ranks)]
+                rank = ranks[d % len(ranks)]
                 logits[b, d, right] = HIGH if rank == 0 else DECOY
                 if rank > 0:
-                    logits[b, d, (right + self.decoy_offset) % vocab] = HIGH
+                    decoy = override.get("decoy_token", (right + self.decoy_offset) % vocab)
+                    logits[b, d, decoy] = HIGH
         return logits.to(device)
 
 

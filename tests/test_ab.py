@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import LOAD_GENERATOR_MARKS, RUN_TAG_ENV, kill_all, tagged_processes, wait_none_left
 
-from sglang_ddtree.bench.ab import live_group_members
+from sglang_ddtree.launch import live_group_members
 
 AB = [sys.executable, "-m", "sglang_ddtree.bench.ab", "--tiny"]
 SMALL = ["--concurrency", "1", "--num-prompts", "4", "--input-len", "32", "--output-len", "16"]
@@ -133,8 +134,8 @@ def test_ab_server_start_failure_is_reported(tmp_path):
     _assert_nothing_left(report)
 
 
-@pytest.mark.server
-def test_ab_interrupt_stops_everything(tmp_path):
+def _start_loaded_run(tmp_path, tag: str):
+    """The A/B tool under load: its first server is up and a load generator runs."""
     out, raw = tmp_path / "reports", tmp_path / "raw"
     many = ["--concurrency", "1", "--num-prompts", "200", "--output-len", "64", "--check-prompts", "1"]
     proc = subprocess.Popen(
@@ -142,25 +143,57 @@ def test_ab_interrupt_stops_everything(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, RUN_TAG_ENV: tag},
     )
+    deadline = time.monotonic() + 900
+    while not list(raw.glob("bench_*.log")):
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate())
+        assert time.monotonic() < deadline, "the load never started"
+        time.sleep(1)
+    while not tagged_processes(tag, marks=LOAD_GENERATOR_MARKS):
+        assert proc.poll() is None and time.monotonic() < deadline, "the load generator never ran"
+        time.sleep(0.5)
+    return proc, out
+
+
+def _assert_no_process_left(tag: str) -> None:
+    # Generous: on a loaded machine a SIGKILLed group can take a while to be reaped.
+    left = wait_none_left(tag, timeout=300)
+    kill_all(left)
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.mark.server
+def test_ab_interrupt_stops_everything(tmp_path):
+    tag = f"ab-interrupt-{os.getpid()}-{time.monotonic_ns()}"
+    proc, out = _start_loaded_run(tmp_path, tag)
     try:
-        deadline = time.monotonic() + 400
-        while not list(raw.glob("bench_*.log")):  # the server is up and under load
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the load never started"
-            time.sleep(1)
-        time.sleep(3)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = proc.communicate(timeout=900)  # no short limit: a loaded machine stops slowly
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.kill()  # the watchdogs stop what it started
+    _assert_no_process_left(tag)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert "interrupted" in stderr
     report, _ = _one_report(out)
     assert report["status"] == "interrupted"
     assert report["arms"][0]["port"] is not None and report["arms"][1]["port"] is None
     _assert_nothing_left(report)
+
+
+@pytest.mark.server
+def test_ab_sigkill_leaves_nothing_behind(tmp_path):
+    """No clean-up code runs in a SIGKILLed tool: its server (scheduler included)
+    and load generator must still go, by parent-death signal and watchdog."""
+    tag = f"ab-sigkill-{os.getpid()}-{time.monotonic_ns()}"
+    proc, _ = _start_loaded_run(tmp_path, tag)
+    started = tagged_processes(tag)
+    assert any("sglang::scheduler" in cmd or "launch_server" in cmd for cmd in started.values()), started
+    proc.kill()
+    proc.communicate()
+    _assert_no_process_left(tag)
 
 
 # --------------------------------------------------------------------------- no server: the report logic

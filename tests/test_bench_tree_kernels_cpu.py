@@ -79,3 +79,43 @@ def test_targets_and_report(tmp_path):
     assert tk.device_slug(res["stamp"]) == "h200"
     png = tk.plot(res, tmp_path / "x.png")
     assert png is None or png.stat().st_size > 0
+
+
+def test_topk_report():
+    from sglang_ddtree.bench import topk_kernels as tkk
+
+    rows = []
+    for block in tkk.BLOCKS:
+        for bs in tkk.BATCH_SIZES:
+            for k in tkk.KS:
+                split = 5.0 + bs * (block - 1) / 16 + k / 64
+                rows.append(
+                    dict(
+                        block=block,
+                        depth=block - 1,
+                        bs=bs,
+                        k=k,
+                        rows=bs * (block - 1),
+                        splits=12,
+                        slice_len=13656,
+                        split_us=split,
+                        row_us=60.0 + bs,
+                        speedup=(60.0 + bs) / split,
+                        forced_splits=None,
+                    )
+                )
+    res = {
+        "stamp": {"device": "NVIDIA H200"},
+        "vocab": tkk.VOCAB,
+        "config": {"calls": 5, "reps": 30},
+        "topk": rows,
+    }
+    res["targets"] = tkk.evaluate_targets(res)
+    t = res["targets"]
+    assert t["bs1_block16_us"]["value"] == 5.0 + 15 / 16 + 1 and t["bs1_block16_us"]["met"]
+    assert t["bs64_block8_us"]["value"] == 5.0 + 64 * 7 / 16 + 1 and t["bs64_block8_us"]["met"]
+    assert not t["bs64_block16_us"]["met"]  # 66.0 us
+    res["copy_gbs"] = 8000.0
+    md = tkk.to_markdown(res)
+    assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
+    assert "bs 64 x depth 15: 78.6 us" in md

@@ -14,7 +14,7 @@ from sglang_ddtree.kernels._cupy import CUDA_DIR, kernel_source
 
 NVCC = shutil.which("nvcc")
 SOURCES = sorted(CUDA_DIR.glob("*.cu"))
-LAUNCHERS = Path(__file__).resolve().parents[1] / "sglang_ddtree" / "kernels" / "gpu.py"
+LAUNCHERS = sorted((Path(__file__).resolve().parents[1] / "sglang_ddtree" / "kernels").glob("*.py"))
 
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
@@ -27,7 +27,7 @@ def _nvcc(src: Path, out: Path, *extra: str) -> None:
 
 
 def test_sources_exist():
-    assert {p.stem for p in SOURCES} >= {"ddtree_tree", "ddtree_accept", "ddtree_topk"}
+    assert {p.stem for p in SOURCES} >= {"ddtree_tree", "ddtree_accept", "ddtree_topk", "ddtree_topk_split"}
 
 
 @needs_nvcc
@@ -46,13 +46,15 @@ def test_inlined_source_compiles(src, tmp_path):
 
 
 def test_launched_kernels_exist():
-    text = LAUNCHERS.read_text()
+    text = "\n".join(p.read_text() for p in LAUNCHERS)
     defined = set()
     for src in SOURCES:
         body = src.read_text()
         defined |= set(re.findall(r"\b(ddtree_\w+)\s*\(", body))
         defined |= set(re.findall(r"DDT_\w+\((ddtree_\w+)", body))
     used = set(re.findall(r'kernel\("ddtree_\w+", "(ddtree_\w+)"\)', text))
+    used |= set(re.findall(r'torch\.\w+: "(ddtree_topk_split_\w+)"', text))
     used |= {f"ddtree_commit_req_to_token_{t}" for t in ("i32", "i64")}
     used |= {f"ddtree_move_kv_{t}_{v}" for t in ("i32", "i64") for v in ("v16", "v4", "v1")}
+    assert {f"ddtree_topk_split_{t}" for t in ("f32", "bf16", "f16")} <= used
     assert used <= defined, used - defined

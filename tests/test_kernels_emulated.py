@@ -14,16 +14,19 @@ import torch
 from kernel_cases import (
     LANE_TIE_CASES,
     TIES,
+    TOPK_MODES,
     assert_tree_equal,
     lane_local_tie_pops,
     random_posterior,
     random_topk,
     reference_accept,
     reference_tree,
+    topk_logits,
 )
 
 from sglang_ddtree.kernels import cpp
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
+from sglang_ddtree.kernels.topk import split_plan
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
 
@@ -138,6 +141,64 @@ def test_topk(emu, rows, vocab, k, dtype):
     assert 0 in paths
     if vocab >= 20000:
         assert 1 in paths
+
+
+_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+def _raw(x: torch.Tensor) -> np.ndarray:
+    """float32 values, or the 16-bit patterns of bfloat16 / float16, as the kernels read them."""
+    return np.ascontiguousarray(x.numpy() if x.dtype == torch.float32 else x.view(torch.int16).numpy())
+
+
+def _assert_topk_equal(x: torch.Tensor, k: int, lp, ids, what: str) -> None:
+    for r in range(x.shape[0]):
+        ref = topk_log_probs(x[r : r + 1], k)
+        np.testing.assert_array_equal(ids[r], ref.token_ids[0], err_msg=f"{what} row {r}")
+        np.testing.assert_allclose(lp[r], ref.log_probs[0], rtol=1e-6, atol=2e-6, err_msg=f"{what} row {r}")
+
+
+@pytest.mark.parametrize(
+    "vocab, k, splits, dtype",
+    [
+        (111, 7, None, torch.bfloat16),
+        (111, 111, None, torch.float32),
+        (111, 33, 4, torch.float16),  # slices of 32 < k: zero-padded lists
+        (32000, 1, None, torch.bfloat16),
+        (32000, 8, 7, torch.float32),
+        (32000, 64, None, torch.bfloat16),
+        (32000, 256, None, torch.float16),
+        (163840, 1, None, torch.bfloat16),
+        (163840, 7, None, torch.float32),
+        (163840, 33, 3, torch.bfloat16),
+        (163840, 64, None, torch.bfloat16),
+        (163840, 64, 12, torch.float16),
+    ],
+)
+def test_topk_split(emu, vocab, k, splits, dtype):
+    """Every TOPK_MODES pattern as one row of a launch; exact ids, log-probs to rounding."""
+    plan = split_plan(len(TOPK_MODES), vocab, k, splits=splits)
+    assert plan is not None
+    gen = torch.Generator().manual_seed(vocab * 7 + k)
+    x = torch.cat([topk_logits(m, 1, vocab, gen, plan.slice_len) for m in TOPK_MODES]).to(dtype)
+    lp, ids, counters = emu.topk_split(
+        _raw(x), _DTYPE_CODE[dtype], k, plan.splits, plan.slice_len, plan.merge_chunk, plan.cap, 1
+    )
+    assert (counters == 0).all(), "the last block of a row must reset its counter"
+    _assert_topk_equal(x, k, lp, ids, f"{plan}")
+
+
+def test_topk_split_workspace_reused(emu):
+    """Two launches on one workspace (counters left by the first): the same exact result."""
+    vocab, k = 20000, 16
+    plan = split_plan(3, vocab, k, splits=5)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.cat([topk_logits(m, 1, vocab, gen, plan.slice_len) for m in ("randn", "few", "boundary")])
+    lp, ids, counters = emu.topk_split(
+        _raw(x), 0, k, plan.splits, plan.slice_len, plan.merge_chunk, plan.cap, 2
+    )
+    assert (counters == 0).all()
+    _assert_topk_equal(x, k, lp, ids, "second launch")
 
 
 def _tree_and_posterior(rng, bs, budget, vocab=60, extra=0):

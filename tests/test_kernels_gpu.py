@@ -15,12 +15,14 @@ import torch
 from kernel_cases import (
     LANE_TIE_CASES,
     TIES,
+    TOPK_MODES,
     assert_tree_equal,
     lane_local_tie_pops,
     random_posterior,
     random_topk,
     reference_accept,
     reference_tree,
+    topk_logits,
 )
 
 from sglang_ddtree.kernels._cupy import cuda_available
@@ -144,12 +146,13 @@ def test_build_shape_checks():
 # --------------------------------------------------------------------------- top-k
 
 
+@pytest.mark.parametrize("algorithm", ["split", "row"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "bs, depth, vocab, ks",
-    [(3, 7, 111, (1, 31, 32, 33, 111)), (2, 3, 163840, (1, 32, 33, 1024, 1500))],
+    [(3, 7, 111, (1, 31, 32, 33, 111)), (2, 3, 163840, (1, 32, 33, 256, 257, 1024, 1500))],
 )
-def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
+def test_topk_matches_reference(bs, depth, vocab, ks, dtype, algorithm):
     gpu = _gpu()
     gen = torch.Generator().manual_seed(vocab + depth)
     for mode in ("randn", "round", "few"):
@@ -164,7 +167,7 @@ def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
             lp = torch.empty(bs, depth, k, device=DEV)
             ids = torch.empty(bs, depth, k, dtype=torch.int64, device=DEV)
             _poison(lp, ids)
-            gpu.topk_log_probs(xd, k, lp, ids)
+            gpu.topk_log_probs(xd, k, lp, ids, algorithm=algorithm)
             lp, ids = lp.cpu().numpy(), ids.cpu().numpy()
             for b in range(bs):
                 ref = topk_log_probs(x[b], k)
@@ -172,6 +175,68 @@ def test_topk_matches_reference(bs, depth, vocab, ks, dtype):
                 np.testing.assert_allclose(
                     lp[b], ref.log_probs, rtol=1e-5, atol=1e-5, err_msg=f"{mode} k={k}"
                 )
+
+
+def _assert_topk_rows(x, k, lp, ids, what):
+    lp, ids = lp.cpu().numpy(), ids.cpu().numpy()
+    for r in range(x.shape[0]):
+        ref = topk_log_probs(x[r : r + 1], k)
+        np.testing.assert_array_equal(ids[r], ref.token_ids[0], err_msg=f"{what} row {r}")
+        np.testing.assert_allclose(lp[r], ref.log_probs[0], rtol=1e-5, atol=1e-5, err_msg=f"{what} row {r}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [111, 32000, 163840])
+def test_topk_split_awkward_cases(vocab, dtype):
+    """The emulated tests' patterns (ties across slice boundaries, -inf slices, all-equal and
+    saw-tooth rows) on the GPU: automatic and forced split counts, k 1 ... 256."""
+    from sglang_ddtree.kernels import topk as tk
+
+    gen = torch.Generator().manual_seed(vocab)
+    for k in (1, 7, 8, 33, 64, 256):
+        if k > vocab:
+            continue
+        for splits in (None, 1, 3, 12, 32):
+            plan = tk.split_plan(len(TOPK_MODES), vocab, k, tk._sm_count(torch.device(DEV)), splits)
+            if plan is None:
+                continue
+            x = torch.cat([topk_logits(m, 1, vocab, gen, plan.slice_len) for m in TOPK_MODES]).to(dtype)
+            lp = torch.empty(len(TOPK_MODES), k, device=DEV)
+            ids = torch.empty(len(TOPK_MODES), k, dtype=torch.int64, device=DEV)
+            _poison(lp, ids)
+            gpu = _gpu()
+            gpu.topk_log_probs(x.to(DEV), k, lp, ids, splits=splits)
+            _assert_topk_rows(x, k, lp, ids, f"k={k} {plan}")
+
+
+def test_topk_split_workspace_graph_replay():
+    """One workspace, captured once, replayed on new logits (counters reset by every launch);
+    bs 1, 8 and 64 of 15 depths share the workspace sized for 64."""
+    gpu = _gpu()
+    from sglang_ddtree.kernels.topk import TopkWorkspace
+
+    depth, vocab, k = 15, 163840, 64
+    ws = TopkWorkspace.allocate(64 * depth, vocab, k, DEV)
+    for bs in (1, 8, 64):
+        s_logits = torch.empty(bs, depth, vocab, dtype=torch.bfloat16, device=DEV)
+        lp = torch.empty(bs, depth, k, device=DEV)
+        ids = torch.empty(bs, depth, k, dtype=torch.int64, device=DEV)
+        gpu.topk_log_probs(s_logits.normal_(), k, lp, ids, workspace=ws)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gpu.topk_log_probs(s_logits, k, lp, ids, workspace=ws)
+        for seed in (1, 2):
+            gen = torch.Generator().manual_seed(seed + bs)
+            modes = [TOPK_MODES[(i + seed) % len(TOPK_MODES)] for i in range(bs * depth)]
+            x = torch.cat([topk_logits(m, 1, vocab, gen) for m in modes]).bfloat16()
+            s_logits.copy_(x.view(bs, depth, vocab))
+            _poison(lp, ids)
+            graph.replay()
+            torch.cuda.synchronize()
+            rows = slice(0, bs * depth, max(1, bs * depth // 24))  # a sample of rows: the reference is slow
+            _assert_topk_rows(x[rows], k, lp.view(-1, k)[rows], ids.view(-1, k)[rows], f"bs={bs} seed={seed}")
+        assert int(ws.counters.abs().sum()) == 0
 
 
 def test_topk_then_build_equals_reference_on_gpu_inputs():
@@ -324,3 +389,39 @@ def test_cuda_graph_capture_and_replay():
         want_sources = commit_sources_ref(racc["path"], racc["accept_lens"])
         np.testing.assert_array_equal(sources.cpu().numpy(), want_sources)
     assert accepted > 0
+
+
+# --------------------------------------------------------------------------- known fault
+# Inputs on which the register-heap build faulted on the H200 (gpu/jobs/build_probe.py):
+# one request, depth 7, vocab 4096, budget 16, k 16, duplicated log-probs (seeds 0 and 2).
+FAULT_CASES = [("dup", 0), ("dup", 2)]
+
+
+@pytest.mark.parametrize("ties, seed", FAULT_CASES)
+def test_shared_heap_builds_the_fault_cases(ties, seed):
+    """The heap the worker uses builds the reference tree where the register heap faults."""
+    lp, ids = random_topk(np.random.default_rng(seed), 1, 7, 4096, 16, ties)
+    roots, prefix = np.array([5]), np.array([100])
+    out = _tree_on_gpu(lp, ids, roots, 16, 17, prefix, heap_in_registers=False)
+    assert_tree_equal(_tree_dict(out), reference_tree(lp, ids, roots, 16, 17, prefix), f"seed={seed}")
+
+
+@pytest.mark.xfail(strict=True, reason="register-heap build faults on these tied inputs (open defect)")
+@pytest.mark.parametrize("ties, seed", FAULT_CASES)
+def test_register_heap_tie_fault(ties, seed):
+    """In a child process (a fault loses the CUDA context): the register heap on the same
+    inputs. Strict xfail: fixing the kernel turns this into a failure to remove."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, torch; sys.path.insert(0, 'tests')\n"
+        "from kernel_cases import random_topk\n"
+        "from sglang_ddtree.kernels import gpu\n"
+        f"lp, ids = random_topk(np.random.default_rng({seed}), 1, 7, 4096, 16, {ties!r})\n"
+        "t = lambda a: torch.tensor(a, device='cuda')\n"
+        "gpu.build_tree_batch(t(lp), t(ids), t([5]), 16, 17, t([100]), heap_in_registers=True)\n"
+        "torch.cuda.synchronize()\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-500:]

@@ -174,10 +174,37 @@ def _launch(tiny, extra, env_changes):
     return result, time.monotonic() - started
 
 
+@pytest.mark.parametrize(
+    "overrides, env, message",
+    [
+        ({"attention_backend": "triton"}, {}, "--attention-backend triton does not run with --device cpu"),
+        ({"decode_attention_backend": "fa3"}, {}, "--decode-attention-backend fa3 does not run"),
+        ({}, {"SGLANG_DDTREE_TREE_BACKEND": "bogus"}, "expected auto, cuda, cpp or python"),
+        ({}, {"SGLANG_DDTREE_TREE_BACKEND": "cuda"}, "needs a GPU"),
+        ({}, {"SGLANG_DDTREE_MAX_TOPK": "0"}, "expected a positive integer"),
+        ({}, {"SGLANG_DDTREE_LOG_STATS_EVERY": "often"}, "expected a non-negative integer"),
+        ({}, {"SGLANG_DDTREE_TEST_PLUGIN": "no_such_test_plugin_module"}, "no such module"),
+    ],
+)
+def test_validation_rejects_cpu_backends_and_bad_variables(tiny, monkeypatch, overrides, env, message):
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(DDTreeConfigError, match=message):
+        ddtree_args.validate_server_args(_cfg(tiny, **overrides))
+
+
 @pytest.mark.server
 @pytest.mark.parametrize(
     "case",
-    ["missing-drafter", "vocab-mismatch", "cpu-without-cpu-mode", "bad-budget"],
+    [
+        "missing-drafter",
+        "vocab-mismatch",
+        "cpu-without-cpu-mode",
+        "bad-budget",
+        "cpu-triton",
+        "bogus-tree-backend",
+    ],
 )
 def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
     env = {}
@@ -187,6 +214,8 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         "vocab-mismatch": "does not match the target",
         "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
         "bad-budget": "must be >= 1",
+        "cpu-triton": "--attention-backend triton does not run with --device cpu",
+        "bogus-tree-backend": "SGLANG_DDTREE_TREE_BACKEND='bogus'",
     }[case]
     if case == "missing-drafter":
         extra = ["--speculative-draft-model-path", str(tmp_path / "no-such-drafter")]
@@ -196,9 +225,14 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         env = {"SGLANG_USE_CPU_ENGINE": None}
     elif case == "bad-budget":
         extra += ["--speculative-ddtree-budget", "0"]
+    elif case == "cpu-triton":
+        extra += ["--attention-backend", "triton"]
+    elif case == "bogus-tree-backend":
+        env = {"SGLANG_DDTREE_TREE_BACKEND": "bogus"}
     result, seconds = _launch(tiny, extra, env)
     assert result.returncode != 0
     assert "error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
+    assert sum(line.startswith("error: ") for line in result.stderr.splitlines()) == 1, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert "Load weight" not in result.stderr + result.stdout  # stopped before any model loaded
 
@@ -233,15 +267,46 @@ def test_live_backend_check():
 
 
 def test_verify_graphs_are_captured_with_a_tree_mask():
+    """Both capture-time verify inputs carry a tree mask for the target's DDTREE graphs.
+
+    The decode graph runner's ``get_spec_info`` builds the input its verify graphs are
+    captured with; for the DFlash family on triton it passes no mask, which captures the
+    causal kernel and makes every replay ignore the tree (the lossy-under-graphs defect).
+    """
+    from types import SimpleNamespace
+
     import torch
     from sglang.srt.model_executor.runner import base_runner
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.plugins import load_plugins
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
 
     load_plugins()
+    ddtree = SpeculativeAlgorithm.from_string("DDTREE")
     mask = torch.ones(64, dtype=torch.bool)
-    dummy = base_runner.create_dummy_verify_input(SpeculativeAlgorithm.from_string("DDTREE"), mask, 17, False)
+    dummy = base_runner.create_dummy_verify_input(ddtree, mask, 17, False)
     assert isinstance(dummy, DDTreeVerifyInput)
     assert dummy.custom_mask is mask and dummy.draft_token_num == 17 and dummy.topk == 1
+
+    class TritonAttnBackend:  # noqa: N801 - SGLang decides by the class name
+        pass
+
+    def graph_runner(is_draft_worker):
+        return SimpleNamespace(
+            model_runner=SimpleNamespace(
+                spec_algorithm=ddtree, is_draft_worker=is_draft_worker, attn_backend=TritonAttnBackend()
+            ),
+            buffers=SimpleNamespace(custom_mask=mask),
+            captured_req_width=17,
+            _capture_ragged_verify_layout=lambda num_tokens: None,
+        )
+
+    target = DecodeCudaGraphRunner.get_spec_info(graph_runner(False), 17)
+    assert target.custom_mask is mask and target.draft_token_num == 17
+    drafter = DecodeCudaGraphRunner.get_spec_info(graph_runner(True), 17)
+    assert drafter.custom_mask is None  # the drafter's block is causal
+    dflash = graph_runner(False)
+    dflash.model_runner.spec_algorithm = SpeculativeAlgorithm.DFLASH
+    assert DecodeCudaGraphRunner.get_spec_info(dflash, 17).custom_mask is None  # stock DFLASH untouched

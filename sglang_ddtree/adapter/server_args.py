@@ -14,9 +14,14 @@ import os
 from ..config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_BUDGET,
+    ENV_TEST_PLUGIN,
     DDTreeConfig,
     DDTreeConfigError,
     cpu_engine_requested,
+    max_topk_override,
+    stats_log_interval,
+    test_plugin_module,
+    tree_backend_override,
 )
 from .attention.gpu_backends import supported_backends
 
@@ -52,7 +57,9 @@ def check_cli_namespace(args) -> None:
     apply_budget_flag(args)
     if str(getattr(args, "speculative_algorithm", None) or "").upper() != "DDTREE":
         return
+    _default_cpu_attention_backend(args)
     _check_device(args)
+    _check_environment(args)
     read_drafter_config(getattr(args, "speculative_draft_model_path", None))
 
 
@@ -137,6 +144,52 @@ def _check_device(cfg) -> None:
             "SGLang's scheduler processes would fail to import sgl_kernel. "
             "Run: python -m sglang_ddtree.cpu install-hook"
         )
+    _check_cpu_attention_backends(cfg)
+
+
+CPU_BACKEND_FLAGS = (
+    "attention_backend",
+    "decode_attention_backend",
+    "prefill_attention_backend",
+    "speculative_draft_attention_backend",
+)
+
+
+def _default_cpu_attention_backend(args) -> None:
+    """With --device cpu SGLang would pick intel_amx, which the CPU serving mode
+    cannot run; DDTREE's CPU path is torch_native."""
+    if str(getattr(args, "device", None) or "") == "cpu" and getattr(args, "attention_backend", None) is None:
+        args.attention_backend = CPU_ATTENTION_BACKEND
+
+
+def _check_cpu_attention_backends(cfg) -> None:
+    """The CPU serving mode runs attention through torch only: any other backend
+    would load both models and then fail in its first GPU kernel."""
+    for name in CPU_BACKEND_FLAGS:
+        backend = getattr(cfg, name, None)
+        if backend is not None and backend != CPU_ATTENTION_BACKEND:
+            _fail(
+                f"--{name.replace('_', '-')} {backend} does not run with --device cpu; "
+                f"the CPU serving mode needs {CPU_ATTENTION_BACKEND}."
+            )
+
+
+def _check_environment(cfg) -> None:
+    """The debugging/test variables DDTREE reads, checked before any model loads."""
+    try:
+        backend = tree_backend_override()
+        max_topk_override()
+        stats_log_interval()
+    except (DDTreeConfigError, ValueError) as error:
+        _fail(str(error))
+    if backend == "cuda" and str(getattr(cfg, "device", None) or "") == "cpu":
+        _fail("SGLANG_DDTREE_TREE_BACKEND=cuda needs a GPU; with --device cpu use auto, cpp or python.")
+    plugin = test_plugin_module()
+    if plugin:
+        import importlib.util
+
+        if importlib.util.find_spec(plugin) is None:
+            _fail(f"{ENV_TEST_PLUGIN}={plugin!r}: no such module on the Python path.")
 
 
 def target_uses_mla(model_path: str | None) -> bool:
@@ -188,6 +241,7 @@ def resolve_config(cfg) -> DDTreeConfig:
 def validate_server_args(cfg) -> None:
     """SGLang's ``validate_server_args`` hook: reject bad configuration early."""
     _check_device(cfg)
+    _check_environment(cfg)
     _check_attention_backend(cfg)
     _check_unsupported_features(cfg)
     draft_config = read_drafter_config(cfg.speculative_draft_model_path)

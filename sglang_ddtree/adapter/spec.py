@@ -34,9 +34,9 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         return True
 
     def supports_grammar_overlap(self) -> bool:
-        # Grammar-constrained requests are refused at admission (see worker), so
-        # there is never a grammar FSM to advance inside verify.
-        return False
+        # The worker builds the per-node grammar masks after the scheduler's
+        # grammar barrier (request_features.py), like the DFlash worker.
+        return True
 
     def supports_mixed_chunk(self) -> bool:
         return False

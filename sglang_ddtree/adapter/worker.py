@@ -7,7 +7,9 @@ One decode round, per batch:
 2. **build** - a best-first tree of ``budget`` nodes per request;
 3. **verify** - the target runs ``budget + 1`` slots per request in one forward,
    each slot seeing the prefix and its tree ancestors;
-4. **accept** - walk each tree along the target's argmax (or samples);
+4. **accept** - adjust every slot's verify logits for the request's features
+   (penalties and grammar per path, ``request_features.py``), then walk each
+   tree along the target's argmax (or samples);
 5. **commit** - move the accepted path's KV to the front of the verify window, and
    write the drafter's context KV for the accepted tokens.
 
@@ -28,7 +30,6 @@ from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
 from sglang.srt.speculative.draft_worker_common import (
     build_block_pos_offsets,
@@ -42,6 +43,7 @@ from ..config import DDTreeConfig, DDTreeConfigError, tree_backend_override
 from ..kernels.backend import get_tree_backend
 from .draft_head import draft_topk
 from .posterior import tree_posterior
+from .request_features import RequestFeatures
 from .stats import TreeStats
 from .verify_input import DDTreeVerifyInput
 
@@ -69,6 +71,13 @@ class DDTreeWorker(DFlashWorkerV2):
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
+        self.features = RequestFeatures(
+            # The request pool exists once the scheduler has set up memory.
+            pool_rows=lambda: int(self.model_runner.req_to_token_pool.req_to_token.shape[0]),
+            vocab=int(self.model_runner.model_config.vocab_size),
+            device=torch.device(self.device),
+            is_logging_rank=get_parallel().tp_rank == 0,
+        )
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget=%d, max siblings per depth=%s, verify width=%d, drafter block=%d, "
@@ -103,10 +112,11 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            self.features.on_prefill(batch)
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle() or len(batch.seq_lens) == 0:
             return self._idle_result(on_publish)
-        return self._tree_round(batch, on_publish)
+        return self._tree_round(batch, on_publish, grammar_barrier)
 
     def _idle_result(self, on_publish):
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -123,7 +133,7 @@ class DDTreeWorker(DFlashWorkerV2):
             new_seq_lens=next_draft_input.new_seq_lens,
         )
 
-    def _tree_round(self, batch, on_publish):
+    def _tree_round(self, batch, on_publish, grammar_barrier=None):
         if not self._backend_checked:
             from .attention.gpu_backends import check_live_backend
 
@@ -150,9 +160,12 @@ class DDTreeWorker(DFlashWorkerV2):
         log_probs, token_ids = self._draft(batch, draft_input, roots, prefix_lens, plan)
         trees = self.trees.build(log_probs, token_ids, roots, prefix_lens, self.ddtree.budget, width)
 
+        features = self.features.start_round(batch, trees)
         logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
+        self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
         posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
         acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
+        self.features.finish_round(batch, features, trees, acceptance)
         commit_lens = acceptance.commit_lens.to(torch.int32)
         new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)
 
@@ -284,12 +297,6 @@ class DDTreeWorker(DFlashWorkerV2):
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
             logits_output.next_token_logits = target_lp.finish_deferred_gather(
                 logits_output.next_token_logits
-            )
-        if batch.sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits,
-                sampling_info=batch.sampling_info,
-                draft_token_num=width,
             )
         return logits_output, out.can_run_cuda_graph
 

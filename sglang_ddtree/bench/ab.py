@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..launch import ServerProcess, ServerStartError, cpu_server_args, group_alive
+from ..launch import ProcessGroup, ServerProcess, ServerStartError, cpu_server_args
 from .ab_arms import (  # the arms and the keys the report reads (ab_report imports them there)
     BENCH_FIELDS,
     CHECK_PROMPTS,
@@ -264,22 +264,6 @@ def prepare_custom_dataset(
 # --------------------------------------------------------------------------- running
 
 
-def _kill_group(proc: subprocess.Popen | None) -> None:
-    if proc is None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None and not live_group_members(proc.pid):
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def _tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -349,16 +333,15 @@ def run_bench(
     with open(log_file, "w") as log:
         log.write("$ " + shlex.join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = ProcessGroup(cmd, stdout=log)
     try:
         proc.wait(timeout=opts.bench_timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
         raise ABError(f"bench_serving ran past {opts.bench_timeout} s.\n{_tail(log_file)}") from None
     finally:
-        _kill_group(proc)
-    if proc.returncode != 0:
-        raise ABError(f"bench_serving exited with code {proc.returncode}.\n{_tail(log_file)}")
+        proc.stop(graceful_timeout=10)
+    if proc.poll() != 0:
+        raise ABError(f"bench_serving exited with code {proc.poll()}.\n{_tail(log_file)}")
     try:
         record = json.loads(out_file.read_text().strip().splitlines()[-1])
     except (OSError, IndexError, json.JSONDecodeError):
@@ -392,34 +375,6 @@ def readback(info: dict) -> dict:
     states = info.get("internal_states") or [{}]
     merged = {**info, **(states[0] if isinstance(states[0], dict) else {})}
     return {k: _dig(merged, k) for k in dict.fromkeys((*PARITY_KEYS, *CONTEXT_KEYS))}
-
-
-def live_group_members(pgid: int) -> list[int]:
-    """Processes of group ``pgid`` that still run (zombies waiting to be reaped do not count)."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return [pgid] if group_alive(pgid) else []
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def wait_group_gone(pgid: int, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while live_group_members(pgid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
 
 
 def greedy_outputs(server: ServerProcess, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
@@ -496,14 +451,7 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
         raise ABError(f"the {arm.name!r} arm failed: {arm.error}\n{server.log_tail(30)}") from error
     finally:
         t0 = time.perf_counter()
-        server.stop()
-        arm.stopped = server.process is None or wait_group_gone(server.process.pid)
-        if not arm.stopped:  # a straggler: one more kill, then report it
-            try:
-                os.killpg(server.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            arm.stopped = wait_group_gone(server.process.pid, 5.0)
+        arm.stopped = server.stop()
         arm.stop_seconds = round(time.perf_counter() - t0, 1)
         live.remove(server)
 

@@ -11,9 +11,10 @@ For every block size (8, 16: depth = block - 1), budget (16 ... 256) and batch s
 * **accept** - tree + target posterior on the GPU to path / accept lengths / bonus /
   output tokens on the GPU: ``python`` (``accept_walk_ref`` with both copies),
   ``torch`` (the batched torch walk of ``tree/batched.py``, one step per depth), ``gpu``;
-* **top-k** - draft logits (bf16) to top-k log-probs + ids, exact ties: the fused kernel, and
-  at budget 64 the torch path with the same result and plain ``torch.topk`` (whose ties
-  are not pinned) for scale.
+* **top-k** - draft logits (bf16) to top-k log-probs + ids, exact ties: the split-vocabulary
+  kernel and the one-block-per-row kernel, and at budget 64 the torch path with the same
+  result and plain ``torch.topk`` (whose ties are not pinned) for scale (``--topk-only``: just
+  this part, see ``topk_kernels.py``).
 
 GPU times are CUDA-graph replays (``calls`` launches per graph, time per launch; the median
 of ``reps`` replays): what a captured decode step sees. CPU times are wall clock around the
@@ -22,6 +23,7 @@ equal the reference.
 
     python -m sglang_ddtree.bench.tree_kernels              # -> bench_results/tree_kernels_<device>.*
     python -m sglang_ddtree.bench.tree_kernels --quick      # a few configurations
+    python -m sglang_ddtree.bench.tree_kernels --topk-only  # top-k kernels only (a minute)
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import torch
 
 from ..tree.types import Trees
 from . import _stamp
+from .topk_kernels import add_arguments as add_topk_arguments
+from .topk_kernels import time_topk
 
 VOCAB = 163840
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -257,13 +261,11 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
         mean_accept_len=float(acc.accept_lens.float().mean()),
     )
 
-    # ---- top-k (the preprocessing), fused kernel
+    # ---- top-k (the preprocessing): the split-vocabulary kernel and the one-block-per-row kernel
     x = logits[:bs]
-    out_lp = torch.empty(bs, depth, budget, device=dev)
-    out_ids = torch.empty(bs, depth, budget, dtype=torch.int64, device=dev)
-    row = dict(block=block, budget=budget, bs=bs)
-    row["gpu_us"] = _graph_us(
-        lambda: gpu.topk_log_probs(x, budget, out_lp, out_ids), max(1, args.calls // 4), args.reps
+    t = time_topk(x, budget, max(1, args.calls // 4), args.reps)
+    row = dict(
+        block=block, budget=budget, bs=bs, gpu_us=t["split_us"], row_kernel_us=t["row_us"], splits=t["splits"]
     )
     if budget == 64:
         row["torch_exact_us"] = _graph_us(lambda: gpu.topk_log_probs_torch(x, budget), 1, args.reps)
@@ -382,6 +384,7 @@ def to_markdown(results: dict) -> str:
                 r["budget"],
                 r["bs"],
                 r["gpu_us"],
+                r.get("row_kernel_us", "-"),
                 r.get("torch_exact_us", "-"),
                 r.get("torch_topk_inexact_us", "-"),
             )
@@ -390,7 +393,8 @@ def to_markdown(results: dict) -> str:
         ]
         lines += [
             _stamp.md_table(
-                ["k", "bs", "fused kernel", "torch, exact ties", "torch.topk, ties not pinned"], rows
+                ["k", "bs", "split kernel", "row kernel", "torch, exact ties", "torch.topk, ties not pinned"],
+                rows,
             ),
             "",
         ]
@@ -568,13 +572,27 @@ def main(argv=None) -> int:
         action="store_true",
         help="run every kernel twice on one small case and exit (for ncu / compute-sanitizer)",
     )
-    p.add_argument("--vocab", type=int, default=VOCAB, help="with --single")
+    p.add_argument("--vocab", type=int, default=VOCAB, help="with --single and --topk-only")
     p.add_argument(
         "--pop-cycles",
         action="store_true",
         help="cycles per pop of each build kernel (clock64 around the search; adds a table)",
     )
+    p.add_argument(
+        "--topk-only",
+        action="store_true",
+        help="only the draft top-k kernels (bs 1, 8, 32, 64 unless --batch-sizes; k from --ks): "
+        "-> bench_results/topk_kernels_<device>.*",
+    )
+    add_topk_arguments(p)
     args = p.parse_args(argv)
+    if args.topk_only:
+        from . import topk_kernels
+
+        if args.batch_sizes == list(BATCH_SIZES):
+            args.batch_sizes = list(topk_kernels.BATCH_SIZES)
+        args.calls = max(1, args.calls // 4)
+        return topk_kernels.run_and_write(args)
     if args.single:
         single_pass(args.vocab, args.batch_sizes[0], args.budgets[0], args.blocks[0] - 1)
         return 0

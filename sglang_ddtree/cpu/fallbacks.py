@@ -52,7 +52,7 @@ def _allow_torch_native_choices() -> None:
         choices.add_deterministic_attention_backend_choices(["torch_native"])
 
 
-def _input_embeds_in_model_dtype() -> None:
+def input_embeds_in_model_dtype(log=log_fallback) -> None:
     """``ModelRunner._extend_forward_kwargs`` casts ``input_embeds`` to bf16 whatever
     the model dtype; a float32 model (what CPU tests use, so that greedy
     comparisons are not at the mercy of bf16 rounding) then fails in its first
@@ -64,7 +64,7 @@ def _input_embeds_in_model_dtype() -> None:
         dtype = getattr(runner, "dtype", torch.bfloat16)
         embeds = result.get("input_embeds")
         if embeds is not None and forward_batch.input_embeds is not None and embeds.dtype != dtype:
-            log_fallback("ModelRunner input_embeds dtype", f"cast to {dtype}")
+            log("ModelRunner input_embeds dtype", f"cast to {dtype}")
             result["input_embeds"] = forward_batch.input_embeds.to(dtype)
         return result
 
@@ -118,6 +118,6 @@ def install() -> None:
     boot.activate()
     _patch_record_stream()
     _allow_torch_native_choices()
-    _input_embeds_in_model_dtype()
+    input_embeds_in_model_dtype()
     _skip_batch_invariant_kernels()
     _mla_on_torch_native()

@@ -3,6 +3,8 @@ the choice between them.
 
 * :mod:`.gpu` - typed launchers of the CUDA kernels (top-k log-probs, tree build and
   layout, flat verify mask, accept walk); CuPy compiles them on first use.
+* :mod:`.topk` - the draft top-k launcher (split-vocabulary kernel, one-block-per-row
+  kernel, torch path), re-exported by :mod:`.gpu`.
 * :mod:`.cpp` - the C++ builder (tree build, layout), compiled on first use.
 * :mod:`.backend` - the one place that picks CUDA, C++ or the Python reference for every
   step of a round (``SGLANG_DDTREE_TREE_BACKEND``).

@@ -8,7 +8,7 @@ in a CUDA graph and replayed. CuPy compiles each kernel module on first use.
 =========================================  ===========================================
 launcher                                   reference (``sglang_ddtree.tree``)
 =========================================  ===========================================
-:func:`topk_log_probs`                     ``build.topk_log_probs`` (batched)
+:func:`topk_log_probs` (``topk.py``)       ``build.topk_log_probs`` (batched)
 :func:`build_tree_batch`                   ``layout.build_tree_batch_ref`` + ``pack_mask_words``
 :func:`flat_custom_mask`                   ``layout.flat_custom_mask``
 :func:`accept_walk`                        ``accept.accept_walk_ref``
@@ -26,12 +26,10 @@ import torch
 
 from ..tree.types import Acceptance, Trees
 from ._cupy import kernel, ptr
+from .topk import TOPK_MAX_K, TopkWorkspace, topk_log_probs, topk_log_probs_torch  # noqa: F401 - top-k launcher
 
-TOPK_MAX_K = 1024
-_TOPK_THREADS = 512
 _BUILD_THREADS = 256
 _SMEM_MAX = 227 * 1024  # per-block opt-in limit of sm_90
-_DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int | None]) -> None:
@@ -46,80 +44,6 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int |
         raise ValueError(f"{name} must have shape {want}, got {list(t.shape)}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
-
-
-# =========================================================================== top-k
-
-
-def topk_log_probs(
-    draft_logits: torch.Tensor,
-    k: int,
-    out_log_probs: torch.Tensor | None = None,
-    out_token_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row top-k log-probs and token ids of draft logits, ties to the smaller id.
-
-    Parameters
-    ----------
-    draft_logits : float32 / bfloat16 / float16 ``[..., vocab]`` (e.g. ``[bs, depth, vocab]``),
-        contiguous, on the GPU.
-    k : int, ``1 <= k <= vocab``. Up to 1024 the fused kernel runs; above, a torch path
-        with the same result.
-    out_log_probs : float32 ``[..., k]`` or None.
-    out_token_ids : int64 ``[..., k]`` or None.
-
-    Returns
-    -------
-    (log_probs, token_ids)
-        float32 ``[..., k]`` (``logit - logsumexp(row)``, descending) and int64 ``[..., k]``.
-    """
-    if draft_logits.dtype not in _DTYPE_CODE:
-        raise TypeError(f"draft_logits must be float32, bfloat16 or float16, got {draft_logits.dtype}")
-    lead, vocab = tuple(draft_logits.shape[:-1]), int(draft_logits.shape[-1])
-    k = int(k)
-    if not 1 <= k <= vocab:
-        raise ValueError(f"need 1 <= k <= vocab, got k={k}, vocab={vocab}")
-    _check(draft_logits, "draft_logits", draft_logits.dtype, [*lead, vocab])
-    dev = draft_logits.device
-    if out_log_probs is None:
-        out_log_probs = torch.empty((*lead, k), dtype=torch.float32, device=dev)
-    if out_token_ids is None:
-        out_token_ids = torch.empty((*lead, k), dtype=torch.int64, device=dev)
-    _check(out_log_probs, "out_log_probs", torch.float32, [*lead, k])
-    _check(out_token_ids, "out_token_ids", torch.int64, [*lead, k])
-    rows = draft_logits.numel() // max(vocab, 1)
-    if rows == 0:
-        return out_log_probs, out_token_ids
-    if k > TOPK_MAX_K:
-        lp, ids = topk_log_probs_torch(draft_logits, k)
-        out_log_probs.copy_(lp)
-        out_token_ids.copy_(ids)
-        return out_log_probs, out_token_ids
-    kernel("ddtree_topk", "ddtree_topk_logprobs")(
-        (rows,),
-        (_TOPK_THREADS,),
-        (
-            ptr(draft_logits),
-            _DTYPE_CODE[draft_logits.dtype],
-            vocab,
-            vocab,
-            k,
-            ptr(out_log_probs),
-            ptr(out_token_ids),
-            0,  # path_taken: not recorded
-        ),
-    )
-    return out_log_probs, out_token_ids
-
-
-def topk_log_probs_torch(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch-only version of :func:`topk_log_probs` (any device, any k): ``torch.topk`` on
-    an int64 key (orderable float bits, inverted id), so ties go to the smaller id."""
-    from ..tree.topk import sorted_topk
-
-    x = draft_logits.float()
-    values, top_ids = sorted_topk(x, k)
-    return values - torch.logsumexp(x, dim=-1, keepdim=True), top_ids
 
 
 # =========================================================================== tree build
@@ -158,7 +82,7 @@ def build_tree_batch(
     width: int,
     prefix_lens: torch.Tensor | None = None,
     out: Trees | None = None,
-    heap_in_registers: bool = True,
+    heap_in_registers: bool = False,
 ) -> Trees:
     """Build every request's draft tree and its verify layout, one block per request.
 
@@ -176,8 +100,11 @@ def build_tree_batch(
     prefix_lens : int64 ``[bs]`` or None; positions are ``prefix_lens + depth``.
     out : :class:`~sglang_ddtree.tree.types.Trees` for ``(bs, width)`` or None (allocated);
         preallocated outputs let a CUDA graph capture the launch.
-    heap_in_registers : use the register-heap kernel when the width allows (False forces
-        the shared-memory heap; the results are the same).
+    heap_in_registers : use the register-heap kernel when the width allows. Off by default:
+        on the H200 the register heap faults (illegal address) on some tied inputs at budget
+        16 / k 16 / depth 7, which the CPU emulator does not reproduce
+        (``gpu/jobs/build_probe.py``; ``tests/test_kernels_gpu.py::test_register_heap_tie_fault``).
+        The shared-memory heap builds the same trees and passed every probed case.
 
     Returns
     -------

@@ -305,6 +305,10 @@ inline T __ldg(const T* p) {
   return *p;
 }
 template <class T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+template <class T>
 inline T atomicAdd(T* p, T v) {
   T o = *p;
   *p = o + v;

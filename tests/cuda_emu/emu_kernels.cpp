@@ -11,6 +11,7 @@
 #include "ddtree_tree.cu"
 #include "ddtree_accept.cu"
 #include "ddtree_topk.cu"
+#include "ddtree_topk_split.cu"
 // clang-format on
 
 namespace py = pybind11;
@@ -105,8 +106,39 @@ py::tuple topk(py::array logits, int dtype, long long k) {
   return py::make_tuple(lp, ids, path);
 }
 
+// The split top-k (plan from sglang_ddtree/kernels/topk.py::split_plan), launched `repeat`
+// times on one workspace: the per-row counters must come back to zero after every launch.
+py::tuple topk_split(py::array logits, int dtype, long long k, long long splits, long long slice_len,
+                     long long merge_chunk, long long cap, int repeat) {
+  const long long rows = logits.shape(0), V = logits.shape(1);
+  F32 lp({rows, k});
+  I64 ids({rows, k});
+  std::vector<unsigned long long> ws_cand((size_t)(rows * splits * k), 0x5a5a5a5a5a5a5a5aULL);
+  std::vector<float> ws_part((size_t)(rows * splits * 2), 12345.f);
+  I32 counts(rows);
+  std::fill(counts.mutable_data(), counts.mutable_data() + rows, 0);
+  const void* pl = logits.data();
+  float* plp = lp.mutable_data();
+  long long* pid = ids.mutable_data();
+  unsigned long long* pc = ws_cand.data();
+  float* pp = ws_part.data();
+  unsigned* pn = reinterpret_cast<unsigned*>(counts.mutable_data());
+  decltype(&ddtree_topk_split_f32) fn = dtype == 0 ? &ddtree_topk_split_f32
+                                        : dtype == 1 ? &ddtree_topk_split_bf16
+                                                     : &ddtree_topk_split_f16;
+  for (int rep = 0; rep < repeat; ++rep) {
+    std::fill(plp, plp + lp.size(), 12345.f);
+    std::fill(pid, pid + ids.size(), -7LL);
+    emu::launch(dim3((unsigned)(rows * splits)), dim3(DDT_SPLIT_THREADS), (size_t)cap * 8, [=] {
+      fn(pl, V, V, k, splits, slice_len, merge_chunk, cap, pc, pp, pn, plp, pid);
+    });
+  }
+  return py::make_tuple(lp, ids, counts);
+}
+
 PYBIND11_MODULE(_ddtree_emu, m) {
   m.def("topk", &topk);
+  m.def("topk_split", &topk_split);
   m.def("build_tree", &build_tree);
   m.def("flat_mask", &flat_mask);
   m.def("accept_walk", &accept_walk);

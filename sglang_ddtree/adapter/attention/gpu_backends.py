@@ -16,8 +16,9 @@ What each backend does with it in SGLang 0.5.23 (docs/backends.md):
 * everything else (flashinfer MLA, trtllm_mla, flashmla, cutlass_mla, fa4, ...) has no
   tree mask on the verify path and is refused at start-up.
 
-These GPU paths are wired by reading SGLang's code; they have not been served on a
-GPU here (SGLang 0.5.23 cannot run on the benchmark machine's torch). The CPU path
+triton is served on the H200 and checked token for token against the plain server
+under CUDA graphs (tests/gpu_server, docs/gpu.md). fa3 and flashinfer are wired by reading
+SGLang's code and untested on a GPU (the GPU bundle carries neither). The CPU path
 (torch_native) is tested end to end.
 """
 
@@ -71,8 +72,34 @@ def _serving_ddtree(spec_algorithm) -> bool:
 
 
 def install_capture_input() -> None:
-    """Capture target-verify CUDA graphs with a tree mask present."""
+    """Capture target-verify CUDA graphs with a tree mask present.
+
+    Two places build the capture-time verify input in SGLang 0.5.23: the decode
+    graph runner's ``get_spec_info`` (the graphs that serve) and
+    ``base_runner.create_dummy_verify_input`` (dummy and warm-up forwards). For the
+    DFlash family the first passes ``custom_mask=None`` on backends that verify a
+    chain causally (triton, flashinfer, fa3: ``_DFLASH_VERIFY_SKIP_CUSTOM_MASK_BACKENDS``),
+    so the triton verify kernel is captured in its causal variant and every replay
+    ignores the tree mask: siblings attend to each other and greedy output drifts.
+    """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def with_tree_mask(spec_info, runner, *args, **kwargs):
+        model_runner = runner.model_runner
+        if (
+            spec_info is not None
+            and _serving_ddtree(model_runner.spec_algorithm)
+            and not model_runner.is_draft_worker
+            and spec_info.custom_mask is None
+        ):
+            spec_info.custom_mask = runner.buffers.custom_mask
+        return spec_info
+
+    HookRegistry.register(
+        "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info",
+        with_tree_mask,
+        HookType.AFTER,
+    )
 
     def around(original, spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker, *args, **kwargs):
         if not _serving_ddtree(spec_algorithm) or is_draft_worker:

@@ -1,0 +1,322 @@
+// Draft logits -> per-row top-k log-probs and token ids with each row's vocabulary split
+// over many blocks; the same result as ddtree_topk.cu (order by logit descending, ties to
+// the smaller token id, log-prob = logit - logsumexp(row) in float32), for k <= 256.
+//
+// One launch, rows x splits blocks of 256 threads; block (r, s) reads the slice
+// [s * slice_len, (s + 1) * slice_len) of row r once (16-byte loads where aligned).
+// Every element is the distinct 64-bit candidate (key << 32 | ~id), key = the orderable bits
+// of its float32 value, so "larger candidate" is exactly the reference order.
+//
+// Stage 1, per slice: the partial log-sum-exp (max, sum of exp) and the slice's top k.
+//   * Each thread's largest candidate is a sample; the k-th largest sample B is a lower
+//     bound of the slice's k-th largest candidate (k distinct elements are >= B).
+//   * Every element >= B is collected into shared memory. An element >= B lies in a thread
+//     whose sample is >= B, and only k threads have one, so at most k x (elements per
+//     thread) are collected: the launcher sizes the shared memory for that, no fallback.
+//   * The collected candidates are ranked (or sorted when many), the top k written to the
+//     workspace sorted descending (zero-padded when the slice holds fewer than k).
+// Stage 2, in the row's last block to finish (a per-row counter, reset by that block, so the
+// workspace needs zeroing once, at allocation): the S sorted lists of k candidates.
+//   * Each list is cut into chunks of g (the merge chunk); the last candidate of each full
+//     chunk is a sample. With C = ceil(k / g), the C-th largest sample B' is a lower bound
+//     of the row's k-th largest candidate (the chosen samples of a list are a prefix of its
+//     samples, each certifies g more elements of that list), and at most (C + S) x g
+//     candidates reach B' (per list, up to the first chunk whose sample is below B').
+//   * Those are collected, ranked, and written with the merged log-sum-exp.
+// With one split, stage 1 writes the result directly.
+
+#include "ddtree_common.cuh"
+#include "ddtree_logits.cuh"
+
+#define DDT_SPLIT_THREADS 256
+#define DDT_SPLIT_MAXK 256
+#define DDT_SPLIT_RANK_MAX 512  // above, the collected candidates are sorted instead of ranked
+#define DDT_SPLIT_UNROLL 4
+// 4 blocks of 256 threads per SM: 64 registers, no spills (without the hint ptxas spills)
+
+__device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
+  return ((ddt_u64)key << 32) | (0xffffffffu - id);
+}
+
+// The m-th largest (1-based) of one value per thread, in every thread: a bitonic sort over
+// the block, shuffles for strides below 32, s_x for the others.
+__device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u64* s_x, ddt_u64* s_out) {
+  const int tid = threadIdx.x;
+  for (int size = 2; size <= DDT_SPLIT_THREADS; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      ddt_u64 w;
+      if (stride >= 32) {
+        s_x[tid] = v;
+        __syncthreads();
+        w = s_x[tid ^ stride];
+        __syncthreads();
+      } else {
+        w = __shfl_xor_sync(DDT_FULL_MASK, v, stride);
+      }
+      const bool descending = (tid & size) == 0, lower = (tid & stride) == 0;
+      v = (lower == descending) ? (v > w ? v : w) : (v < w ? v : w);
+    }
+  }
+  if (tid == m - 1) *s_out = v;
+  __syncthreads();
+  const ddt_u64 out = *s_out;
+  __syncthreads();
+  return out;
+}
+
+__device__ __forceinline__ void ddt_lse_combine(float& m, float& s, float m2, float s2) {
+  const float M = fmaxf(m, m2);
+  if (M != -__int_as_float(0x7f800000)) {
+    s = s * expf(m - M) + s2 * expf(m2 - M);
+    m = M;
+  }
+}
+
+// (max, sum of exp(x - max)) over the block, in every thread.
+__device__ __forceinline__ void ddt_block_lse(float& m, float& s, float* s_m, float* s_s) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(DDT_FULL_MASK, m, o);
+    const float s2 = __shfl_xor_sync(DDT_FULL_MASK, s, o);
+    ddt_lse_combine(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    s_m[wid] = m;
+    s_s[wid] = s;
+  }
+  __syncthreads();
+  m = s_m[0];
+  s = s_s[0];
+  for (int w = 1; w < DDT_SPLIT_THREADS / 32; ++w) ddt_lse_combine(m, s, s_m[w], s_s[w]);
+  __syncthreads();
+}
+
+// Append c to the shared candidate list when it reaches the bound (count clamped at cap:
+// the launcher's sizing makes an overflow impossible for non-NaN logits).
+__device__ __forceinline__ void ddt_collect(ddt_u64 c, ddt_u64 bound, ddt_u64* cand, unsigned* s_cnt, int cap) {
+  if (c >= bound && c != 0ull) {
+    const unsigned slot = atomicAdd(s_cnt, 1u);
+    if (slot < (unsigned)cap) cand[slot] = c;
+  }
+}
+
+// The min(n, k) largest of the n distinct candidates cand[0..n), descending, into top[0..k)
+// (zeros after n). n is block-uniform and <= cap, a power of two.
+__device__ void ddt_select_top(ddt_u64* cand, int n, int k, ddt_u64* top) {
+  const int tid = threadIdx.x;
+  if (n <= DDT_SPLIT_RANK_MAX) {
+    for (int i = tid; i < n; i += DDT_SPLIT_THREADS) {
+      const ddt_u64 x = cand[i];
+      int rank = 0;
+      for (int j = 0; j < n; ++j) rank += cand[j] > x ? 1 : 0;
+      if (rank < k) top[rank] = x;
+    }
+  } else {
+    int p2 = 1;
+    while (p2 < n) p2 <<= 1;
+    for (int i = n + tid; i < p2; i += DDT_SPLIT_THREADS) cand[i] = 0ull;
+    __syncthreads();
+    for (int size = 2; size <= p2; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        for (int i = tid; i < p2; i += DDT_SPLIT_THREADS) {
+          const int j = i ^ stride;
+          if (j > i) {
+            const ddt_u64 a = cand[i], c = cand[j];
+            if (((i & size) == 0) ? (a < c) : (a > c)) {
+              cand[i] = c;
+              cand[j] = a;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    for (int i = tid; i < k; i += DDT_SPLIT_THREADS) top[i] = cand[i];
+  }
+  for (int i = n + tid; i < k; i += DDT_SPLIT_THREADS) top[i] = 0ull;
+  __syncthreads();
+}
+
+__device__ __forceinline__ void ddt_write_final(const ddt_u64* top, int k, float lse, float* out_lp, ddt_i64* out_ids) {
+  for (int i = threadIdx.x; i < k; i += DDT_SPLIT_THREADS) {
+    const ddt_u64 c = top[i];
+    out_lp[i] = ddt_key_float((unsigned)(c >> 32)) - lse;
+    out_ids[i] = (ddt_i64)(0xffffffffu - (unsigned)c);
+  }
+}
+
+// Visit this thread's elements of the slice [lo, hi) of `row`: f(x, n, first_id) on n
+// consecutive elements (16-byte loads when the row is aligned, else one at a time). A thread
+// sees its elements in increasing id order.
+template <int DTYPE, class F>
+__device__ __forceinline__ void ddt_visit_slice(const unsigned char* row, ddt_i64 lo, ddt_i64 hi, F f) {
+  constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
+  const bool aligned = (reinterpret_cast<unsigned long long>(row) & 15ull) == 0ull && lo % VEC == 0;
+  if (aligned) {
+    const uint4* vrow = reinterpret_cast<const uint4*>(row);
+    const ddt_i64 v_lo = lo / VEC, v_full = hi / VEC;
+    for (ddt_i64 v0 = v_lo + threadIdx.x; v0 < v_full; v0 += (ddt_i64)DDT_SPLIT_UNROLL * DDT_SPLIT_THREADS) {
+      uint4 raw[DDT_SPLIT_UNROLL];
+#pragma unroll
+      for (int u = 0; u < DDT_SPLIT_UNROLL; ++u) {
+        const ddt_i64 v = v0 + (ddt_i64)u * DDT_SPLIT_THREADS;
+        if (v < v_full) raw[u] = vrow[v];
+      }
+#pragma unroll
+      for (int u = 0; u < DDT_SPLIT_UNROLL; ++u) {
+        const ddt_i64 v = v0 + (ddt_i64)u * DDT_SPLIT_THREADS;
+        if (v < v_full) {
+          float x[8];
+          ddt_unpack16(raw[u], DTYPE, x);
+          f(x, VEC, v * VEC);
+        }
+      }
+    }
+    lo = v_full * VEC;  // the tail of a row whose length is not a multiple of VEC
+  }
+  for (ddt_i64 i = lo + threadIdx.x; i < hi; i += DDT_SPLIT_THREADS) {
+    float x[8];
+    x[0] = ddt_load_logit(row, DTYPE, i);
+    f(x, 1, i);
+  }
+}
+
+// Stage 2: the last block of row r merges the S sorted candidate lists and partial sums.
+__device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int S, int k, int g,
+                               ddt_u64* cand, int cap, ddt_u64* s_x, ddt_u64* top, float* s_m, float* s_s,
+                               unsigned* s_cnt, ddt_u64* s_bound, float* out_lp, ddt_i64* out_ids) {
+  const int tid = threadIdx.x;
+  const int C = (k + g - 1) / g;  // chunks per list; S * C <= threads (launcher)
+  const int list = tid / C, chunk = tid % C;
+  const int j_lo = chunk * g, j_hi = j_lo + g < k ? j_lo + g : k;
+  const ddt_u64* mine = ws_cand + (ddt_i64)list * k;
+  ddt_u64 sample = 0ull;
+  if (list < S && j_hi - j_lo == g) sample = __ldcg(mine + j_hi - 1);
+  const ddt_u64 bound = ddt_block_mth_largest(sample, C, s_x, s_bound);
+  if (list < S) {
+    for (int j = j_lo; j < j_hi; ++j) {
+      const ddt_u64 c = __ldcg(mine + j);
+      if (c < bound || c == 0ull) break;  // the list is sorted: the rest is below too
+      ddt_collect(c, bound, cand, s_cnt, cap);
+    }
+  }
+  float m = -__int_as_float(0x7f800000), s = 0.f;
+  if (tid < S) {
+    m = __ldcg(ws_part + 2 * tid);
+    s = __ldcg(ws_part + 2 * tid + 1);
+  }
+  ddt_block_lse(m, s, s_m, s_s);  // its barriers also publish the collected candidates
+  const int n = (int)(*s_cnt < (unsigned)cap ? *s_cnt : (unsigned)cap);
+  ddt_select_top(cand, n, k, top);
+  ddt_write_final(top, k, m + logf(s), out_lp, out_ids);
+}
+
+template <int DTYPE>
+__device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i64 row_stride, ddt_i64 k_,
+                               ddt_i64 splits_, ddt_i64 slice_len, ddt_i64 merge_chunk, ddt_i64 cap_,
+                               ddt_u64* __restrict__ ws_cand, float* __restrict__ ws_part,
+                               unsigned* __restrict__ ws_count, float* __restrict__ out_lp,
+                               ddt_i64* __restrict__ out_ids) {
+  const int k = (int)k_, S = (int)splits_, cap = (int)cap_, tid = threadIdx.x;
+  const ddt_i64 r = (ddt_i64)blockIdx.x / S;
+  const int split = (int)((ddt_i64)blockIdx.x % S);
+  const ddt_i64 lo = split * slice_len, hi = lo + slice_len < V ? lo + slice_len : V;
+  const int esize = DTYPE == DDT_F32 ? 4 : 2;
+  const unsigned char* row = reinterpret_cast<const unsigned char*>(logits) + r * row_stride * esize;
+  const float NEG_INF = -__int_as_float(0x7f800000);
+
+  DDT_EXTERN_SMEM(smem_raw);
+  ddt_u64* cand = reinterpret_cast<ddt_u64*>(smem_raw);  // [cap]
+  __shared__ ddt_u64 s_x[DDT_SPLIT_THREADS];
+  __shared__ ddt_u64 top[DDT_SPLIT_MAXK];
+  __shared__ float s_m[DDT_SPLIT_THREADS / 32], s_s[DDT_SPLIT_THREADS / 32];
+  __shared__ unsigned s_cnt;
+  __shared__ ddt_u64 s_bound;
+  __shared__ int s_last;
+  if (tid == 0) s_cnt = 0u;
+
+  // ---- read the slice: partial log-sum-exp and this thread's largest candidate
+  float m = NEG_INF, s = 0.f;
+  unsigned best_key = 0u, best_id = 0u;
+  ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+    float vmax = x[0];
+    unsigned vkey = ddt_float_key(x[0]);
+#pragma unroll
+    for (int j = 1; j < 8; ++j) {
+      if (j < n) {
+        vmax = fmaxf(vmax, x[j]);
+        const unsigned key = ddt_float_key(x[j]);
+        vkey = key > vkey ? key : vkey;
+      }
+    }
+    if (vmax != NEG_INF) {
+      if (vmax > m) {
+        s = (m == NEG_INF) ? 0.f : s * expf(m - vmax);
+        m = vmax;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n) s += expf(x[j] - m);
+    }
+    if (vkey > best_key) {  // strictly: an equal key seen before has the smaller id
+      int first_max = 0;
+#pragma unroll
+      for (int j = 7; j >= 0; --j)
+        if (j < n && ddt_float_key(x[j]) == vkey) first_max = j;
+      best_key = vkey;
+      best_id = (unsigned)(first + first_max);
+    }
+  });
+  const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
+  const ddt_u64 bound = ddt_block_mth_largest(sample, k, s_x, &s_bound);
+  ddt_block_lse(m, s, s_m, s_s);
+
+  // ---- collect every element >= bound (L1/L2 hits: the block has just read them)
+  ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < n) ddt_collect(ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)), bound, cand, &s_cnt, cap);
+  });
+  __syncthreads();
+  const int n = (int)(s_cnt < (unsigned)cap ? s_cnt : (unsigned)cap);
+  ddt_select_top(cand, n, k, top);
+
+  if (S == 1) {
+    ddt_write_final(top, k, m + logf(s), out_lp + r * k, out_ids + r * k);
+    return;
+  }
+  // ---- hand the slice's result over; the row's last block merges
+  ddt_u64* my_list = ws_cand + ((ddt_i64)r * S + split) * k;
+  for (int i = tid; i < k; i += DDT_SPLIT_THREADS) my_list[i] = top[i];
+  if (tid == 0) {
+    ws_part[2 * (r * S + split)] = m;
+    ws_part[2 * (r * S + split) + 1] = s;
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    s_last = atomicAdd(ws_count + r, 1u) == (unsigned)(S - 1);
+    s_cnt = 0u;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (tid == 0) ws_count[r] = 0u;  // every block of the row has counted: ready for the next launch
+  ddt_topk_merge(ws_cand + (ddt_i64)r * S * k, ws_part + 2 * r * S, S, k, (int)merge_chunk, cand, cap, s_x, top,
+                 s_m, s_s, &s_cnt, &s_bound, out_lp + r * k, out_ids + r * k);
+}
+
+#define DDT_TOPK_SPLIT_KERNEL(name, DTYPE)                                                                    \
+  extern "C" __global__ void __launch_bounds__(DDT_SPLIT_THREADS, 4)                                          \
+      name(const void* __restrict__ logits, ddt_i64 V, ddt_i64 row_stride, ddt_i64 k, ddt_i64 splits,       \
+           ddt_i64 slice_len, ddt_i64 merge_chunk, ddt_i64 cap, ddt_u64* __restrict__ ws_cand,              \
+           float* __restrict__ ws_part, unsigned* __restrict__ ws_count, float* __restrict__ out_lp,        \
+           ddt_i64* __restrict__ out_ids) {                                                                  \
+    ddt_topk_split<DTYPE>(logits, V, row_stride, k, splits, slice_len, merge_chunk, cap, ws_cand, ws_part, \
+                          ws_count, out_lp, out_ids);                                                        \
+  }
+
+DDT_TOPK_SPLIT_KERNEL(ddtree_topk_split_f32, DDT_F32)
+DDT_TOPK_SPLIT_KERNEL(ddtree_topk_split_bf16, DDT_BF16)
+DDT_TOPK_SPLIT_KERNEL(ddtree_topk_split_f16, DDT_F16)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Device command: unpack the GPU bundle and run one job on the H200, from the repository root.
+#
+#   bash gpu/device.sh <command ...>
+#   bash gpu/device.sh python -m pytest -m gpu_server tests/gpu_server     # the GPU serving suite
+#   bash gpu/device.sh python -m sglang_ddtree.bench.ab ...                 # A/B runs
+#
+# Needs in the call's carry: .carry/gpu (site-<version>.tar.xz from `make gpu-bundle`, and
+# optionally cache-<version>.tar.xz, the compile caches an earlier run wrote to $OUT). The
+# plugin runs from the working tree. Writes $OUT/cache-<version>.tar.xz (JIT, Triton and CuPy
+# caches) at the end: copy it into .carry/gpu so the next call skips those compiles.
+# Multi-GPU kinds: NVLink multicast stays off (the device's rule), whatever the job starts.
+set -u
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-/tmp/out}"
+V="${SGLANG_VERSION:-0.5.23}"
+B=.carry/gpu
+SITE=/tmp/ddtree-site-$V
+CACHE=/tmp/ddtree-cache
+t0=$(date +%s)
+say() { echo "[device $(( $(date +%s) - t0 ))s] $*"; }
+mkdir -p "$OUT" "$CACHE"
+untar_xz() {  # untar_xz FILE DIR (python's lzma where the image has no xz)
+  if command -v xz > /dev/null; then tar xJf "$1" -C "$2"
+  else python3 -c "import sys, tarfile; tarfile.open(sys.argv[1], 'r:xz').extractall(sys.argv[2])" "$1" "$2"; fi
+}
+
+stamp="$(cksum < "$B/site-$V.tar.xz" | cut -d' ' -f1)"
+if [ "$(cat "$SITE/.stamp" 2>/dev/null)" != "$stamp" ]; then  # a warm machine keeps /tmp
+  rm -rf "$SITE" && mkdir -p "$SITE" && untar_xz "$B/site-$V.tar.xz" "$SITE" || exit 3
+  echo "$stamp" > "$SITE/.stamp"
+  say "bundle unpacked"
+fi
+if [ -f "$B/cache-$V.tar.xz" ] && [ ! -f "$CACHE/.restored" ]; then
+  untar_xz "$B/cache-$V.tar.xz" "$CACHE" && touch "$CACHE/.restored" && say "compile caches restored: $(du -sh "$CACHE" | cut -f1)"
+fi
+
+export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
+  SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_IS_FLASHINFER_AVAILABLE=false SGLANG_DDTREE_GPU_COMPAT=1 \
+  SGLANG_JIT_CACHE_DIR="$CACHE/jit" TRITON_CACHE_DIR="$CACHE/triton" CUPY_CACHE_DIR="$CACHE/cupy" \
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+  GPU_RESULTS_DIR="$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+"$@"
+rc=$?
+say "job exited with $rc"
+( cd "$CACHE" && tar cf - --exclude=.restored . | { xz -T0 -6 2>/dev/null || python3 -c "import lzma, sys; sys.stdout.buffer.write(lzma.compress(sys.stdin.buffer.read()))"; } > "$OUT/cache-$V.tar.xz" ) && say "caches saved: $(du -h "$OUT/cache-$V.tar.xz" | cut -f1)"
+exit $rc

@@ -1,0 +1,239 @@
+"""Round cost and throughput of DDTREE against stock DFLASH and plain decoding, served.
+
+    python -m sglang_ddtree.bench.gpu_rounds --out bench_results --label pycode-4l-h200
+
+Every arm is a real SGLang server on the same target, drafter and flags (only the
+speculative flags differ). The servers start together (start-up is mostly compilation);
+then each arm is measured alone in turn - the others are idle, their schedulers polling
+on the host only. Per arm and concurrency: a warm-up pass of the same batch shape (so no
+graph capture or JIT compile lands in a measurement), then ``--repeats`` timed passes of
+``max(prompts-per-level, 2 x concurrency)`` greedy requests of ``--output-len`` tokens:
+
+* tok/s - output tokens over wall time;
+* accept length - output tokens per verify round (``spec_verify_ct`` of every request);
+* round time - wall time per verify round of one request in flight: at concurrency 1,
+  wall / rounds; above it, wall x concurrency / rounds (a batch advances all its requests
+  in one round);
+* a torch-profiler trace of ``--profile-steps`` decode steps at the profiled batch sizes
+  (SGLang's ``/start_profile``), summarised by :mod:`.round_profile`.
+
+Writes ``<label>.json``, ``.md`` and a ``.png`` (tok/s per concurrency; round time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import glob
+import json
+import statistics
+import time
+import urllib.error
+from pathlib import Path
+
+from ..launch import ServerProcess, ServerStartError, http_json
+from . import _stamp
+from .round_profile import summarise_trace
+
+PAIR = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l"
+COMMON = [
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--dtype", "bfloat16",
+    "--max-total-tokens", "131072",
+    "--mem-fraction-static", "0.08",
+    "--max-running-requests", "64",
+    "--log-level", "warning",
+]  # fmt: skip
+
+
+def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
+    """``plain``, ``dflash`` or ``ddtree@B`` -> server flags (``graph_max_bs`` 0: no graph flag)."""
+    graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)] if graph_max_bs else []
+    if arm == "plain":
+        return graphs
+    spec = ["--speculative-draft-model-path", drafter]
+    if arm == "dflash":
+        return graphs + spec + ["--speculative-algorithm", "DFLASH"]
+    name, _, budget = arm.partition("@")
+    if name != "ddtree" or not budget.isdigit():
+        raise ValueError(f"unknown arm {arm!r}: expected plain, dflash or ddtree@BUDGET")
+    return graphs + spec + ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", budget]
+
+
+def _request(server: ServerProcess, prompt: list[int], output_len: int) -> dict:
+    params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+    meta = server.generate({"input_ids": prompt, "sampling_params": params})["meta_info"]
+    return {
+        "tokens": meta["completion_tokens"],
+        "rounds": meta.get("spec_verify_ct") or meta["completion_tokens"],
+    }
+
+
+def timed_pass(server: ServerProcess, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        done = list(pool.map(lambda p: _request(server, p, output_len), prompts))
+    wall = time.perf_counter() - began
+    tokens, rounds = sum(d["tokens"] for d in done), sum(d["rounds"] for d in done)
+    return {
+        "wall_s": wall,
+        "tok_per_s": tokens / wall,
+        "accept_length": tokens / rounds,
+        "round_ms": 1e3 * wall * min(concurrency, len(prompts)) / rounds,
+    }
+
+
+def measure_level(server, prompts, args, concurrency: int) -> dict:
+    n = max(args.prompts_per_level, 2 * concurrency)
+    batch = [prompts[i % len(prompts)] for i in range(n)]
+    timed_pass(server, batch[:concurrency], args.output_len, concurrency)  # warm-up: same shapes
+    passes = [timed_pass(server, batch, args.output_len, concurrency) for _ in range(args.repeats)]
+    row = {k: statistics.median(p[k] for p in passes) for k in passes[0]}
+    return {"concurrency": concurrency, "requests": n, **row}
+
+
+def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> dict:
+    """Keep ``bs`` requests decoding while SGLang's profiler records ``--profile-steps`` steps."""
+    out = trace_dir / f"{arm.replace('@', '_')}_bs{bs}"
+    out.mkdir(parents=True, exist_ok=True)
+    long_len = max(args.output_len, 512)
+    with concurrent.futures.ThreadPoolExecutor(bs + 1) as pool:
+        running = [pool.submit(_request, server, prompts[i % len(prompts)], long_len) for i in range(bs)]
+        time.sleep(1.0)  # past prefill, into steady decode
+        http_json(
+            f"{server.url}/start_profile",
+            {"output_dir": str(out), "num_steps": args.profile_steps, "activities": ["CPU", "GPU"]},
+        )
+        for f in running:
+            f.result()
+    traces = []
+    for _ in range(60):  # the profiler exports its trace after the last step
+        traces = sorted(glob.glob(str(out / "*.trace.json*")))
+        if traces:
+            break
+        time.sleep(0.5)
+    if not traces:
+        return {"bs": bs, "error": f"no trace written in {out}"}
+    for _ in range(60):  # a trace being written does not parse yet
+        try:
+            return {"bs": bs, **summarise_trace(traces[0], args.profile_steps)}
+        except (ValueError, EOFError, OSError):
+            time.sleep(0.5)
+    return {"bs": bs, "error": f"trace {traces[0]} did not parse"}
+
+
+def _time_left(args) -> float:
+    return args.deadline_s - (time.monotonic() - args.t0)
+
+
+def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) -> dict:
+    """Every level, then the profiles, within this arm's share of the time left."""
+    record = {"arm": arm, "levels": [], "profiles": [], "skipped": []}
+    arm_deadline = time.monotonic() + _time_left(args) / arms_left
+    for concurrency in args.concurrency:
+        if time.monotonic() > arm_deadline:
+            record["skipped"].append(f"c={concurrency}: deadline")
+            continue
+        record["levels"].append(measure_level(server, prompts, args, concurrency))
+        print(f"[gpu_rounds] {arm} c={concurrency}: {record['levels'][-1]}", flush=True)
+    if arm != "plain" and arm in args.profile_arms:
+        for bs in args.profile_bs:
+            if time.monotonic() > arm_deadline:
+                record["skipped"].append(f"profile bs={bs}: deadline")
+                continue
+            try:
+                record["profiles"].append(profile_level(server, prompts, args, arm, bs, trace_dir))
+            except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+                record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
+    try:
+        record["server_info_accept_length"] = server.accept_length()
+    except (urllib.error.URLError, OSError):
+        pass
+    return record
+
+
+def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
+    servers = {
+        arm: ServerProcess(
+            ["--model-path", args.model, *args.common, *arm_args(arm, args.drafter, args.graph_max_bs)],
+            log_path=log_dir / f"{arm.replace('@', '_')}.log",
+            start_timeout=args.start_timeout,
+            name=arm,
+        )
+        for arm in arms
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda s: s.start(), servers.values()))
+    return servers
+
+
+def _printable(args: dict) -> dict:
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in args.items() if k != "t0"}
+
+
+def _wait_for(path: str | None) -> None:
+    """Another GPU job may share the start-up; measure only once it is done."""
+    while path and not Path(path).exists():
+        time.sleep(1.0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arms", default="plain,dflash,ddtree@7,ddtree@16,ddtree@32,ddtree@64")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    p.add_argument("--profile-bs", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--profile-arms", default="dflash,ddtree@7,ddtree@32", help="arms that get a profile")
+    p.add_argument("--deadline-s", type=float, default=1e9, help="skip what would end past this (from start)")
+    p.add_argument(
+        "--wait-file", default=None, help="start measuring once this file exists (servers start at once)"
+    )
+    p.add_argument("--model", default=str(PAIR / "target"))
+    p.add_argument("--drafter", default=str(PAIR / "drafter"))
+    p.add_argument("--prompts", default=str(PAIR / "heldout_prompts.json"))
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--prompts-per-level", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--graph-max-bs", type=int, default=32)
+    p.add_argument("--start-timeout", type=float, default=420.0)
+    p.add_argument("--common", default=" ".join(COMMON), help="flags of every arm (default: the GPU set)")
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--label", default="gpu_rounds")
+    args = p.parse_args(argv)
+    args.t0 = time.monotonic()
+    args.common = args.common.split()
+    args.profile_arms = set(args.profile_arms.split(","))
+
+    out = Path(args.out)
+    work = out / f"{args.label}_work"
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    prompts = [q["input_ids"] for q in json.loads(Path(args.prompts).read_text())]
+    arms = [a for a in args.arms.split(",") if a]
+    results = {
+        "stamp": _stamp.stamp(),
+        "args": _printable(vars(args)),
+        "common_flags": args.common,
+        "arms": [],
+    }
+    try:
+        servers = start_all(arms, args, work / "logs")
+    except ServerStartError as error:
+        print(f"[gpu_rounds] a server did not start: {error}", flush=True)
+        return 2
+    try:
+        _wait_for(args.wait_file)
+        for i, arm in enumerate(arms):
+            results["arms"].append(run_arm(servers[arm], prompts, args, arm, work / "traces", len(arms) - i))
+            _stamp.write_json(out / f"{args.label}.json", results)
+    finally:
+        for server in servers.values():
+            server.stop()
+    from .gpu_rounds_report import write_report
+
+    write_report(results, out, args.label)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

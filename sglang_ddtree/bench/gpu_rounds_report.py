@@ -1,0 +1,162 @@
+"""Report of :mod:`.gpu_rounds`: tables, the issue's targets, and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import _stamp
+
+CHAIN_WIDTH_ARM = "ddtree@7"  # verify width 8 = the DFlash chain's block of this drafter
+
+
+def _levels(results: dict) -> dict[str, dict[int, dict]]:
+    return {a["arm"]: {lv["concurrency"]: lv for lv in a["levels"]} for a in results["arms"]}
+
+
+def targets(results: dict) -> list[list]:
+    """The round-cost and speed targets, from numbers of this run."""
+    levels = _levels(results)
+    rows = []
+    dflash = levels.get("dflash", {})
+    if 1 in dflash and 1 in levels.get(CHAIN_WIDTH_ARM, {}):
+        ratio = levels[CHAIN_WIDTH_ARM][1]["round_ms"] / dflash[1]["round_ms"]
+        rows.append(
+            [
+                "DDTREE round / DFLASH round, same verify width (8), c=1",
+                f"{ratio:.3f}",
+                "<= 1.10",
+                ratio <= 1.10,
+            ]
+        )
+    ddtree_arms = [a for a in levels if a.startswith("ddtree@")]
+    for c, goal in ((1, 1.15), (8, 1.0), (32, 1.0)):
+        if c not in dflash:
+            continue
+        best = max(ddtree_arms, key=lambda a: levels[a].get(c, {}).get("tok_per_s", 0), default=None)
+        if best is None or c not in levels[best]:
+            continue
+        ratio = levels[best][c]["tok_per_s"] / dflash[c]["tok_per_s"]
+        rows.append(
+            [f"best DDTREE ({best}) tok/s / DFLASH tok/s, c={c}", f"{ratio:.3f}", f">= {goal}", ratio >= goal]
+        )
+    return rows
+
+
+def to_markdown(results: dict) -> str:
+    levels = _levels(results)
+    lines = [
+        "# DDTREE vs stock DFLASH vs plain, served on the GPU",
+        "",
+        _stamp.stamp_markdown(results["stamp"]),
+        "",
+        f"Flags in every arm: `{' '.join(results['common_flags'])}`"
+        + (
+            f" `--cuda-graph-max-bs-decode {results['args']['graph_max_bs']}`"
+            if results["args"]["graph_max_bs"]
+            else ""
+        )
+        + f"; greedy, {results['args']['output_len']} output tokens per request; medians of "
+        f"{results['args']['repeats']} timed passes after a warm-up pass of the same shape.",
+        "",
+        "## Targets",
+        "",
+        _stamp.md_table(["target", "measured", "goal", "met"], targets(results)),
+        "",
+        "## Throughput and round time",
+        "",
+    ]
+    rows = []
+    for arm, by_c in levels.items():
+        for c, lv in sorted(by_c.items()):
+            vs_dflash = (
+                lv["tok_per_s"] / levels["dflash"][c]["tok_per_s"] if c in levels.get("dflash", {}) else None
+            )
+            vs_plain = (
+                lv["tok_per_s"] / levels["plain"][c]["tok_per_s"] if c in levels.get("plain", {}) else None
+            )
+            rows.append([arm, c, lv["tok_per_s"], lv["accept_length"], lv["round_ms"], vs_dflash, vs_plain])
+    lines.append(
+        _stamp.md_table(["arm", "conc", "tok/s", "accept len", "round ms", "x DFLASH", "x plain"], rows)
+    )
+    lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
+    prof_rows = []
+    for arm in results["arms"]:
+        for p in arm["profiles"]:
+            if "error" in p:
+                prof_rows.append([arm["arm"], p["bs"], p["error"][:80], "", "", "", "", "", ""])
+                continue
+            top = ", ".join(f"{k} {v:.0f}" for k, v in list(p["gpu_us_by_category"].items())[:4])
+            prof_rows.append(
+                [
+                    arm["arm"],
+                    p["bs"],
+                    p["round_us"],
+                    p["gpu_busy_us"],
+                    p["gpu_idle_us"],
+                    p["kernel_launches_per_round"],
+                    p["graph_launches_per_round"],
+                    p["host_syncs_per_round"] + p["device_to_host_copies_per_round"],
+                    top,
+                ]
+            )
+    lines.append(
+        _stamp.md_table(
+            [
+                "arm",
+                "bs",
+                "round us",
+                "GPU busy us",
+                "GPU idle us",
+                "launches",
+                "graph launches",
+                "syncs",
+                "largest GPU parts (us)",
+            ],
+            prof_rows,
+        )
+    )
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = _levels(results)
+    profiled = [(a["arm"], p) for a in results["arms"] for p in a["profiles"] if "error" not in p]
+    fig, axes = plt.subplots(1, 2 if profiled else 1, figsize=(14 if profiled else 7, 5), squeeze=False)
+    ax = axes[0][0]
+    for arm, by_c in levels.items():
+        cs = sorted(by_c)
+        ax.plot(cs, [by_c[c]["tok_per_s"] for c in cs], marker="o", label=arm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("output tok/s")
+    ax.set_title("throughput")
+    ax.legend()
+    if profiled:
+        ax = axes[0][1]
+        categories = sorted({k for _, p in profiled for k in p["gpu_us_by_category"]})
+        labels = [f"{arm}\nbs{p['bs']}" for arm, p in profiled]
+        bottom = [0.0] * len(profiled)
+        for cat in categories + ["GPU idle"]:
+            values = [
+                p["gpu_idle_us"] if cat == "GPU idle" else p["gpu_us_by_category"].get(cat, 0.0)
+                for _, p in profiled
+            ]
+            ax.bar(labels, values, bottom=bottom, label=cat)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_ylabel("us per round")
+        ax.set_title("where a round's time goes")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(results: dict, out: Path, label: str) -> None:
+    _stamp.write_outputs(out, label, results, to_markdown(results))
+    plot(results, out / f"{label}.png")

@@ -1,0 +1,93 @@
+"""Summarise a torch-profiler trace of decode steps into a per-round profile.
+
+A trace of ``steps`` decode steps (SGLang's ``/start_profile`` with ``num_steps``) holds
+the GPU kernels (``cat == "kernel"``), the CUDA runtime calls that launched them and any
+host synchronisation. Per round (one decode step = one draft + verify round):
+
+* wall time: the trace's span over the steps;
+* GPU time by kind of kernel (:data:`CATEGORIES`, first match wins), and GPU busy time
+  (union of kernel intervals): wall minus busy is where the GPU waited on the host;
+* kernel launches, CUDA-graph launches and host synchronisations (stream / device /
+  event syncs, device-to-host copies) per round.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+
+# (category, kernel-name pattern), checked in order.
+CATEGORIES = [
+    ("draft top-k", re.compile(r"ddtree_topk")),
+    ("tree build + mask", re.compile(r"ddtree_(build|tree|flat_mask)")),
+    ("accept", re.compile(r"ddtree_accept")),
+    ("tree other", re.compile(r"ddtree_")),
+    ("attention", re.compile(r"_fwd_kernel|attention|attn|flash", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm90", re.I)),
+    ("sampling / argmax / softmax", re.compile(r"argmax|softmax|sort|topk|top_k|reduce|sampl|max_", re.I)),
+    ("kv / index copies", re.compile(r"copy|kv|cache|index|gather|scatter|memcpy", re.I)),
+]
+OTHER = "elementwise / norm / other"
+LAUNCH = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchKernelExC|cuLaunchKernelEx)")
+GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
+SYNC = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cuStreamSynchronize)")
+
+
+def categorise(kernel_name: str) -> str:
+    for category, pattern in CATEGORIES:
+        if pattern.search(kernel_name):
+            return category
+    return OTHER
+
+
+def _load(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        trace = json.load(f)
+    return trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        busy += stop - max(start, end)
+        end = stop
+    return busy
+
+
+def summarise_events(events: list[dict], steps: int) -> dict:
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    copies = [e for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_memcpy"]
+    if not kernels:
+        return {"error": "no GPU kernels in the trace"}
+    timed = kernels + runtime
+    span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed)
+    by_category: dict[str, float] = defaultdict(float)
+    for e in kernels:
+        by_category[categorise(e.get("name", ""))] += e.get("dur", 0)
+    busy = _busy_us([(e["ts"], e["ts"] + e.get("dur", 0)) for e in kernels])
+    names = [e.get("name", "") for e in runtime]
+    per_round = 1.0 / steps
+    return {
+        "steps": steps,
+        "round_us": span * per_round,
+        "gpu_busy_us": busy * per_round,
+        "gpu_idle_us": (span - busy) * per_round,
+        "gpu_us_by_category": {
+            k: v * per_round for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])
+        },
+        "kernels_per_round": len(kernels) * per_round,
+        "kernel_launches_per_round": sum(bool(LAUNCH.match(n)) for n in names) * per_round,
+        "graph_launches_per_round": sum(bool(GRAPH_LAUNCH.match(n)) for n in names) * per_round,
+        "host_syncs_per_round": sum(bool(SYNC.match(n)) for n in names) * per_round,
+        "device_to_host_copies_per_round": sum("DtoH" in e.get("name", "") for e in copies) * per_round,
+    }
+
+
+def summarise_trace(path: str, steps: int) -> dict:
+    return {"trace": path.rsplit("/", 1)[-1], **summarise_events(_load(path), steps)}

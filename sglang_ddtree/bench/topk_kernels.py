@@ -1,0 +1,229 @@
+"""Draft top-k on the GPU: the split-vocabulary kernel against the one-block-per-row kernel.
+
+Draft-like bf16 logits (a flat tail plus a few strong candidates per depth) over vocabulary
+163840, ``bs x depth`` rows (block 8: depth 7, block 16: depth 15). Before timing, every
+configuration is checked: both kernels' ids must equal the exact torch path's and their
+log-probs agree to rounding. Times are CUDA-graph replays (``calls`` launches per graph, per
+launch, median of ``reps``), the split kernel with a preallocated workspace. The logits of one
+configuration are re-read on every launch: up to ~50 MB they stay in L2 (bs 1, 8 and
+32 x 7), so those times are the kernels' latency rather than an HBM read.
+
+    python -m sglang_ddtree.bench.topk_kernels                  # -> bench_results/topk_kernels_<device>.*
+    python -m sglang_ddtree.bench.topk_kernels --splits 0 8 16  # also sweep the split count (0 = automatic)
+    python -m sglang_ddtree.bench.tree_kernels --topk-only      # the same
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from . import _stamp
+
+VOCAB = 163840
+BATCH_SIZES = (1, 8, 32, 64)
+KS = (8, 16, 32, 64)
+BLOCKS = (8, 16)
+TARGETS_US = {1: 15.0, 64: 60.0}  # issue 15: at most 15 us at bs 1, 60 us at bs 64
+
+
+def draft_like_logits(bs: int, depth: int, vocab: int, seed: int, device) -> torch.Tensor:
+    """bf16 ``[bs, depth, vocab]``: N(0, 2) plus up to 12 on 8 random tokens per row."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(bs, depth, vocab, generator=gen, device=device) * 2.0
+    boost = torch.randint(0, vocab, (bs, depth, 8), generator=gen, device=device)
+    logits.scatter_add_(-1, boost, torch.rand(bs, depth, 8, generator=gen, device=device) * 12)
+    return logits.bfloat16()
+
+
+def check_exact(x: torch.Tensor, k: int, splits: int | None = None) -> None:
+    """Both kernels == the exact torch path (ids equal, log-probs to rounding)."""
+    from ..kernels import topk
+
+    want_lp, want_ids = topk.topk_log_probs_torch(x, k)
+    for algorithm in topk.ALGORITHMS:
+        lp, ids = topk.topk_log_probs(x, k, splits=splits, algorithm=algorithm)
+        if not torch.equal(ids, want_ids):
+            raise AssertionError(
+                f"{algorithm} top-k ids differ at shape={list(x.shape)} k={k} splits={splits}"
+            )
+        torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
+
+
+def time_topk(
+    x: torch.Tensor, k: int, calls: int, reps: int, splits: int | None = None, row: bool = True
+) -> dict:
+    """One configuration: the split kernel's plan and time, and the row kernel's time (us)."""
+    from ..kernels import topk
+
+    rows, vocab = x.numel() // x.shape[-1], x.shape[-1]
+    plan = topk.split_plan(rows, vocab, k, topk._sm_count(x.device), splits)
+    ws = topk.TopkWorkspace.for_splits(rows, k, plan.splits if plan else 1, x.device)
+    out_lp = torch.empty(*x.shape[:-1], k, device=x.device)
+    out_ids = torch.empty(*x.shape[:-1], k, dtype=torch.int64, device=x.device)
+
+    def us(algorithm):
+        fn = lambda: topk.topk_log_probs(x, k, out_lp, out_ids, ws, splits, algorithm)  # noqa: E731
+        return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
+
+    out = {
+        "k": k,
+        "rows": rows,
+        "splits": plan.splits if plan else None,
+        "slice_len": plan.slice_len if plan else None,
+        "split_us": us("split"),
+    }
+    if row:
+        out["row_us"] = us("row")
+        out["speedup"] = out["row_us"] / out["split_us"]
+    return out
+
+
+def run(args) -> dict:
+    dev = torch.device("cuda")
+    results = {"stamp": _stamp.stamp(), "vocab": args.vocab, "config": vars(args).copy(), "topk": []}
+    splits_list = [None if s == 0 else s for s in args.splits]
+    for block in args.blocks:
+        depth = block - 1
+        logits = draft_like_logits(max(args.batch_sizes), depth, args.vocab, block, dev)
+        for bs in args.batch_sizes:
+            x = logits[:bs]
+            for k in args.ks:
+                for i, splits in enumerate(splits_list):
+                    check_exact(x, k, splits)
+                    row = time_topk(x, k, args.calls, args.reps, splits, row=i == 0)
+                    row.update(block=block, depth=depth, bs=bs, forced_splits=splits)
+                    results["topk"].append(row)
+                    print(
+                        f"block {block} bs {bs} k {k} splits {row['splits']}: split {row['split_us']:.1f} us"
+                        + (f", row {row['row_us']:.1f} us" if "row_us" in row else ""),
+                        file=sys.stderr,
+                    )
+        del logits
+    results["targets"] = evaluate_targets(results)
+    return results
+
+
+def evaluate_targets(results: dict) -> dict:
+    """Worst k of the automatic plan at each target batch size, per block."""
+    out = {}
+    for bs, goal in TARGETS_US.items():
+        for block in sorted({r["block"] for r in results["topk"]}):
+            rows = [
+                r
+                for r in results["topk"]
+                if r["bs"] == bs and r["block"] == block and r["forced_splits"] is None
+            ]
+            if rows:
+                worst = max(rows, key=lambda r: r["split_us"])
+                out[f"bs{bs}_block{block}_us"] = dict(
+                    value=worst["split_us"],
+                    target=f"<= {goal:g} us",
+                    met=worst["split_us"] <= goal,
+                    k=worst["k"],
+                )
+    return out
+
+
+def read_floor_us(bs: int, depth: int, vocab: int, gbs: float) -> float:
+    """Microseconds to read the bf16 logits once at ``gbs`` GB/s."""
+    return bs * depth * vocab * 2 / (gbs * 1e3)
+
+
+def to_markdown(results: dict) -> str:
+    cfg = results["config"]
+    lines = [
+        "# Draft top-k: split-vocabulary kernel vs one block per row",
+        "",
+        _stamp.stamp_markdown(results["stamp"]),
+        "",
+        f"bf16 draft-like logits, vocab {results['vocab']}; CUDA-graph replay, {cfg['calls']} launches per graph, "
+        f"time per launch, median of {cfg['reps']} replays. Every configuration was checked exact (ids equal to "
+        "the torch path with pinned ties) before timing. Times in microseconds.",
+        "",
+        "## Targets (automatic split count, worst k)",
+        "",
+    ]
+    rows = [
+        (name, t["value"], t["k"], t["target"], "met" if t["met"] else "MISSED")
+        for name, t in results["targets"].items()
+    ]
+    lines += [_stamp.md_table(["target", "measured", "k", "goal", "status"], rows), ""]
+    for block in sorted({r["block"] for r in results["topk"]}):
+        lines += [f"## Block {block} (depth {block - 1})", ""]
+        rows = [
+            (
+                r["bs"],
+                r["k"],
+                r["rows"],
+                r["splits"],
+                r["slice_len"],
+                r["split_us"],
+                r.get("row_us", "-"),
+                r.get("speedup", "-"),
+            )
+            for r in results["topk"]
+            if r["block"] == block
+        ]
+        lines += [
+            _stamp.md_table(["bs", "k", "rows", "splits", "slice", "split kernel", "row kernel", "x"], rows),
+            "",
+        ]
+    if results.get("copy_gbs"):
+        gbs = results["copy_gbs"]
+        lines += [
+            f"HBM read floor at the measured copy bandwidth ({gbs:.0f} GB/s, read + write counted): "
+            + ", ".join(
+                f"bs {bs} x depth {d}: {read_floor_us(bs, d, results['vocab'], gbs / 2):.1f} us"
+                for d in (7, 15)
+                for bs in (1, 64)
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ks", type=int, nargs="+", default=list(KS), help="top-k sizes (budgets)")
+    p.add_argument("--splits", type=int, nargs="+", default=[0], help="split counts to time (0 = automatic)")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None, help="output directory (default: bench_results/)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
+    p.add_argument("--blocks", type=int, nargs="+", default=list(BLOCKS))
+    p.add_argument("--vocab", type=int, default=VOCAB)
+    p.add_argument("--reps", type=int, default=30, help="graph replays per timing")
+    p.add_argument("--calls", type=int, default=5, help="launches per graph")
+    add_arguments(p)
+    return run_and_write(p.parse_args(argv))
+
+
+def run_and_write(args) -> int:
+    if not torch.cuda.is_available():
+        print("topk_kernels: needs a CUDA GPU (and CuPy)", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    results = run(args)
+    results["copy_gbs"] = _stamp.copy_bandwidth_gbs()
+    results["wall_s"] = time.time() - t0
+    out_dir = _stamp.results_dir(args.out)
+    name = f"topk_kernels_{_device_slug(results['stamp'])}"
+    paths = _stamp.write_outputs(out_dir, name, results, to_markdown(results))
+    print(to_markdown(results))
+    print("wrote", *[str(x) for x in paths])
+    return 0
+
+
+def _device_slug(stamp: dict) -> str:
+    from .tree_kernels import device_slug
+
+    return device_slug(stamp)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

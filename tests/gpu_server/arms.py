@@ -1,0 +1,191 @@
+"""Server arms of the GPU serving suite, on the trained pair (sglang_ddtree/models/pairs).
+
+float32 arms check exact greedy identity with the plain server; bf16 arms are checked
+margin-aware against a plain bf16 server's own full forward (:func:`margin_violations`).
+The triton attention backend is the one the GPU bundle can serve (no FA3, no FlashInfer).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import time
+from pathlib import Path
+
+import sglang_ddtree
+from sglang_ddtree.launch import ServerProcess, ServerStartError
+
+PAIR = Path(sglang_ddtree.__file__).parent / "models" / "pairs" / "pycode-4l"
+BUDGET = 32
+GRAPH_MAX_BS = 16
+
+COMMON = [
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--max-total-tokens", "65536",
+    "--mem-fraction-static", "0.05",
+    "--log-level", "info",
+]  # fmt: skip
+GRAPHS = ["--cuda-graph-max-bs-decode", str(GRAPH_MAX_BS)]
+EAGER = ["--disable-cuda-graph"]
+FP32 = ["--dtype", "float32"]
+BF16 = ["--dtype", "bfloat16"]
+
+
+def _spec(algorithm: str) -> list[str]:
+    args = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(PAIR / "drafter")]
+    return args + (["--speculative-ddtree-budget", str(BUDGET)] if algorithm == "DDTREE" else [])
+
+
+DDTREE, DFLASH = _spec("DDTREE"), _spec("DFLASH")
+
+PAGE16_CHUNKED = ["--page-size", "16", "--chunked-prefill-size", "64"]
+
+ARMS: dict[str, list[str]] = {
+    "plain_fp32": FP32 + EAGER,
+    # Chunked prefill changes the prefill's float32 rounding: the DDTREE arm with it is
+    # compared with a plain server that chunks the same way.
+    "plain_fp32_page16_chunked": FP32 + EAGER + PAGE16_CHUNKED,
+    "ddtree_fp32_graphs": FP32 + GRAPHS + DDTREE,
+    "ddtree_fp32_graphs_page16_no_overlap_chunked": FP32
+    + GRAPHS
+    + DDTREE
+    + PAGE16_CHUNKED
+    + ["--disable-overlap-schedule"],
+    "ddtree_fp32_eager": FP32 + EAGER + DDTREE,
+    "plain_bf16_graphs": BF16 + GRAPHS,
+    "ddtree_bf16_graphs": BF16 + GRAPHS + DDTREE,
+    "dflash_bf16_graphs": BF16 + GRAPHS + DFLASH,
+}
+# The first wave compiles the kernels (float32 and bf16, plain and speculative) that
+# the second reuses from the cache.
+WAVES = [
+    ["plain_bf16_graphs", "ddtree_fp32_graphs"],
+    [arm for arm in ARMS if arm not in ("plain_bf16_graphs", "ddtree_fp32_graphs")],
+]
+
+
+def selected_waves() -> list[list[str]]:
+    """``WAVES``, restricted to ``GPU_SERVER_ARMS`` (comma list) when set: a run of part of
+    the suite (``-k bf16``) starts only the servers it needs."""
+    wanted = [a for a in os.environ.get("GPU_SERVER_ARMS", "").split(",") if a]
+    unknown = set(wanted) - set(ARMS)
+    if unknown:
+        raise ValueError(f"GPU_SERVER_ARMS: unknown arms {sorted(unknown)}; known: {sorted(ARMS)}")
+    waves = [[a for a in wave if not wanted or a in wanted] for wave in WAVES]
+    return [w for w in waves if w]
+
+
+# Which plain server each speculative float32 arm must match token for token.
+REFERENCE = {"ddtree_fp32_graphs_page16_no_overlap_chunked": "plain_fp32_page16_chunked"}
+
+
+def heldout_prompts(n: int) -> list[list[int]]:
+    prompts = json.loads((PAIR / "heldout_prompts.json").read_text())
+    return [p["input_ids"] for p in prompts[:n]]
+
+
+class Fleet:
+    """The suite's servers, started once per session; a server that failed to start
+    keeps its error so that only the tests needing it fail."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.servers: dict[str, ServerProcess] = {}
+        self.errors: dict[str, str] = {}
+        self.start_seconds: dict[str, float] = {}
+
+    def start(self, arm: str) -> None:
+        server = ServerProcess(
+            ["--model-path", str(PAIR / "target"), *COMMON, *ARMS[arm]],
+            log_path=self.log_dir / f"{arm}.log",
+            start_timeout=420.0,
+            name=arm,
+        )
+        began = time.monotonic()
+        try:
+            self.servers[arm] = server.start()
+        except ServerStartError as error:
+            self.errors[arm] = str(error)
+        self.start_seconds[arm] = round(time.monotonic() - began, 1)
+
+    def __getitem__(self, arm: str) -> ServerProcess:
+        if arm not in self.servers and arm not in self.errors:
+            raise RuntimeError(f"server {arm} was not started (GPU_SERVER_ARMS)")
+        if arm in self.errors:
+            raise RuntimeError(f"server {arm} did not start:\n{self.errors[arm]}")
+        return self.servers[arm]
+
+    def log_text(self, arm: str) -> str:
+        return (self.log_dir / f"{arm}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+
+
+def greedy(server: ServerProcess, prompt: list[int], max_new_tokens: int) -> list[int]:
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    return server.generate({"input_ids": prompt, "sampling_params": params})["output_ids"]
+
+
+def greedy_batch(server: ServerProcess, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """All requests in flight at once (the scheduler batches them)."""
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda pl: greedy(server, *pl), zip(prompts, lengths)))
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+# bf16 logits of the same prefix differ between a batched verify and a prefill by rounding.
+# This pair's logits lie within |16|..|32|, where one bf16 step is 0.125; two independently
+# rounded logits can trade places by up to two steps. A token is a violation only if the
+# full forward prefers another token by more than that.
+BF16_MARGIN = 0.25  # nats
+
+
+def top2_logprobs(reference: ServerProcess, prompt: list[int], output: list[int]):
+    """``reference``'s full forward of ``prompt + output``: for every output token, its
+    log-prob and the two best ``(log-prob, token)`` at its position."""
+    response = reference.generate(
+        {
+            "input_ids": prompt + output,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt) - 1,
+            "top_logprobs_num": 2,
+        }
+    )
+    meta = response["meta_info"]
+    chosen = meta["input_token_logprobs"][-len(output) :]
+    tops = meta["input_top_logprobs"][-len(output) :]
+    rows = []
+    for i, ((logprob, token, *_), top) in enumerate(zip(chosen, tops)):
+        if token != output[i]:
+            raise AssertionError(f"logprob rows misaligned at output token {i}: {token} != {output[i]}")
+        rows.append((logprob, [(t[0], t[1]) for t in top[:2]]))
+    return rows
+
+
+def margin_violations(reference: ServerProcess, prompt: list[int], output: list[int]) -> dict:
+    """Check every emitted token against ``reference``'s full forward of its prefix: the
+    token must be the argmax wherever the argmax leads by more than ``BF16_MARGIN``."""
+    violations, near_ties = [], []
+    for i, (logprob, top) in enumerate(top2_logprobs(reference, prompt, output)):
+        token = output[i]
+        best_logprob, best_token = top[0]
+        if best_token == token:
+            continue
+        if best_logprob - logprob > BF16_MARGIN:
+            violations.append(
+                {"index": i, "emitted": token, "argmax": best_token, "gap": best_logprob - logprob}
+            )
+        else:
+            near_ties.append(round(best_logprob - logprob, 4))
+    return {"violations": violations, "near_ties": near_ties}

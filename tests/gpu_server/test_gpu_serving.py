@@ -1,0 +1,146 @@
+"""DDTREE served by real SGLang on a GPU: exact in float32 against the plain server (eager
+and CUDA graphs, overlap on and off, page 1 and 16, chunked prefill, radix hits, bs 1 to 16
+with padded graph shapes and mixed lengths, aborts), margin-exact in bf16, with the CUDA
+tree kernels in the round."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import urllib.error
+
+import pytest
+
+from sglang_ddtree.launch import http_json
+
+from .arms import (
+    REFERENCE,
+    first_difference,
+    greedy,
+    greedy_batch,
+    heldout_prompts,
+    margin_violations,
+    top2_logprobs,
+)
+
+pytestmark = pytest.mark.gpu_server
+
+N_PROMPTS, N_TOKENS = 16, 128
+FP32_DDTREE_ARMS = [
+    "ddtree_fp32_graphs",
+    "ddtree_fp32_graphs_page16_no_overlap_chunked",
+    "ddtree_fp32_eager",
+]
+# Batches that land on captured graph sizes (16, 8) and on padded ones (11 -> 12, 5 -> 8),
+# with mixed output lengths so requests leave the batch at different rounds.
+BATCHES = [(16, None), (11, [128, 17, 64, 96, 33, 128, 5, 80, 128, 47, 111]), (5, [40, 128, 9, 77, 128])]
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    return heldout_prompts(N_PROMPTS)
+
+
+@pytest.fixture(scope="session")
+def plain_outputs(fleet, prompts):
+    """Greedy outputs of each plain float32 server, computed once."""
+    cache = {}
+
+    def outputs(arm):
+        name = REFERENCE.get(arm, "plain_fp32")
+        if name not in cache:
+            cache[name] = [greedy(fleet[name], p, N_TOKENS) for p in prompts]
+        return fleet[name], cache[name]
+
+    return outputs
+
+
+def _record_identity(results, name, outputs, reference, prompts):
+    """Record the first differing token per request, with the reference's own top-2
+    log-probs there (a float32 near-tie would show as a tiny gap)."""
+    server, expected = reference
+    diffs = [first_difference(o, r[: len(o)]) for o, r in zip(outputs, expected)]
+    gaps = {}
+    for i, d in enumerate(diffs):
+        if d is not None:
+            _, top = top2_logprobs(server, prompts[i], expected[i][: d + 1])[d]
+            gaps[i] = {"expected": expected[i][d], "got": outputs[i][d], "reference_top2": top}
+    results[name] = {
+        "requests": len(outputs),
+        "first_difference": diffs,
+        "identical": not gaps,
+        "at_difference": gaps,
+    }
+    return diffs
+
+
+@pytest.mark.parametrize("arm", FP32_DDTREE_ARMS)
+def test_fp32_sequential_identical_to_plain(fleet, prompts, plain_outputs, results, arm):
+    server = fleet[arm]
+    outputs = [greedy(server, p, N_TOKENS) for p in prompts]
+    diffs = _record_identity(results, f"{arm}/bs1", outputs, plain_outputs(arm), prompts)
+    results[f"{arm}/bs1"]["accept_length"] = server.accept_length()
+    assert all(d is None for d in diffs), f"first differing token per prompt: {diffs}"
+    assert server.accept_length() > 1.5  # the tree is used, not bypassed
+
+
+@pytest.mark.parametrize("arm", FP32_DDTREE_ARMS)
+def test_fp32_batches_identical_to_plain(fleet, prompts, plain_outputs, results, arm):
+    server = fleet[arm]
+    failures = []
+    for size, lengths in BATCHES:
+        lengths = lengths or [N_TOKENS] * size
+        outputs = greedy_batch(server, prompts[:size], lengths)
+        diffs = _record_identity(results, f"{arm}/batch{size}", outputs, plain_outputs(arm), prompts)
+        failures += [(size, i, d) for i, d in enumerate(diffs) if d is not None]
+    assert not failures, f"(batch, request, first differing token): {failures}"
+
+
+@pytest.mark.parametrize("arm", ["ddtree_fp32_graphs", "ddtree_fp32_graphs_page16_no_overlap_chunked"])
+def test_fp32_aborts_leave_the_server_exact(fleet, prompts, plain_outputs, results, arm):
+    """Requests dropped mid-generation by their clients (SGLang aborts them) do not
+    disturb the KV or the trees of the requests that follow."""
+    server = fleet[arm]
+
+    def dropped(prompt):
+        payload = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+        try:
+            http_json(f"{server.url}/generate", payload, timeout=0.3)
+        except (urllib.error.URLError, TimeoutError, OSError):
+            pass
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(dropped, prompts[:8]))
+    outputs = greedy_batch(server, prompts[:8], [N_TOKENS] * 8)
+    diffs = _record_identity(results, f"{arm}/after_aborts", outputs, plain_outputs(arm), prompts)
+    assert all(d is None for d in diffs), diffs
+
+
+@pytest.mark.parametrize("arm", ["ddtree_bf16_graphs", "dflash_bf16_graphs"])
+def test_bf16_margin_aware_exact(fleet, prompts, results, arm):
+    """Every emitted token is the plain bf16 server's argmax for its prefix wherever that
+    argmax leads by more than bf16 noise (BF16_MARGIN); near-ties are counted."""
+    server, reference = fleet[arm], fleet["plain_bf16_graphs"]
+    outputs = [greedy(server, p, N_TOKENS) for p in prompts]
+    outputs += greedy_batch(server, prompts, [N_TOKENS] * len(prompts))
+    checks = [margin_violations(reference, p, o) for p, o in zip(prompts + prompts, outputs)]
+    violations = [v for c in checks for v in c["violations"]]
+    results[f"{arm}/bf16_margin"] = {
+        "tokens": sum(len(o) for o in outputs),
+        "violations": violations,
+        "near_ties": sorted(g for c in checks for g in c["near_ties"]),
+        "accept_length": server.accept_length(),
+    }
+    assert not violations, violations[:5]
+
+
+def test_tree_kernels_serve_the_round(fleet):
+    """The worker builds its trees with the CUDA kernels (CuPy) on the GPU."""
+    for arm in ("ddtree_fp32_graphs", "ddtree_bf16_graphs"):
+        assert "tree builder=cuda" in fleet.log_text(arm), arm
+
+
+def test_graph_arms_decode_on_graphs(fleet):
+    """The CUDA-graph arms run their rounds on graphs (not silently eager), the eager arm not."""
+    for arm in ("ddtree_fp32_graphs", "ddtree_bf16_graphs", "ddtree_fp32_graphs_page16_no_overlap_chunked"):
+        assert "cuda graph: True" in fleet.log_text(arm), arm
+    assert "cuda graph: True" not in fleet.log_text("ddtree_fp32_eager")

@@ -1,0 +1,80 @@
+"""The GPU round benchmark's trace summary and report, on synthetic data (no GPU)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from sglang_ddtree.bench import gpu_rounds_report
+from sglang_ddtree.bench.gpu_rounds import arm_args
+from sglang_ddtree.bench.round_profile import categorise, summarise_trace
+
+
+def _kernel(name, ts, dur):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+def _runtime(name, ts, dur=1.0):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur}
+
+
+def test_trace_summary_per_round(tmp_path):
+    # two rounds of 100 us: 40 us of kernels each (two overlapping), one sync per round
+    events = []
+    for r in range(2):
+        t = 100.0 * r
+        events += [
+            _runtime("cudaGraphLaunch", t),
+            _kernel("_fwd_kernel_stage1", t + 2, 20),
+            _kernel("ddtree_topk_split_bf16", t + 10, 20),  # overlaps the attention kernel
+            _kernel("void cutlass_gemm", t + 40, 10),
+            _runtime("cudaLaunchKernel", t + 60),
+            _runtime("cudaStreamSynchronize", t + 70, 29.0),
+        ]
+    path = tmp_path / "x.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    s = summarise_trace(str(path), steps=2)
+    assert s["round_us"] == 99.5  # 0 .. 199 over two rounds
+    assert s["gpu_busy_us"] == 38.0  # union: 2..30 and 40..50
+    assert s["gpu_us_by_category"] == {"attention": 20.0, "draft top-k": 20.0, "gemm": 10.0}
+    assert s["graph_launches_per_round"] == 1 and s["kernel_launches_per_round"] == 1
+    assert s["host_syncs_per_round"] == 1 and s["kernels_per_round"] == 3
+
+
+def test_categories():
+    assert categorise("ddtree_build_tree_w64") == "tree build + mask"
+    assert categorise("ddtree_flat_mask") == "tree build + mask"
+    assert categorise("ddtree_accept_walk") == "accept"
+    assert categorise("vectorized_elementwise_kernel") == "elementwise / norm / other"
+
+
+def test_arm_flags():
+    assert "--speculative-ddtree-budget" in arm_args("ddtree@16", "D", 32)
+    assert "DFLASH" in arm_args("dflash", "D", 32)
+    assert not any(a.startswith("--speculative") for a in arm_args("plain", "D", 32))
+
+
+def test_report_targets_and_files(tmp_path):
+    def level(c, tps, rms):
+        return {"concurrency": c, "tok_per_s": tps, "accept_length": 3.0, "round_ms": rms, "requests": 8}
+
+    results = {
+        "stamp": {"device": "test"},
+        "args": {"graph_max_bs": 32, "output_len": 128, "repeats": 2},
+        "common_flags": ["--dtype", "bfloat16"],
+        "arms": [
+            {"arm": "plain", "levels": [level(1, 400, 2.5)], "profiles": []},
+            {"arm": "dflash", "levels": [level(1, 700, 3.7), level(8, 2000, 4.0)], "profiles": []},
+            {"arm": "ddtree@7", "levels": [level(1, 690, 3.9), level(8, 1900, 4.1)], "profiles": []},
+            {"arm": "ddtree@32", "levels": [level(1, 820, 4.4), level(8, 2100, 4.5)], "profiles": []},
+        ],
+    }
+    rows = {r[0]: r for r in gpu_rounds_report.targets(results)}
+    same_width = rows["DDTREE round / DFLASH round, same verify width (8), c=1"]
+    assert same_width[1] == f"{3.9 / 3.7:.3f}" and same_width[3] is True
+    c1 = rows["best DDTREE (ddtree@32) tok/s / DFLASH tok/s, c=1"]
+    assert c1[3] is True  # 820 / 700 = 1.171
+    gpu_rounds_report.write_report(results, tmp_path, "r")
+    assert (tmp_path / "r.png").stat().st_size > 0
+    assert "| ddtree@32 | 1 | 820" in (tmp_path / "r.md").read_text()

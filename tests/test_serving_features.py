@@ -1,0 +1,183 @@
+"""Request features under a tree, through the real server (CPU mode, float32).
+
+Every request of one concurrent batch carries a feature - json_schema, regex,
+EBNF, frequency / presence / repetition penalty, min_new_tokens, logit_bias, a
+custom logit processor, seeded sampling with a penalty or a grammar - or none.
+The DDTREE server (overlap on) must answer token for token what the plain
+server answers, while the controlled drafter puts the right token behind a decoy
+at some depths, so accepted paths go through non-argmax siblings. A chain
+accepts at most one draft per round under that script; each feature request
+must average more than two tokens per round.
+
+The plain reference runs with ``--disable-overlap-schedule``: with overlap on,
+SGLang 0.5.23's plain server counts penalties one token late (docs/features.md);
+DDTREE applies the exact counts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+
+import pytest
+from serving import PROMPTS, ddtree_args, last_tree_stats, oracle_env, plain_args, run_server, write_json
+from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+from transformers import AutoTokenizer
+
+pytestmark = pytest.mark.server
+
+GREEDY = {"max_new_tokens": 20, "temperature": 0.0}
+SEEDED = {"max_new_tokens": 20, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "sampling_seed": 77}
+REGEX = "[0-9]+( [a-z]+)*"
+JSON_SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+EBNF = 'root ::= "x" [0-9]+ "y"'
+FEATURES = {
+    "json": {"json_schema": JSON_SCHEMA},
+    "regex": {"regex": REGEX},
+    "ebnf": {"ebnf": EBNF},
+    "frequency": {"frequency_penalty": 1.5},
+    "presence": {"presence_penalty": 1.5},
+    "repetition": {"repetition_penalty": 1.75},
+    "logit_bias": {"logit_bias": {"68": 6.0, "404": -20.0, "24": 4.0}},
+}
+# Requests whose drafter puts a token the grammar forbids at rank 0 at every depth.
+INVALID_DECOY = ("regex", "json")
+PLAIN_OPTIONS = ["--enable-deterministic-inference", "--enable-custom-logit-processor"]
+
+
+def _request(tokenizer, name: str, prompt: str, params: dict, extra: dict | None = None) -> dict:
+    # A per-feature prefix keeps every prompt distinct: the drafter keys on it.
+    ids = tokenizer(f"{name}: {prompt}")["input_ids"]
+    return {"input_ids": ids, "sampling_params": params, **(extra or {}), "_name": name}
+
+
+def _feature_requests(tokenizer) -> list[dict]:
+    requests = []
+    for name, feature in FEATURES.items():
+        for prompt in PROMPTS[:3]:
+            requests.append(_request(tokenizer, name, prompt, {**GREEDY, **feature}))
+    for prompt in PROMPTS[:2]:
+        requests.append(_request(tokenizer, "none", prompt, dict(GREEDY)))
+    requests.append(_request(tokenizer, "seeded-frequency", PROMPTS[1], {**SEEDED, "frequency_penalty": 1.0}))
+    requests.append(_request(tokenizer, "seeded-regex", PROMPTS[2], {**SEEDED, "regex": REGEX}))
+    return requests
+
+
+def _dependent_requests(tokenizer, unconstrained: dict[str, list[int]]) -> list[dict]:
+    """Features keyed on what the unconstrained model says: a stop token it emits
+    early (held back by min_new_tokens) and tokens a custom processor forbids."""
+    requests = []
+    processor = DisallowedTokensLogitsProcessor.to_str()
+    # One list for every request: the processor requires equal parameters per batch.
+    forbidden = sorted({unconstrained[p][i] for p in PROMPTS[:3] for i in (1, 4)})
+    for prompt in PROMPTS[:3]:
+        params = {**GREEDY, "stop_token_ids": [unconstrained[prompt][2]], "min_new_tokens": 8}
+        requests.append(_request(tokenizer, "min_new_tokens", prompt, params))
+        params = {**GREEDY, "custom_params": {"token_ids": forbidden}}
+        requests.append(_request(tokenizer, "custom", prompt, params, {"custom_logit_processor": processor}))
+    return requests
+
+
+def _send_all(server, requests) -> list[dict]:
+    """All requests in flight at once: one mixed batch."""
+    payloads = [{k: v for k, v in r.items() if k != "_name"} for r in requests]
+    with concurrent.futures.ThreadPoolExecutor(len(payloads)) as pool:
+        return list(pool.map(server.generate, payloads))
+
+
+def _oracle(path, requests, outputs, tokenizer):
+    overrides = {}
+    decoy = tokenizer("{")["input_ids"][0]  # no grammar under test allows it after its first token
+    for index, request in enumerate(requests):
+        if request["_name"] in INVALID_DECOY:
+            overrides[str(index)] = {"ranks": [1], "decoy_token": decoy}
+    continuations = [r["input_ids"] + out for r, out in zip(requests, outputs)]
+    return write_json(
+        path, {"continuations": continuations, "ranks": [0, 1, 0, 0, 1, 0, 0], "overrides": overrides}
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("features")
+    tokenizer = AutoTokenizer.from_pretrained(tiny.target)
+    requests = _feature_requests(tokenizer)
+    with run_server(plain_args(tiny, ["--disable-overlap-schedule", *PLAIN_OPTIONS]), name="plain") as server:
+        unconstrained = {
+            p: server.generate({"text": p, "sampling_params": GREEDY})["output_ids"] for p in PROMPTS[:3]
+        }
+        requests += _dependent_requests(tokenizer, unconstrained)
+        results = _send_all(server, requests)
+    outputs = [r["output_ids"] for r in results]
+    return {
+        "tokenizer": tokenizer,
+        "requests": requests,
+        "outputs": outputs,
+        "texts": [r["text"] for r in results],
+        "unconstrained": unconstrained,
+        "oracle": _oracle(tmp / "oracle.json", requests, outputs, tokenizer),
+        "tmp": tmp,
+    }
+
+
+@pytest.fixture(scope="module")
+def tree_results(tiny, reference):
+    args = ddtree_args(tiny, budget=24, extra=["--log-level", "info", *PLAIN_OPTIONS])
+    log = reference["tmp"] / "ddtree.log"
+    with run_server(args, env=oracle_env(reference["oracle"]), name="ddtree", tmp=reference["tmp"]) as server:
+        assert server.server_info()["disable_overlap_schedule"] is False
+        results = _send_all(server, reference["requests"])
+    return results, log
+
+
+def test_every_feature_is_token_identical_to_the_plain_server(reference, tree_results):
+    results, _ = tree_results
+    for request, want, got in zip(reference["requests"], reference["outputs"], results):
+        assert got["output_ids"] == want, request["_name"]
+
+
+def test_features_change_the_output(reference):
+    """The reference itself exercises each feature: its outputs differ from the
+    unconstrained ones (a feature that changed nothing would prove nothing)."""
+    unconstrained = [reference["unconstrained"].get(p) for p in PROMPTS[:3]]
+    for name in [*FEATURES, "min_new_tokens", "custom"]:
+        outputs = [o for r, o in zip(reference["requests"], reference["outputs"]) if r["_name"] == name]
+        assert any(out != base for out, base in zip(outputs, unconstrained)), name
+
+
+def test_accepted_paths_go_through_non_argmax_branches(reference, tree_results):
+    results, log = tree_results
+    for request, result in zip(reference["requests"], results):
+        if request["_name"] == "none":
+            continue
+        meta = result["meta_info"]
+        # a chain accepts at most one draft (+ the bonus) per round under this script
+        assert meta["completion_tokens"] < 6 or meta["spec_accept_length"] > 2.0, (request["_name"], meta)
+    assert last_tree_stats(log)["non_argmax_share"] > 0.3
+
+
+def test_grammar_output_is_valid_despite_invalid_rank0_proposals(reference, tree_results):
+    results, _ = tree_results
+    for request, result in zip(reference["requests"], results):
+        text, finished = result["text"], result["meta_info"]["finish_reason"]["type"] == "stop"
+        if request["_name"] == "regex":
+            assert re.fullmatch("[0-9]+( [a-z]*)*", text), text  # every prefix of the language
+            assert not finished or re.fullmatch(REGEX, text)
+        if request["_name"] == "json" and finished:
+            assert isinstance(json.loads(text)["a"], int)
+        if request["_name"] == "ebnf":
+            assert re.fullmatch("x[0-9]*y?", text), text
+
+
+def test_features_with_the_sync_scheduler(tiny, reference):
+    """Without overlap: the grammar advances in the result processor (no barrier)
+    before every round, and the features still hold token for token."""
+    extra = ["--disable-overlap-schedule", *PLAIN_OPTIONS]
+    args = ddtree_args(tiny, budget=16, extra=extra)
+    with run_server(
+        args, env=oracle_env(reference["oracle"]), name="ddtree-sync", tmp=reference["tmp"]
+    ) as server:
+        results = _send_all(server, reference["requests"])
+    for request, want, got in zip(reference["requests"], reference["outputs"], results):
+        assert got["output_ids"] == want, request["_name"]

@@ -1,0 +1,79 @@
+"""The split top-k launcher's geometry (sglang_ddtree/kernels/topk.py): the shared memory it
+sizes must hold every candidate the kernel can collect, for any logits, since the kernel has
+no overflow path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sglang_ddtree.kernels import topk as tk
+
+THREADS = 256
+
+
+def _thread_counts(vocab: int, lo: int, hi: int, vec: int, row_aligned: bool) -> np.ndarray:
+    """Elements each thread visits in cuda/ddtree_topk_split.cu::ddt_visit_slice."""
+    counts = np.zeros(THREADS, np.int64)
+    if row_aligned and lo % vec == 0:
+        v_lo, v_full = lo // vec, hi // vec
+        nvec = max(0, v_full - v_lo)
+        counts += vec * (nvec // THREADS)
+        counts[: nvec % THREADS] += vec
+        lo = v_full * vec
+    n = max(0, hi - lo)
+    counts += n // THREADS
+    counts[: n % THREADS] += 1
+    return counts
+
+
+@pytest.mark.parametrize("vocab", [111, 4001, 32000, 151936, 163840, 262144])
+@pytest.mark.parametrize("k", [1, 7, 8, 33, 64, 128, 256])
+@pytest.mark.parametrize("rows", [1, 15, 120, 960])
+def test_plan_fits_every_candidate(rows, vocab, k):
+    if k > vocab:
+        assert tk.split_plan(rows, vocab, k) is None
+        return
+    plan = tk.split_plan(rows, vocab, k)
+    if plan is None:  # the merge would not fit: the row kernel serves it (only k 256 here)
+        assert k > 128 and vocab > 163840
+        return
+    s, length, g, cap = plan.splits, plan.slice_len, plan.merge_chunk, plan.cap
+    assert length % 8 == 0 and (s - 1) * length < vocab <= s * length
+    assert cap & (cap - 1) == 0 and cap <= 8192
+    # stage 1: at most k threads hold a candidate >= the bound
+    worst = 0
+    for split in range(s):
+        lo, hi = split * length, min(vocab, (split + 1) * length)
+        for vec, aligned in ((4, True), (8, True), (8, False)):
+            worst = max(worst, int(np.sort(_thread_counts(vocab, lo, hi, vec, aligned))[-k:].sum()))
+    assert worst <= cap
+    if s > 1:  # stage 2: one sample per thread, at most (C + S) x g candidates reach the bound
+        chunks = -(-k // g)
+        assert s * chunks <= THREADS
+        assert (chunks + s) * g <= cap
+
+
+def test_small_batches_fill_the_gpu():
+    """bs 1 x 15 depths over vocab 163840: hundreds of blocks, not 15."""
+    for k in (8, 16, 32, 64):
+        plan = tk.split_plan(15, 163840, k, sm_count=132)
+        assert 15 * plan.splits >= 400
+        big = tk.split_plan(960, 163840, k, sm_count=132)
+        assert big.splits <= plan.splits
+
+
+def test_forced_splits_and_limits():
+    assert tk.split_plan(4, 163840, 64, splits=3) is None  # 55k-entry slices: too many candidates
+    assert tk.split_plan(4, 163840, 64, splits=20).splits == 20
+    assert tk.split_plan(4, 163840, 257) is None  # above the split kernel's k: the row kernel
+    assert tk.split_plan(2, 111, 33, splits=4).slice_len == 32
+
+
+@pytest.mark.parametrize("k", [8, 64, 256])
+def test_workspace_covers_every_batch(k):
+    ws = tk.TopkWorkspace.allocate(64 * 15, 163840, k, "cpu", sm_count=132)
+    assert int(ws.counters.abs().sum()) == 0
+    for rows in range(1, 64 * 15 + 1):
+        plan = tk.split_plan(rows, 163840, k, sm_count=132)
+        assert ws.fits(rows, k, plan.splits), rows
