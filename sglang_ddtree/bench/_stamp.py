@@ -197,6 +197,14 @@ def results_dir(path: str | os.PathLike | None = None) -> Path:
     return out
 
 
+def device_slug(stamp: dict) -> str:
+    """``NVIDIA H200`` -> ``h200``: the device part of a results file name."""
+    import re
+
+    name = str(stamp.get("device") or "cpu").lower().replace("nvidia", "").strip()
+    return re.sub(r"[^a-z0-9]+", "_", name).strip("_") or "gpu"
+
+
 def write_outputs(out_dir: Path, name: str, data: dict, markdown: str) -> list[Path]:
     """Write ``name.json`` and ``name.md``; returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)

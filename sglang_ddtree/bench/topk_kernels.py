@@ -220,9 +220,7 @@ def run_and_write(args) -> int:
 
 
 def _device_slug(stamp: dict) -> str:
-    from .tree_kernels import device_slug
-
-    return device_slug(stamp)
+    return _stamp.device_slug(stamp)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ equal the reference.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -313,9 +312,7 @@ def evaluate_targets(results: dict) -> dict:
     return out
 
 
-def device_slug(stamp: dict) -> str:
-    name = str(stamp.get("device") or "cpu").lower().replace("nvidia", "").strip()
-    return re.sub(r"[^a-z0-9]+", "_", name).strip("_") or "gpu"
+device_slug = _stamp.device_slug
 
 
 def to_markdown(results: dict) -> str:
