@@ -78,8 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         # the DFlash chain: one candidate per depth, block - 1 nodes
         (
             "chain",
-            cpu_server_args(target, [*common, *spec, "--speculative-ddtree-budget", str(block - 1)]),
-            {"SGLANG_DDTREE_MAX_TOPK": "1"},
+            cpu_server_args(
+                target,
+                [
+                    *common,
+                    *spec,
+                    "--speculative-ddtree-budget",
+                    str(block - 1),
+                    "--speculative-ddtree-max-topk",
+                    "1",
+                ],
+            ),
+            {},
         ),
         (
             "ddtree",

@@ -80,6 +80,21 @@ def _install_cli_hooks() -> None:
             server_args.read_drafter_config(draft_path)
         return original(algorithm, draft_path, *args, **kwargs)
 
+    def with_ddtree_section(result, server_args_obj, *args, **kwargs):
+        algorithm = str(getattr(server_args_obj, "speculative_algorithm", None) or "").upper()
+        if algorithm == ALGORITHM_NAME and isinstance(result, dict):
+            result["ddtree"] = {
+                "budget": int(server_args_obj.speculative_num_draft_tokens) - 1,
+                **server_args.server_info_section(),
+            }
+        return result
+
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:  # the HTTP server lives in the launcher only
+        HookRegistry.register(
+            "sglang.srt.entrypoints.http_server.build_server_info", with_ddtree_section, HookType.AFTER
+        )
     target = "sglang.srt.server_args.ServerArgs"
     HookRegistry.register(f"{target}.add_cli_args", add_cli_args, HookType.AROUND)
     HookRegistry.register(f"{target}.from_cli_args", from_cli_args, HookType.AROUND)

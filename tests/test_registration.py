@@ -310,3 +310,43 @@ def test_verify_graphs_are_captured_with_a_tree_mask():
     dflash = graph_runner(False)
     dflash.model_runner.spec_algorithm = SpeculativeAlgorithm.DFLASH
     assert DecodeCudaGraphRunner.get_spec_info(dflash, 17).custom_mask is None  # stock DFLASH untouched
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--speculative-ddtree-max-topk", "0"], "--speculative-ddtree-max-topk must be >= 1"),
+        (["--speculative-ddtree-stats-interval", "-1"], "--speculative-ddtree-stats-interval must be >= 0"),
+    ],
+)
+def test_option_flags_are_validated(argv, message, monkeypatch):
+    import argparse
+
+    monkeypatch.delenv("SGLANG_DDTREE_MAX_TOPK", raising=False)
+    monkeypatch.delenv("SGLANG_DDTREE_LOG_STATS_EVERY", raising=False)
+    parser = argparse.ArgumentParser()
+    ddtree_args.add_cli_args(parser)
+    with pytest.raises(DDTreeConfigError, match=message):
+        ddtree_args.apply_option_flags(parser.parse_args(argv))
+
+
+def test_option_flags_reach_the_configuration(monkeypatch):
+    """The flags travel to the scheduler processes in their environment and become the
+    configuration; a contradicting variable set by hand is refused."""
+    import argparse
+
+    from sglang_ddtree.config import DDTreeConfig
+
+    monkeypatch.delenv("SGLANG_DDTREE_MAX_TOPK", raising=False)
+    monkeypatch.delenv("SGLANG_DDTREE_LOG_STATS_EVERY", raising=False)
+    parser = argparse.ArgumentParser()
+    ddtree_args.add_cli_args(parser)
+    namespace = parser.parse_args(
+        ["--speculative-ddtree-max-topk", "2", "--speculative-ddtree-stats-interval", "5"]
+    )
+    ddtree_args.apply_option_flags(namespace)
+    assert DDTreeConfig.from_spec_fields(17, 8).max_topk == 2
+    assert ddtree_args.server_info_section()["stats_interval"] == 5
+    monkeypatch.setenv("SGLANG_DDTREE_MAX_TOPK", "3")
+    with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_MAX_TOPK=3"):
+        ddtree_args.apply_option_flags(namespace)

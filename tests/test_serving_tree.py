@@ -98,8 +98,11 @@ def _serve(tiny, plain, budget, max_topk=None, extra=()):
 
 
 def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, plain):
-    server, chain_log = _serve(tiny, plain, budget=7, max_topk=1)
+    # the chain through the server flag, which /server_info reports
+    server, chain_log = _serve(tiny, plain, budget=7, extra=("--speculative-ddtree-max-topk", "1"))
     with server:
+        ddtree_info = server.server_info()["ddtree"]
+        assert (ddtree_info["budget"], ddtree_info["max_topk"], ddtree_info["stats_interval"]) == (7, 1, 1)
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         chain_accept = server.accept_length()
     server, tree_log = _serve(tiny, plain, budget=32)

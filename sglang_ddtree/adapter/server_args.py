@@ -14,6 +14,8 @@ import os
 from ..config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_BUDGET,
+    ENV_LOG_TREE_STATS,
+    ENV_MAX_TOPK,
     ENV_TEST_PLUGIN,
     DDTreeConfig,
     DDTreeConfigError,
@@ -28,6 +30,8 @@ from .attention.gpu_backends import supported_backends
 logger = logging.getLogger("sglang_ddtree")
 
 BUDGET_FLAG = "--speculative-ddtree-budget"
+MAX_TOPK_FLAG = "--speculative-ddtree-max-topk"
+STATS_FLAG = "--speculative-ddtree-stats-interval"
 CPU_ATTENTION_BACKEND = "torch_native"
 
 
@@ -49,12 +53,51 @@ def add_cli_args(parser) -> None:
             "--speculative-num-draft-tokens, which must not also be given differently."
         ),
     )
+    _add_option_flags(parser)
+
+
+def _add_option_flags(parser) -> None:
+    parser.add_argument(
+        MAX_TOPK_FLAG,
+        type=int,
+        default=None,
+        help=(
+            "DDTREE: at most this many candidates per tree depth (default: the budget). "
+            "1 spends the budget on the drafter's top-1 spine: the DFlash chain, for A/B runs."
+        ),
+    )
+    parser.add_argument(
+        STATS_FLAG,
+        type=int,
+        default=None,
+        help="DDTREE: log accept length, tree size and the non-argmax share every N rounds (0: never).",
+    )
+
+
+def apply_option_flags(args) -> None:
+    """Validate the option flags and hand them to every process of the server: they are
+    no ServerArgs fields, so they travel in the environment that the scheduler processes
+    inherit (config.py reads it; a variable set by hand to another value is an error)."""
+    for flag, attr, env, lowest in (
+        (MAX_TOPK_FLAG, "speculative_ddtree_max_topk", ENV_MAX_TOPK, 1),
+        (STATS_FLAG, "speculative_ddtree_stats_interval", ENV_LOG_TREE_STATS, 0),
+    ):
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        if value < lowest:
+            _fail(f"{flag} must be >= {lowest}, got {value}.")
+        given = os.environ.get(env, "").strip()
+        if given and given != str(value):
+            _fail(f"{flag} {value} contradicts {env}={given}; pass only the flag.")
+        os.environ[env] = str(value)
 
 
 def check_cli_namespace(args) -> None:
     """Checks that must run on the parsed command line, before SGLang's argument
     resolution imports anything that needs a GPU or reads the drafter."""
     apply_budget_flag(args)
+    apply_option_flags(args)
     if str(getattr(args, "speculative_algorithm", None) or "").upper() != "DDTREE":
         return
     _default_cpu_attention_backend(args)
@@ -253,6 +296,16 @@ def _is_hopper() -> bool:
     import torch
 
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def server_info_section() -> dict:
+    """DDTREE's settings as ``/server_info`` shows them (key ``ddtree``)."""
+    return {
+        "budget_flag": BUDGET_FLAG,
+        "max_topk": max_topk_override(),
+        "stats_interval": stats_log_interval(),
+        "tree_backend": tree_backend_override(),
+    }
 
 
 def resolve_server_args(cfg) -> None:

@@ -3,7 +3,7 @@ how many accepted tokens came from non-argmax branches (tokens a chain of the
 drafter's top-1 picks would not have proposed at that depth).
 
 Counters stay on the device and are read on the host only every
-``SGLANG_DDTREE_LOG_STATS_EVERY`` rounds (0 = never), so the decode loop keeps
+``--speculative-ddtree-stats-interval`` rounds (0 = never), so the decode loop keeps
 running without host synchronisation. SGLang's own ``avg_spec_accept_length``
 (``/server_info``) counts the same accepted tokens.
 """

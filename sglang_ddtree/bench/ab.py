@@ -9,7 +9,7 @@ subprocess once per (concurrency, repeat). Arms:
   (``ddtree@B`` picks another budget; several may be listed);
 * ``chain``: the DFlash chain with the same drafter: stock ``--speculative-algorithm
   DFLASH`` on GPUs; on a CPU (where SGLang refuses DFLASH) DDTREE with
-  ``SGLANG_DDTREE_MAX_TOPK=1`` and budget = block size - 1, which is the same chain;
+  ``--speculative-ddtree-max-topk 1`` and budget = block size - 1, which is the same chain;
 * ``plain``: no speculation.
 
 Before the load, every arm answers the same greedy requests (temperature 0, fixed
@@ -153,10 +153,11 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
                 drafter,
                 "--speculative-ddtree-budget",
                 str(block - 1),
+                "--speculative-ddtree-max-topk",
+                "1",
             ]
-            env["SGLANG_DDTREE_MAX_TOPK"] = "1"
             description = (
-                f"the DFlash chain as DDTREE with SGLANG_DDTREE_MAX_TOPK=1 and budget {block - 1} "
+                f"the DFlash chain as DDTREE with --speculative-ddtree-max-topk 1 and budget {block - 1} "
                 f"(block {block} - 1): one candidate per depth (SGLang refuses DFLASH on this platform)"
             )
         else:
