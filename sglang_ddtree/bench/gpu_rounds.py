@@ -107,20 +107,28 @@ def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> 
         )
         for f in running:
             f.result()
-    traces = []
-    for _ in range(60):  # the profiler exports its trace after the last step
-        traces = sorted(glob.glob(str(out / "*.trace.json*")))
-        if traces:
-            break
-        time.sleep(0.5)
-    if not traces:
-        return {"bs": bs, "error": f"no trace written in {out}"}
-    for _ in range(60):  # a trace being written does not parse yet
-        try:
-            return {"bs": bs, **summarise_trace(traces[0], args.profile_steps)}
-        except (ValueError, EOFError, OSError):
-            time.sleep(0.5)
-    return {"bs": bs, "error": f"trace {traces[0]} did not parse"}
+    trace = _finished_trace(out, args.profile_export_s)
+    if trace is None:
+        return {"bs": bs, "error": f"no complete trace in {out} after {args.profile_export_s:.0f} s"}
+    return {"bs": bs, **summarise_trace(trace, args.profile_steps)}
+
+
+def _finished_trace(folder: Path, timeout_s: float) -> str | None:
+    """The profiler writes its trace after the last profiled step, which takes a while for a
+    trace with host stacks: wait until the file stops growing and parses."""
+    deadline, last_size = time.monotonic() + timeout_s, -1
+    while time.monotonic() < deadline:
+        traces = sorted(glob.glob(str(folder / "*.trace.json*")))
+        size = Path(traces[0]).stat().st_size if traces else -1
+        if traces and size > 0 and size == last_size:
+            try:
+                summarise_trace(traces[0], 1)
+                return traces[0]
+            except (ValueError, EOFError, OSError):
+                pass
+        last_size = size
+        time.sleep(2.0)
+    return None
 
 
 def _time_left(args) -> float:
@@ -184,6 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     p.add_argument("--profile-bs", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--profile-export-s", type=float, default=180.0, help="wait this long for a trace file")
     p.add_argument("--profile-arms", default="dflash,ddtree@7,ddtree@32", help="arms that get a profile")
     p.add_argument("--deadline-s", type=float, default=1e9, help="skip what would end past this (from start)")
     p.add_argument(
