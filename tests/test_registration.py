@@ -337,8 +337,9 @@ def test_option_flags_reach_the_configuration(monkeypatch):
 
     from sglang_ddtree.config import DDTreeConfig
 
-    monkeypatch.delenv("SGLANG_DDTREE_MAX_TOPK", raising=False)
-    monkeypatch.delenv("SGLANG_DDTREE_LOG_STATS_EVERY", raising=False)
+    # apply_option_flags writes os.environ itself; setenv makes the teardown remove what it wrote
+    monkeypatch.setenv("SGLANG_DDTREE_MAX_TOPK", "")
+    monkeypatch.setenv("SGLANG_DDTREE_LOG_STATS_EVERY", "")
     parser = argparse.ArgumentParser()
     ddtree_args.add_cli_args(parser)
     namespace = parser.parse_args(
