@@ -3,8 +3,7 @@
 // ddtree_build_tree, ddtree_build_tree_r<R>: one block per request; warp 0 runs the
 // best-first search of sglang_ddtree/tree/build.py::build_tree_from_topk exactly, the whole
 // block then writes the batch layout of sglang_ddtree/tree/layout.py (tokens, depths,
-// parents, tree sizes, positions, bit-packed ancestor mask) and, optionally, first-child /
-// next-sibling links.
+// parents, tree sizes, positions, bit-packed ancestor mask).
 //
 // The heap of the reference holds, for every popped node (and the root), at most one
 // entry: the node's next child to emit (rank = number of its children popped so far). So
@@ -28,14 +27,14 @@
 #include "ddtree_path.cuh"
 
 // Shared memory of the build kernels (the launcher computes the same size):
-//   u64 fkey[W]; double score[W]; int par, rnk, dep, cnt, last, prev, first, next [W];
+//   u64 fkey[W]; double score[W]; int par, rnk, dep, cnt [W];
 //   int n (x4); float lp[D*K] when lp_in_smem.
-// par / rnk / dep / prev are the node records (parent, child number, depth, previous
-// sibling) that the layout reads; fkey / score / cnt / last are the shared-memory heap.
+// par / rnk / dep are the node records (parent, child number, depth) that the layout
+// reads; fkey / score / cnt are the shared-memory heap.
 struct DdtBuildSmem {
   ddt_u64* fkey;
   double* score;
-  int *par, *rnk, *dep, *cnt, *last, *prev, *first, *nxt, *n;
+  int *par, *rnk, *dep, *cnt, *n;
   float* lp;
 };
 
@@ -47,11 +46,7 @@ __device__ __forceinline__ DdtBuildSmem ddt_build_smem(unsigned char* base, int 
   s.rnk = s.par + W;
   s.dep = s.rnk + W;
   s.cnt = s.dep + W;
-  s.last = s.cnt + W;
-  s.prev = s.last + W;
-  s.first = s.prev + W;
-  s.nxt = s.first + W;
-  s.n = s.nxt + W;  // 4 ints, keeps the float array 16-byte aligned
+  s.n = s.cnt + W;  // 4 ints, keeps the float array 16-byte aligned
   s.lp = reinterpret_cast<float*>(s.n + 4);
   return s;
 }
@@ -60,7 +55,6 @@ __device__ __forceinline__ void ddt_write_root(const DdtBuildSmem& s) {
   s.par[0] = -1;
   s.rnk[0] = 0;
   s.dep[0] = 0;
-  s.prev[0] = -1;
 }
 
 // Warp argmax of the lanes' best keys `bk`: the lane holding the heap's top, -1 when the
@@ -116,7 +110,6 @@ __device__ int ddt_pop_shared(const float* lp, int D, int K, int budget, int lan
     ddt_write_root(s);
     s.cnt[0] = 0;
     s.score[0] = 0.0;
-    s.last[0] = -1;
     s.fkey[0] = (D > 0 && K > 0) ? ddt_score_key((double)lp[0]) : 0ull;
   }
   int t = 0;
@@ -147,7 +140,6 @@ __device__ int ddt_pop_shared(const float* lp, int D, int K, int budget, int lan
     const int c = s.cnt[P];
     const int dP = s.dep[P];
     const double sP = s.score[P];
-    const int prevP = s.last[P];
     const double st = ddt_key_score(m);  // == sP + (double)lp[dP*K + c], the reference's sum
     const ddt_u64 kP = (c + 1 < K) ? ddt_score_key(sP + (double)lp[dP * K + c + 1]) : 0ull;
     const ddt_u64 kt = (dP + 1 < D) ? ddt_score_key(st + (double)lp[(dP + 1) * K]) : 0ull;
@@ -156,14 +148,11 @@ __device__ int ddt_pop_shared(const float* lp, int D, int K, int budget, int lan
     if (lane == 0) {
       s.fkey[P] = kP;  // P's entry moves to its next child
       s.cnt[P] = c + 1;
-      s.last[P] = t;
       s.par[t] = P;  // the new node t: child number c of P
       s.rnk[t] = c;
       s.dep[t] = dP + 1;
-      s.prev[t] = prevP;
       s.cnt[t] = 0;
       s.score[t] = st;
-      s.last[t] = -1;
       s.fkey[t] = kt;
     }
   }
@@ -172,7 +161,7 @@ __device__ int ddt_pop_shared(const float* lp, int D, int K, int budget, int lan
 
 // The best-first search with the heap in registers, for W <= 32 * R. Slot j of lane l is
 // node l + 32 j: its heap key (next child's score key; 0 = none), score, children popped
-// so far, depth and last child. A pop: each lane's best slot and the two keys its pop
+// so far and depth. A pop: each lane's best slot and the two keys its pop
 // would push (computed while the warp argmax is in flight), the argmax, shuffles from the
 // winner, and branch-free slot updates; shared memory only receives the node records.
 // Same pops, in the same order, as ddt_pop_shared.
@@ -180,15 +169,15 @@ template <int R>
 struct DdtSlots {
   ddt_u64 key[R];
   double sc[R];
-  int cn[R], dp[R], ls[R];
+  int cn[R], dp[R];
 };
 
-// What popping lane `lane`'s slot bj would do: its node e, child number c, depth d, last
-// child l, score sv, and the log-probs behind the keys of the entries it would push (kP:
+// What popping lane `lane`'s slot bj would do: its node e, child number c, depth d,
+// score sv, and the log-probs behind the keys of the entries it would push (kP:
 // e's next child, kt: the new node's first child). Loaded first, keys summed later, so the
 // loads overlap the warp argmax.
 struct DdtPopPlan {
-  int e, c, d, l;
+  int e, c, d;
   double sv;
   float lpP, lpT;
   ddt_u64 kP, kt;
@@ -200,14 +189,12 @@ __device__ __forceinline__ DdtPopPlan ddt_plan_load(const DdtSlots<R>& h, int bj
   DdtPopPlan p;
   p.c = 0;
   p.d = 0;
-  p.l = -1;
   p.sv = 0.0;
 #pragma unroll
   for (int j = 0; j < R; ++j) {
     const bool hit = j == bj;
     p.c = hit ? h.cn[j] : p.c;
     p.d = hit ? h.dp[j] : p.d;
-    p.l = hit ? h.ls[j] : p.l;
     p.sv = hit ? h.sc[j] : p.sv;
   }
   p.e = lane + 32 * bj;
@@ -250,7 +237,6 @@ __device__ int ddt_pop_registers(const float* lp, int D, int K, int budget, int 
     h.sc[j] = 0.0;
     h.cn[j] = 0;
     h.dp[j] = 0;
-    h.ls[j] = -1;
   }
   if (lane == 0) {
     ddt_write_root(s);
@@ -302,7 +288,6 @@ __device__ int ddt_pop_registers(const float* lp, int D, int K, int budget, int 
       s.par[t] = p.e;
       s.rnk[t] = p.c;
       s.dep[t] = p.d + 1;
-      s.prev[t] = p.l;
     }
     const int jt = t >> 5;
 #pragma unroll
@@ -311,7 +296,6 @@ __device__ int ddt_pop_registers(const float* lp, int D, int K, int budget, int 
       const bool ht = is_t && j == jt;  // node t's slot: its first child is next
       h.key[j] = ht ? kt_w : (hp ? p.kP : h.key[j]);
       h.cn[j] = ht ? 0 : (hp ? p.c + 1 : h.cn[j]);
-      h.ls[j] = ht ? -1 : (hp ? t : h.ls[j]);
       h.sc[j] = ht ? st_w : h.sc[j];
       h.dp[j] = ht ? d_w + 1 : h.dp[j];
     }
@@ -327,8 +311,7 @@ __device__ __forceinline__ void ddt_build_tree(
     const ddt_i64* __restrict__ root_tokens, const ddt_i64* __restrict__ prefix_lens, ddt_i64 D_,
     ddt_i64 K_, ddt_i64 budget_, ddt_i64 W_, ddt_i64 lp_in_smem, ddt_i64* __restrict__ tokens,
     ddt_i64* __restrict__ depths, ddt_i64* __restrict__ parents, ddt_i64* __restrict__ tree_sizes,
-    ddt_i64* __restrict__ positions, int* __restrict__ mask_words, ddt_i64* __restrict__ first_child,
-    ddt_i64* __restrict__ next_sibling) {
+    ddt_i64* __restrict__ positions, int* __restrict__ mask_words) {
   const int D = (int)D_, K = (int)K_, W = (int)W_;
   const int budget = (int)(budget_ < W_ - 1 ? budget_ : W_ - 1);
   const int b = blockIdx.x;
@@ -367,22 +350,7 @@ __device__ __forceinline__ void ddt_build_tree(
   }
   __syncthreads();
 
-  // ---------------------------------------------------------------- links
   const int n = s.n[0];
-  if (first_child || next_sibling) {
-    for (int i = tid; i < W; i += blockDim.x) {
-      s.first[i] = -1;
-      s.nxt[i] = -1;
-    }
-    __syncthreads();
-    for (int i = 1 + tid; i <= n; i += blockDim.x) {
-      if (rnk[i] == 0)
-        s.first[par[i]] = i;
-      else
-        s.nxt[s.prev[i]] = i;
-    }
-    __syncthreads();
-  }
 
   // ---------------------------------------------------------------- layout
   const ddt_i64 root = root_tokens[b];
@@ -400,8 +368,6 @@ __device__ __forceinline__ void ddt_build_tree(
     depths[row + i] = d;
     parents[row + i] = p;
     if (positions) positions[row + i] = pre + d;
-    if (first_child) first_child[row + i] = (i <= n) ? s.first[i] : -1;
-    if (next_sibling) next_sibling[row + i] = (i <= n) ? s.nxt[i] : -1;
   }
   if (tid == 0) tree_sizes[b] = n + 1;
 #ifdef DDT_TIME_POPS
@@ -441,13 +407,10 @@ __device__ __forceinline__ void ddt_build_tree(
       ddt_i64* __restrict__ parents,      /* [bs, W] */                                            \
       ddt_i64* __restrict__ tree_sizes,   /* [bs] */                                               \
       ddt_i64* __restrict__ positions,    /* [bs, W] or null */                                    \
-      int* __restrict__ mask_words,       /* [bs, W, ceil(W/32)] or null */                        \
-      ddt_i64* __restrict__ first_child,  /* [bs, W] or null */                                    \
-      ddt_i64* __restrict__ next_sibling) /* [bs, W] or null */                                    \
+      int* __restrict__ mask_words)       /* [bs, W, ceil(W/32)] or null */                        \
   {                                                                                                \
     ddt_build_tree<R>(log_probs, token_ids, root_tokens, prefix_lens, D_, K_, budget_, W_,         \
-                      lp_in_smem, tokens, depths, parents, tree_sizes, positions, mask_words,      \
-                      first_child, next_sibling);                                                  \
+                      lp_in_smem, tokens, depths, parents, tree_sizes, positions, mask_words);     \
   }
 
 DDT_BUILD_KERNEL(ddtree_build_tree, 0)

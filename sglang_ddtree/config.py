@@ -29,6 +29,7 @@ ENV_TEST_PLUGIN = "SGLANG_DDTREE_TEST_PLUGIN"  # test-only: a module whose insta
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
+ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host phase-time log lines
 
 
 class DDTreeConfigError(ValueError):
@@ -69,6 +70,14 @@ def stats_log_interval() -> int:
     value = os.environ.get(ENV_LOG_TREE_STATS, "").strip()
     if value and not value.isdigit():
         raise DDTreeConfigError(f"{ENV_LOG_TREE_STATS}={value!r}: expected a non-negative integer")
+    return int(value or 0)
+
+
+def phase_times_interval() -> int:
+    """Rounds between log lines of the round's host time per phase (0 = not measured)."""
+    value = os.environ.get(ENV_PHASE_TIMES, "").strip()
+    if value and not value.isdigit():
+        raise DDTreeConfigError(f"{ENV_PHASE_TIMES}={value!r}: expected a non-negative integer")
     return int(value or 0)
 
 

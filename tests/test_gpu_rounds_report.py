@@ -30,6 +30,9 @@ def test_trace_summary_per_round(tmp_path):
             _kernel("void cutlass_gemm", t + 40, 10),
             _runtime("cudaLaunchKernel", t + 60),
             _runtime("cudaStreamSynchronize", t + 70, 29.0),
+            {"ph": "X", "cat": "user_annotation", "name": "ddtree.build", "ts": t + 5, "dur": 8.0},
+            {"ph": "X", "cat": "gpu_user_annotation", "name": "ddtree.build", "ts": t + 10, "dur": 20.0},
+            {"ph": "X", "cat": "user_annotation", "name": "other_range", "ts": t + 5, "dur": 50.0},
         ]
     path = tmp_path / "x.trace.json.gz"
     with gzip.open(path, "wt") as f:
@@ -40,6 +43,20 @@ def test_trace_summary_per_round(tmp_path):
     assert s["gpu_us_by_category"] == {"attention": 20.0, "draft top-k": 20.0, "gemm": 10.0}
     assert s["graph_launches_per_round"] == 1 and s["kernel_launches_per_round"] == 1
     assert s["host_syncs_per_round"] == 1 and s["kernels_per_round"] == 3
+    assert s["phase_host_us"] == {"build": 8.0} and s["phase_gpu_us"] == {"build": 20.0}
+
+
+def test_phase_line_of_the_server_log(tmp_path):
+    from sglang_ddtree.bench.gpu_rounds import last_phase_times
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[x] WARNING DDTREE phase host us/round: {'build': 40.0, 'round': 900.5}\n"
+        "noise\n[x] WARNING DDTREE phase host us/round: {'build': 41.5, 'round': 880.0}\n"
+    )
+    assert last_phase_times(log) == {"build": 41.5, "round": 880.0}
+    log.write_text("no phase lines\n")
+    assert last_phase_times(log) is None
 
 
 def test_categories():

@@ -8,6 +8,7 @@ samples) stays identical to the non-speculative server.
 
 from __future__ import annotations
 
+import ast
 import urllib.error
 
 import pytest
@@ -29,6 +30,12 @@ from transformers import AutoTokenizer
 pytestmark = pytest.mark.server
 
 SEEDED = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "sampling_seed": 1234}
+
+
+def last_phase_times(log_path) -> dict:
+    lines = [ln for ln in log_path.read_text().splitlines() if "DDTREE phase host us/round:" in ln]
+    assert lines, "no phase-time line in the server log"
+    return ast.literal_eval(lines[-1].split("us/round:", 1)[1].strip())
 
 
 def _stop_requests(tokenizer, expected):
@@ -90,8 +97,8 @@ def plain(tiny, tmp_path_factory):
     }
 
 
-def _serve(tiny, plain, budget, max_topk=None, extra=()):
-    env = oracle_env(plain["oracle"], max_topk)
+def _serve(tiny, plain, budget, max_topk=None, extra=(), env_extra=None):
+    env = {**oracle_env(plain["oracle"], max_topk), **(env_extra or {})}
     name = f"ddtree-b{budget}-k{max_topk}-{'-'.join(extra).replace('--', '')}"
     args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
     return run_server(args, env=env, name=name, tmp=plain["tmp"]), plain["tmp"] / f"{name}.log"
@@ -126,7 +133,13 @@ def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, plain):
 
 def test_tree_with_pages_and_without_overlap(tiny, plain):
     """Accepted off-spine nodes move their KV inside 16-token pages; sync scheduler."""
-    server, log = _serve(tiny, plain, budget=24, extra=("--page-size", "16", "--disable-overlap-schedule"))
+    server, log = _serve(
+        tiny,
+        plain,
+        budget=24,
+        extra=("--page-size", "16", "--disable-overlap-schedule"),
+        env_extra={"SGLANG_DDTREE_PHASE_TIMES": "5"},  # the phase timer must not change the output
+    )
     with server:
         info = server.server_info()
         assert info["page_size"] == 16 and info["disable_overlap_schedule"] is True
@@ -134,6 +147,10 @@ def test_tree_with_pages_and_without_overlap(tiny, plain):
         assert output_ids(run_all(server, plain["stops"])) == plain["stop"]
         assert server.accept_length() > 3.0
     assert last_tree_stats(log)["non_argmax_share"] > 0.1
+    phases = last_phase_times(log)
+    steps = {k: v for k, v in phases.items() if k not in ("round", "between rounds")}
+    assert {"draft forward", "build", "verify forward", "accept", "draft kv commit"} <= set(steps)
+    assert 0 < sum(steps.values()) <= phases["round"]
 
 
 def test_seeded_sampling_is_stable_and_matches_plain(tiny, plain):

@@ -39,9 +39,10 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-from ..config import DDTreeConfig, DDTreeConfigError, tree_backend_override
+from ..config import DDTreeConfig, DDTreeConfigError, phase_times_interval, tree_backend_override
 from ..kernels.backend import get_tree_backend
 from .draft_head import draft_topk
+from .phases import RoundPhases
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
@@ -71,6 +72,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
+        self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.
             pool_rows=lambda: int(self.model_runner.req_to_token_pool.req_to_token.shape[0]),
@@ -116,7 +118,10 @@ class DDTreeWorker(DFlashWorkerV2):
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle() or len(batch.seq_lens) == 0:
             return self._idle_result(on_publish)
-        return self._tree_round(batch, on_publish, grammar_barrier)
+        self.phase.start_round()
+        result = self._tree_round(batch, on_publish, grammar_barrier)
+        self.phase.end_round()
+        return result
 
     def _idle_result(self, on_publish):
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)
@@ -147,27 +152,35 @@ class DDTreeWorker(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
         roots = draft_input.bonus_tokens.view(-1)
 
-        window = self._verify_window(batch, prefix_lens)  # [bs * width] slots
-        plan = self.model_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            seq_lens_cpu=batch.seq_lens_cpu
-            if batch.seq_lens_cpu is not None
-            else draft_input.nxt_kv_lens_cpu,
-            write_virtual=window,
-            read_extent=width,
-        )
+        with self.phase("window"):
+            window = self._verify_window(batch, prefix_lens)  # [bs * width] slots
+            plan = self.model_runner.kv_index_translator.plan(
+                req_pool_indices=batch.req_pool_indices,
+                seq_lens=prefix_lens,
+                seq_lens_cpu=batch.seq_lens_cpu
+                if batch.seq_lens_cpu is not None
+                else draft_input.nxt_kv_lens_cpu,
+                write_virtual=window,
+                read_extent=width,
+            )
         log_probs, token_ids = self._draft(batch, draft_input, roots, prefix_lens, plan)
-        trees = self.trees.build(log_probs, token_ids, roots, prefix_lens, self.ddtree.budget, width)
+        with self.phase("build"):
+            trees = self.trees.build(log_probs, token_ids, roots, prefix_lens, self.ddtree.budget, width)
 
-        features = self.features.start_round(batch, trees)
+        with self.phase("features"):
+            features = self.features.start_round(batch, trees)
         logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
-        self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
-        posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
-        acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
-        self.features.finish_round(batch, features, trees, acceptance)
-        commit_lens = acceptance.commit_lens.to(torch.int32)
-        new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)
+        with self.phase("features"):
+            self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
+        with self.phase("posterior"):
+            posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
+        with self.phase("accept"):
+            acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
+        with self.phase("features"):
+            self.features.finish_round(batch, features, trees, acceptance)
+        with self.phase("commit plan"):
+            commit_lens = acceptance.commit_lens.to(torch.int32)
+            new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)
 
         if batch.return_logprob:
             accept_rows = torch.where(
@@ -179,16 +192,20 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(new_seq_lens)
 
-        sources = self.trees.commit_sources(acceptance)  # [bs, width]
-        self._commit_target_kv(plan, sources, bs)
-        self._commit_draft_kv(plan, logits_output, sources, prefix_lens, commit_lens, bs)
+        with self.phase("commit plan"):
+            sources = self.trees.commit_sources(acceptance)  # [bs, width]
+        with self.phase("target kv commit"):
+            self._commit_target_kv(plan, sources, bs)
+        with self.phase("draft kv commit"):
+            self._commit_draft_kv(plan, logits_output, sources, prefix_lens, commit_lens, bs)
         logits_output.hidden_states = None
 
-        self.stats.record(
-            accept_lens=acceptance.accept_lens,
-            tree_sizes=trees.tree_sizes,
-            non_argmax=self.trees.non_argmax_accepted(acceptance, trees, token_ids[:, :, 0]),
-        )
+        with self.phase("stats"):
+            self.stats.record(
+                accept_lens=acceptance.accept_lens,
+                tree_sizes=trees.tree_sizes,
+                non_argmax=self.trees.non_argmax_accepted(acceptance, trees, token_ids[:, :, 0]),
+            )
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=acceptance.out_tokens.reshape(-1),
@@ -217,6 +234,18 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _draft(self, batch, draft_input, roots, prefix_lens, plan):
         """One drafter block; returns per-depth top-k log-probs and ids ``[bs, depth, k]``."""
+        with self.phase("draft prepare"):
+            forward_batch = self._draft_forward_batch(batch, draft_input, roots, prefix_lens, plan)
+        with self.phase("draft forward"), torch.inference_mode():
+            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
+        with self.phase("draft head"):
+            bs, block = len(prefix_lens), self.block_size
+            hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
+            k = self.ddtree.topk(int(self.model_runner.model_config.vocab_size))
+            log_probs, token_ids = self._propose(batch, hidden, prefix_lens, k)
+        return log_probs.view(bs, block - 1, -1), token_ids.view(bs, block - 1, -1)
+
+    def _draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan):
         bs, block = len(prefix_lens), self.block_size
         block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=self.device)
         block_ids[:, 0] = roots
@@ -245,12 +274,7 @@ class DDTreeWorker(DFlashWorkerV2):
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
         plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
-        with torch.inference_mode():
-            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
-        hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
-        k = self.ddtree.topk(int(self.model_runner.model_config.vocab_size))
-        log_probs, token_ids = self._propose(batch, hidden, prefix_lens, k)
-        return log_probs.view(bs, block - 1, -1), token_ids.view(bs, block - 1, -1)
+        return forward_batch
 
     def _propose(self, batch, hidden, prefix_lens, k):
         """The drafter's hidden states ``[bs * depth, hidden]`` through the target's LM head
@@ -268,16 +292,33 @@ class DDTreeWorker(DFlashWorkerV2):
         return torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int32)
 
     def _verify(self, batch, draft_input, trees, window, plan):
-        width = self.width
         custom = self._uses_custom_mask
+        with self.phase("mask"):
+            mask = self.trees.flat_mask(trees, batch.seq_lens, batch.seq_lens_cpu) if custom else None
+        with self.phase("verify prepare"):
+            forward_batch = self._verify_forward_batch(batch, draft_input, trees, window, plan, mask)
+        with self.phase("verify forward"):
+            out = self.target_worker.forward_batch_generation(
+                batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+            )
+        logits_output = out.logits_output
+        target_lp = self._target_logits_processor
+        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(
+                logits_output.next_token_logits
+            )
+        return logits_output, out.can_run_cuda_graph
+
+    def _verify_forward_batch(self, batch, draft_input, trees, window, plan, mask):
+        width = self.width
         verify_input = DDTreeVerifyInput(
             draft_token=trees.tokens.reshape(-1),
             positions=trees.positions.reshape(-1),
             draft_token_num=width,
-            custom_mask=self.trees.flat_mask(trees, batch.seq_lens, batch.seq_lens_cpu) if custom else None,
+            custom_mask=mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=plan,
-            tree_visibility=None if custom else trees.visibility(),
+            tree_visibility=None if mask is not None else trees.visibility(),
         )
         batch.out_cache_loc = window
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
@@ -289,16 +330,7 @@ class DDTreeWorker(DFlashWorkerV2):
             batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
         forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
-        out = self.target_worker.forward_batch_generation(
-            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
-        )
-        logits_output = out.logits_output
-        target_lp = self._target_logits_processor
-        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
-            logits_output.next_token_logits = target_lp.finish_deferred_gather(
-                logits_output.next_token_logits
-            )
-        return logits_output, out.can_run_cuda_graph
+        return forward_batch
 
     def _posterior(self, batch, logits_output, positions, bs):
         posterior = tree_posterior(

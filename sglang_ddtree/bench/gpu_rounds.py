@@ -23,6 +23,7 @@ Writes ``<label>.json``, ``.md`` and a ``.png`` (tok/s per concurrency; round ti
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
 import glob
 import json
@@ -90,7 +91,18 @@ def measure_level(server, prompts, args, concurrency: int) -> dict:
     timed_pass(server, batch[:concurrency], args.output_len, concurrency)  # warm-up: same shapes
     passes = [timed_pass(server, batch, args.output_len, concurrency) for _ in range(args.repeats)]
     row = {k: statistics.median(p[k] for p in passes) for k in passes[0]}
-    return {"concurrency": concurrency, "requests": n, **row}
+    phases = last_phase_times(server.log_path) if args.phase_times else None
+    return {"concurrency": concurrency, "requests": n, **row, **({"phase_host_us": phases} if phases else {})}
+
+
+PHASE_LINE = "DDTREE phase host us/round:"
+
+
+def last_phase_times(log_path: Path) -> dict | None:
+    """The DDTREE server's latest host time per round phase (``SGLANG_DDTREE_PHASE_TIMES``):
+    the last ``--phase-times`` rounds of the level just measured."""
+    lines = [ln for ln in Path(log_path).read_text(errors="replace").splitlines() if PHASE_LINE in ln]
+    return ast.literal_eval(lines[-1].split(PHASE_LINE, 1)[1].strip()) if lines else None
 
 
 def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> dict:
@@ -162,9 +174,11 @@ def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) ->
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
+    phase_env = {"SGLANG_DDTREE_PHASE_TIMES": str(args.phase_times)} if args.phase_times else {}
     servers = {
         arm: ServerProcess(
             ["--model-path", args.model, *args.common, *arm_args(arm, args.drafter, args.graph_max_bs)],
+            env=phase_env if arm.startswith("ddtree") else None,
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,
@@ -194,6 +208,12 @@ def main(argv=None) -> int:
     p.add_argument("--profile-steps", type=int, default=20)
     p.add_argument("--profile-export-s", type=float, default=180.0, help="wait this long for a trace file")
     p.add_argument("--profile-arms", default="dflash,ddtree@7,ddtree@32", help="arms that get a profile")
+    p.add_argument(
+        "--phase-times",
+        type=int,
+        default=0,
+        help="DDTREE servers log their host time per round phase every N rounds (adds ~1 us per phase)",
+    )
     p.add_argument("--deadline-s", type=float, default=1e9, help="skip what would end past this (from start)")
     p.add_argument(
         "--wait-file", default=None, help="start measuring once this file exists (servers start at once)"

@@ -78,6 +78,7 @@ def to_markdown(results: dict) -> str:
     lines.append(
         _stamp.md_table(["arm", "conc", "tok/s", "accept len", "round ms", "x DFLASH", "x plain"], rows)
     )
+    lines += phase_section(results)
     lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
     prof_rows = []
     for arm in results["arms"]:
@@ -116,6 +117,29 @@ def to_markdown(results: dict) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def phase_section(results: dict) -> list[str]:
+    """Host time per round phase of the DDTREE arms (servers run with --phase-times)."""
+    rows = [
+        (arm["arm"], lv["concurrency"], lv["phase_host_us"])
+        for arm in results["arms"]
+        for lv in arm["levels"]
+        if lv.get("phase_host_us")
+    ]
+    if not rows:
+        return []
+    names = list(dict.fromkeys(k for _, _, ph in rows for k in ph))
+    table = [[arm, c, *(ph.get(n) for n in names)] for arm, c, ph in rows]
+    return [
+        "",
+        "## Host time per round phase (us, mean over the level's last rounds)",
+        "",
+        "`round` is the worker's whole round; `between rounds` the scheduler's time from one round's end "
+        "to the next one's start. A phase that synchronises with the GPU includes its wait.",
+        "",
+        _stamp.md_table(["arm", "conc", *names], table),
+    ]
 
 
 def plot(results: dict, path: Path) -> None:

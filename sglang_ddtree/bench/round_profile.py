@@ -8,7 +8,9 @@ host synchronisation. Per round (one decode step = one draft + verify round):
 * GPU time by kind of kernel (:data:`CATEGORIES`, first match wins), and GPU busy time
   (union of kernel intervals): wall minus busy is where the GPU waited on the host;
 * kernel launches, CUDA-graph launches and host synchronisations (stream / device /
-  event syncs, device-to-host copies) per round.
+  event syncs, device-to-host copies) per round;
+* for DDTREE servers run with ``SGLANG_DDTREE_PHASE_TIMES``, the host and GPU time of each
+  phase of the round (the worker's ``ddtree.<phase>`` ranges and their GPU projections).
 """
 
 from __future__ import annotations
@@ -59,6 +61,14 @@ def _busy_us(intervals: list[tuple[float, float]]) -> float:
     return busy
 
 
+def _phase_us(events: list[dict], category: str, steps: int) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == category and e.get("name", "").startswith("ddtree."):
+            totals[e["name"][len("ddtree.") :]] += e.get("dur", 0)
+    return {k: v / steps for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
 def summarise_events(events: list[dict], steps: int) -> dict:
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
@@ -86,6 +96,8 @@ def summarise_events(events: list[dict], steps: int) -> dict:
         "graph_launches_per_round": sum(bool(GRAPH_LAUNCH.match(n)) for n in names) * per_round,
         "host_syncs_per_round": sum(bool(SYNC.match(n)) for n in names) * per_round,
         "device_to_host_copies_per_round": sum("DtoH" in e.get("name", "") for e in copies) * per_round,
+        "phase_host_us": _phase_us(events, "user_annotation", steps),
+        "phase_gpu_us": _phase_us(events, "gpu_user_annotation", steps),
     }
 
 

@@ -51,12 +51,11 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int |
 
 def build_smem_bytes(width: int, depth: int, k: int) -> tuple[int, bool]:
     """Dynamic shared memory of the build kernel and whether the log-probs are staged there."""
-    # u64 fkey, f64 score and eight int arrays per slot, as cuda/ddtree_tree.cu lays them out
-    # (the first-child / next-sibling arrays stay in the layout; their outputs are not requested)
-    base = 48 * width + 16
+    # u64 fkey, f64 score and four int arrays per slot, as cuda/ddtree_tree.cu lays them out
+    base = 32 * width + 16
     if base > _SMEM_MAX:
         raise ValueError(
-            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 48})"
+            f"verify width {width} is too large for the GPU builder (max ~{(_SMEM_MAX - 16) // 32})"
         )
     with_lp = base + 4 * depth * k
     return (with_lp, True) if with_lp <= 160 * 1024 else (base, False)
@@ -153,8 +152,6 @@ def build_tree_batch(
             ptr(out.tree_sizes),
             ptr(out.positions),
             ptr(out.mask_words),
-            0,  # first_child: not requested
-            0,  # next_sibling: not requested
         ),
         shared_mem=smem,
     )

@@ -54,8 +54,7 @@ py::tuple build_tree(F32 lp, I64 ids, I64 roots, py::object prefix_obj, long lon
   }
   if (heap_slots && W > 32LL * heap_slots) throw std::invalid_argument("width too large for the register heap");
   emu::launch(dim3((unsigned)bs), dim3(block), smem_bytes, [=] {
-    // no first-child / next-sibling links (the kernel skips null link outputs)
-    fn(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw, nullptr, nullptr);
+    fn(plp, pids, proots, pre, D, K, budget, W, lp_in_smem, pt, pd, pp, ps, ppos, pw);
   });
   return py::make_tuple(tokens, depths, parents, sizes, positions, words);
 }
