@@ -24,6 +24,7 @@ import logging
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.dp_attention import get_dp_tp_group
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -45,6 +46,7 @@ from .draft_head import draft_topk
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
+from .tp_check import tp_tree_check
 from .verify_input import DDTreeVerifyInput
 
 logger = logging.getLogger("sglang_ddtree")
@@ -70,6 +72,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.width = self.ddtree.verify_width
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
+        self.check_tp_round = tp_tree_check(get_dp_tp_group())  # a no-op unless debugging
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.
@@ -165,6 +168,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
         posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
         acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
+        self.check_tp_round(trees, acceptance)
         self.features.finish_round(batch, features, trees, acceptance)
         commit_lens = acceptance.commit_lens.to(torch.int32)
         new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)
