@@ -260,7 +260,8 @@ class DDTreeWorker(DFlashWorkerV2):
         """The drafter's hidden states ``[bs * depth, hidden]`` through the target's LM head
         to top-k log-probs and ids ``[bs * depth, k]`` (a test plugin may script them)."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
+        # The head's own group: the attention-TP group under --enable-dp-lm-head, none unsharded.
+        tp_group = lm_head.tp_group if int(getattr(lm_head, "tp_size", 1)) > 1 else None
         return draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
 
     def _draft_seq_lens_cpu(self, batch, draft_input, bs):

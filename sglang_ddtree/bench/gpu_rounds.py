@@ -47,6 +47,14 @@ COMMON = [
 ]  # fmt: skip
 
 
+def parallel_args(tp: int, nccl_port: int | None) -> list[str]:
+    """``--tp-size`` above 1, with this server's own NCCL rendezvous port: servers that
+    start together would otherwise draw theirs at random from one range."""
+    if tp == 1:
+        return []
+    return ["--tp-size", str(tp)] + ([] if nccl_port is None else ["--nccl-port", str(nccl_port)])
+
+
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     """``plain``, ``dflash`` or ``ddtree@B`` -> server flags (``graph_max_bs`` 0: no graph flag)."""
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)] if graph_max_bs else []
@@ -103,7 +111,14 @@ def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> 
         time.sleep(1.0)  # past prefill, into steady decode
         http_json(
             f"{server.url}/start_profile",
-            {"output_dir": str(out), "num_steps": args.profile_steps, "activities": ["CPU", "GPU"]},
+            # No Python stacks: the summary does not read them, and they make the trace
+            # slow to write.
+            {
+                "output_dir": str(out),
+                "num_steps": args.profile_steps,
+                "activities": ["CPU", "GPU"],
+                "with_stack": False,
+            },
         )
         for f in running:
             f.result()
@@ -118,6 +133,7 @@ def _finished_trace(folder: Path, timeout_s: float) -> str | None:
     trace with host stacks: wait until the file stops growing and parses."""
     deadline, last_size = time.monotonic() + timeout_s, -1
     while time.monotonic() < deadline:
+        # One file per rank (``...-TP-<rank>.trace.json.gz``): rank 0's sorts first.
         traces = sorted(glob.glob(str(folder / "*.trace.json*")))
         size = Path(traces[0]).stat().st_size if traces else -1
         if traces and size > 0 and size == last_size:
@@ -162,9 +178,18 @@ def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) ->
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
+    ports = {
+        arm: None if args.nccl_port_base is None else args.nccl_port_base + i for i, arm in enumerate(arms)
+    }
     servers = {
         arm: ServerProcess(
-            ["--model-path", args.model, *args.common, *arm_args(arm, args.drafter, args.graph_max_bs)],
+            [
+                "--model-path",
+                args.model,
+                *args.common,
+                *arm_args(arm, args.drafter, args.graph_max_bs),
+                *parallel_args(args.tp, ports[arm]),
+            ],
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,
@@ -207,6 +232,13 @@ def main(argv=None) -> int:
     p.add_argument("--graph-max-bs", type=int, default=32)
     p.add_argument("--start-timeout", type=float, default=420.0)
     p.add_argument("--common", default=" ".join(COMMON), help="flags of every arm (default: the GPU set)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (--tp-size)")
+    p.add_argument(
+        "--nccl-port-base",
+        type=int,
+        default=None,
+        help="arm i rendezvous on this + i (default: SGLang picks)",
+    )
     p.add_argument("--out", default="bench_results")
     p.add_argument("--label", default="gpu_rounds")
     args = p.parse_args(argv)
