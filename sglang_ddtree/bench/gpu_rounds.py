@@ -17,6 +17,10 @@ graph capture or JIT compile lands in a measurement), then ``--repeats`` timed p
 * a torch-profiler trace of ``--profile-steps`` decode steps at the profiled batch sizes
   (SGLang's ``/start_profile``), summarised by :mod:`.round_profile`.
 
+With ``--tp N`` every server runs ``--tp-size N`` (each on its own NCCL port from
+``--nccl-port-base``); the profile is rank 0's, and its ``all-reduce`` category is the GPU
+time of the tensor-parallel all-reduces per round.
+
 Writes ``<label>.json``, ``.md`` and a ``.png`` (tok/s per concurrency; round time).
 """
 
