@@ -30,6 +30,7 @@ ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log 
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
 ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host phase-time log lines
+ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 
 
 class DDTreeConfigError(ValueError):
@@ -42,6 +43,12 @@ def cpu_engine_requested() -> bool:
 
 def gpu_compat_requested() -> bool:
     return os.environ.get(ENV_GPU_COMPAT, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def tp_tree_check_requested() -> bool:
+    """Whether every round compares its trees and accepted paths across the TP ranks
+    (a collective and a host read per round: for debugging and the TP serving job)."""
+    return os.environ.get(ENV_CHECK_TP_TREES, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def tree_backend_override() -> str:

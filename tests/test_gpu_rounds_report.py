@@ -6,7 +6,7 @@ import gzip
 import json
 
 from sglang_ddtree.bench import gpu_rounds_report
-from sglang_ddtree.bench.gpu_rounds import arm_args
+from sglang_ddtree.bench.gpu_rounds import arm_args, parallel_args
 from sglang_ddtree.bench.round_profile import categorise, summarise_trace
 
 
@@ -66,6 +66,32 @@ def test_categories():
     assert categorise("vectorized_elementwise_kernel") == "elementwise / norm / other"
 
 
+def test_collectives_are_their_own_categories():
+    assert (
+        categorise("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+        == "all-reduce"
+    )
+    assert (
+        categorise("void sglang::cross_device_reduce_1stage<float, 2>(sglang::RankData*, float*)")
+        == "all-reduce"
+    )
+    assert categorise("void cross_device_reduce_2stage<__nv_bfloat16, 2>(RankData*)") == "all-reduce"
+    assert (
+        categorise("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "other collectives"
+    )
+    assert (
+        categorise("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "other collectives"
+    )
+    # torch's own reductions stay where they were
+    assert categorise("void at::native::reduce_kernel<512, 1>(...)") == "sampling / argmax / softmax"
+
+
+def test_tp_flags():
+    assert parallel_args(1, 24200) == []
+    assert parallel_args(2, 24201) == ["--tp-size", "2", "--nccl-port", "24201"]
+    assert parallel_args(2, None) == ["--tp-size", "2"]
+
+
 def test_arm_flags():
     assert "--speculative-ddtree-budget" in arm_args("ddtree@16", "D", 32)
     assert "DFLASH" in arm_args("dflash", "D", 32)
@@ -84,7 +110,23 @@ def test_report_targets_and_files(tmp_path):
             {"arm": "plain", "levels": [level(1, 400, 2.5)], "profiles": []},
             {"arm": "dflash", "levels": [level(1, 700, 3.7), level(8, 2000, 4.0)], "profiles": []},
             {"arm": "ddtree@7", "levels": [level(1, 690, 3.9), level(8, 1900, 4.1)], "profiles": []},
-            {"arm": "ddtree@32", "levels": [level(1, 820, 4.4), level(8, 2100, 4.5)], "profiles": []},
+            {
+                "arm": "ddtree@32",
+                "levels": [level(1, 820, 4.4), level(8, 2100, 4.5)],
+                "profiles": [
+                    {
+                        "bs": 8,
+                        "round_us": 4500.0,
+                        "gpu_busy_us": 3000.0,
+                        "gpu_idle_us": 1500.0,
+                        "kernel_launches_per_round": 40.0,
+                        "graph_launches_per_round": 2.0,
+                        "host_syncs_per_round": 0.0,
+                        "device_to_host_copies_per_round": 0.0,
+                        "gpu_us_by_category": {"gemm": 900.0, "all-reduce": 321.5, "attention": 500.0},
+                    }
+                ],
+            },
         ],
     }
     rows = {r[0]: r for r in gpu_rounds_report.targets(results)}
@@ -94,4 +136,7 @@ def test_report_targets_and_files(tmp_path):
     assert c1[3] is True  # 820 / 700 = 1.171
     gpu_rounds_report.write_report(results, tmp_path, "r")
     assert (tmp_path / "r.png").stat().st_size > 0
-    assert "| ddtree@32 | 1 | 820" in (tmp_path / "r.md").read_text()
+    report = (tmp_path / "r.md").read_text()
+    assert "| ddtree@32 | 1 | 820" in report
+    assert "| all-reduce us |" in report
+    assert "| ddtree@32 | 8 | 4500 | 3000 | 1500 | 40.0 | 2 | 0.0 | 321.5 | gemm 900" in report

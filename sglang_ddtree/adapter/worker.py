@@ -24,6 +24,7 @@ import logging
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.layers.dp_attention import get_dp_tp_group
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
@@ -46,6 +47,7 @@ from .phases import RoundPhases
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
+from .tp_check import tp_tree_check
 from .verify_input import DDTreeVerifyInput
 
 logger = logging.getLogger("sglang_ddtree")
@@ -71,6 +73,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.width = self.ddtree.verify_width
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
+        self.check_tp_round = tp_tree_check(get_dp_tp_group())  # a no-op unless debugging
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
@@ -176,6 +179,7 @@ class DDTreeWorker(DFlashWorkerV2):
             posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
         with self.phase("accept"):
             acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
+        self.check_tp_round(trees, acceptance)
         with self.phase("features"):
             self.features.finish_round(batch, features, trees, acceptance)
         with self.phase("commit plan"):
@@ -280,7 +284,8 @@ class DDTreeWorker(DFlashWorkerV2):
         """The drafter's hidden states ``[bs * depth, hidden]`` through the target's LM head
         to top-k log-probs and ids ``[bs * depth, k]`` (a test plugin may script them)."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
+        # The head's own group: the attention-TP group under --enable-dp-lm-head, none unsharded.
+        tp_group = lm_head.tp_group if int(getattr(lm_head, "tp_size", 1)) > 1 else None
         return draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
 
     def _draft_seq_lens_cpu(self, batch, draft_input, bs):

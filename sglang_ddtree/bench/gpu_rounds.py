@@ -17,6 +17,10 @@ graph capture or JIT compile lands in a measurement), then ``--repeats`` timed p
 * a torch-profiler trace of ``--profile-steps`` decode steps at the profiled batch sizes
   (SGLang's ``/start_profile``), summarised by :mod:`.round_profile`.
 
+With ``--tp N`` every server runs ``--tp-size N`` (each on its own NCCL port from
+``--nccl-port-base``); the profile is rank 0's, and its ``all-reduce`` category is the GPU
+time of the tensor-parallel all-reduces per round.
+
 Writes ``<label>.json``, ``.md`` and a ``.png`` (tok/s per concurrency; round time).
 """
 
@@ -46,6 +50,14 @@ COMMON = [
     "--max-running-requests", "64",
     "--log-level", "warning",
 ]  # fmt: skip
+
+
+def parallel_args(tp: int, nccl_port: int | None) -> list[str]:
+    """``--tp-size`` above 1, with this server's own NCCL rendezvous port: servers that
+    start together would otherwise draw theirs at random from one range."""
+    if tp == 1:
+        return []
+    return ["--tp-size", str(tp)] + ([] if nccl_port is None else ["--nccl-port", str(nccl_port)])
 
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
@@ -91,7 +103,7 @@ def measure_level(server, prompts, args, concurrency: int) -> dict:
     timed_pass(server, batch[:concurrency], args.output_len, concurrency)  # warm-up: same shapes
     passes = [timed_pass(server, batch, args.output_len, concurrency) for _ in range(args.repeats)]
     row = {k: statistics.median(p[k] for p in passes) for k in passes[0]}
-    phases = last_phase_times(server.log_path) if args.phase_times else None
+    phases = last_phase_times(server.log_path) if args.phase_times else None  # None: not a phase arm
     return {"concurrency": concurrency, "requests": n, **row, **({"phase_host_us": phases} if phases else {})}
 
 
@@ -115,7 +127,14 @@ def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> 
         time.sleep(1.0)  # past prefill, into steady decode
         http_json(
             f"{server.url}/start_profile",
-            {"output_dir": str(out), "num_steps": args.profile_steps, "activities": ["CPU", "GPU"]},
+            # No Python stacks: the summary does not read them, and they make the trace
+            # slow to write.
+            {
+                "output_dir": str(out),
+                "num_steps": args.profile_steps,
+                "activities": ["CPU", "GPU"],
+                "with_stack": False,
+            },
         )
         for f in running:
             f.result()
@@ -130,6 +149,7 @@ def _finished_trace(folder: Path, timeout_s: float) -> str | None:
     trace with host stacks: wait until the file stops growing and parses."""
     deadline, last_size = time.monotonic() + timeout_s, -1
     while time.monotonic() < deadline:
+        # One file per rank (``...-TP-<rank>.trace.json.gz``): rank 0's sorts first.
         traces = sorted(glob.glob(str(folder / "*.trace.json*")))
         size = Path(traces[0]).stat().st_size if traces else -1
         if traces and size > 0 and size == last_size:
@@ -175,10 +195,19 @@ def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) ->
 
 def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
     phase_env = {"SGLANG_DDTREE_PHASE_TIMES": str(args.phase_times)} if args.phase_times else {}
+    ports = {
+        arm: None if args.nccl_port_base is None else args.nccl_port_base + i for i, arm in enumerate(arms)
+    }
     servers = {
         arm: ServerProcess(
-            ["--model-path", args.model, *args.common, *arm_args(arm, args.drafter, args.graph_max_bs)],
-            env=phase_env if arm.startswith("ddtree") else None,
+            [
+                "--model-path",
+                args.model,
+                *args.common,
+                *arm_args(arm, args.drafter, args.graph_max_bs),
+                *parallel_args(args.tp, ports[arm]),
+            ],
+            env=phase_env if arm in args.phase_arms else None,
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,
@@ -212,7 +241,12 @@ def main(argv=None) -> int:
         "--phase-times",
         type=int,
         default=0,
-        help="DDTREE servers log their host time per round phase every N rounds (adds ~1 us per phase)",
+        help="the --phase-arms servers log their host time per round phase every N rounds",
+    )
+    p.add_argument(
+        "--phase-arms",
+        default="",
+        help="DDTREE arms timed per phase (the timer adds host time: keep an untimed arm to compare)",
     )
     p.add_argument("--deadline-s", type=float, default=1e9, help="skip what would end past this (from start)")
     p.add_argument(
@@ -227,12 +261,20 @@ def main(argv=None) -> int:
     p.add_argument("--graph-max-bs", type=int, default=32)
     p.add_argument("--start-timeout", type=float, default=420.0)
     p.add_argument("--common", default=" ".join(COMMON), help="flags of every arm (default: the GPU set)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every server (--tp-size)")
+    p.add_argument(
+        "--nccl-port-base",
+        type=int,
+        default=None,
+        help="arm i rendezvous on this + i (default: SGLang picks)",
+    )
     p.add_argument("--out", default="bench_results")
     p.add_argument("--label", default="gpu_rounds")
     args = p.parse_args(argv)
     args.t0 = time.monotonic()
     args.common = args.common.split()
     args.profile_arms = set(args.profile_arms.split(","))
+    args.phase_arms = {a for a in args.phase_arms.split(",") if a}
 
     out = Path(args.out)
     work = out / f"{args.label}_work"

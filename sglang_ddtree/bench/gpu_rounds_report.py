@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import _stamp
+from .round_profile import ALL_REDUCE
 
 CHAIN_WIDTH_ARM = "ddtree@7"  # verify width 8 = the DFlash chain's block of this drafter
 
@@ -84,7 +85,7 @@ def to_markdown(results: dict) -> str:
     for arm in results["arms"]:
         for p in arm["profiles"]:
             if "error" in p:
-                prof_rows.append([arm["arm"], p["bs"], p["error"][:80], "", "", "", "", "", ""])
+                prof_rows.append([arm["arm"], p["bs"], p["error"][:80], "", "", "", "", "", "", ""])
                 continue
             top = ", ".join(f"{k} {v:.0f}" for k, v in list(p["gpu_us_by_category"].items())[:4])
             prof_rows.append(
@@ -97,6 +98,7 @@ def to_markdown(results: dict) -> str:
                     p["kernel_launches_per_round"],
                     p["graph_launches_per_round"],
                     p["host_syncs_per_round"] + p["device_to_host_copies_per_round"],
+                    p["gpu_us_by_category"].get(ALL_REDUCE, 0.0),
                     top,
                 ]
             )
@@ -111,6 +113,7 @@ def to_markdown(results: dict) -> str:
                 "launches",
                 "graph launches",
                 "syncs",
+                "all-reduce us",
                 "largest GPU parts (us)",
             ],
             prof_rows,

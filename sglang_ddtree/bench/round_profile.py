@@ -20,8 +20,15 @@ import json
 import re
 from collections import defaultdict
 
-# (category, kernel-name pattern), checked in order.
+# (category, kernel-name pattern), checked in order. Collectives come first: their names
+# hold "reduce", "gather" and "kernel" words that the later patterns would claim. NCCL's are
+# ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` and the like; SGLang's custom all-reduce is
+# ``cross_device_reduce_1stage`` / ``_2stage``. A collective's kernel time includes waiting
+# for the slowest rank to arrive.
+ALL_REDUCE = "all-reduce"
 CATEGORIES = [
+    (ALL_REDUCE, re.compile(r"AllReduce|all_?reduce|cross_device_reduce|ReduceScatter", re.I)),
+    ("other collectives", re.compile(r"^nccl|AllGather|Broadcast|all_gather|SendRecv", re.I)),
     ("draft top-k", re.compile(r"ddtree_topk")),
     ("tree build + mask", re.compile(r"ddtree_(build|tree|flat_mask)")),
     ("accept", re.compile(r"ddtree_accept")),

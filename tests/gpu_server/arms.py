@@ -68,13 +68,44 @@ WAVES = [
 
 def selected_waves() -> list[list[str]]:
     """``WAVES``, restricted to ``GPU_SERVER_ARMS`` (comma list) when set: a run of part of
-    the suite (``-k bf16``) starts only the servers it needs."""
+    the suite (``-k bf16``) starts only the servers it needs. ``GPU_SERVER_ONE_WAVE=1``
+    starts them all at once (when the carried compile caches already hold the kernels)."""
     wanted = [a for a in os.environ.get("GPU_SERVER_ARMS", "").split(",") if a]
     unknown = set(wanted) - set(ARMS)
     if unknown:
         raise ValueError(f"GPU_SERVER_ARMS: unknown arms {sorted(unknown)}; known: {sorted(ARMS)}")
     waves = [[a for a in wave if not wanted or a in wanted] for wave in WAVES]
+    if os.environ.get("GPU_SERVER_ONE_WAVE") == "1":
+        waves = [[a for wave in waves for a in wave]]
     return [w for w in waves if w]
+
+
+def tp_size() -> int:
+    """``GPU_SERVER_TP``: every arm served with ``--tp-size`` this (default 1)."""
+    value = os.environ.get("GPU_SERVER_TP", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"GPU_SERVER_TP={value!r}: expected a positive integer")
+    return int(value)
+
+
+# Servers that start together must not draw the same NCCL rendezvous port (SGLang picks
+# one at random below the ephemeral range): each arm takes base + its index in ARMS.
+NCCL_PORT_BASE = int(os.environ.get("GPU_SERVER_NCCL_PORT_BASE", "24100"))
+
+
+def parallel_args(arm: str) -> list[str]:
+    """Tensor-parallel flags of ``arm``: none at TP-1."""
+    if tp_size() == 1:
+        return []
+    return ["--tp-size", str(tp_size()), "--nccl-port", str(NCCL_PORT_BASE + list(ARMS).index(arm))]
+
+
+def arm_env(arm: str) -> dict[str, str]:
+    """Above TP-1 the DDTREE arms compare every round's trees and paths across ranks
+    (``SGLANG_DDTREE_CHECK_TP_TREES``): a divergence kills the server, failing its tests."""
+    if tp_size() > 1 and "DDTREE" in ARMS[arm]:
+        return {"SGLANG_DDTREE_CHECK_TP_TREES": "1"}
+    return {}
 
 
 # Which plain server each speculative float32 arm must match token for token.
@@ -98,7 +129,8 @@ class Fleet:
 
     def start(self, arm: str) -> None:
         server = ServerProcess(
-            ["--model-path", str(PAIR / "target"), *COMMON, *ARMS[arm]],
+            ["--model-path", str(PAIR / "target"), *COMMON, *ARMS[arm], *parallel_args(arm)],
+            env=arm_env(arm),
             log_path=self.log_dir / f"{arm}.log",
             start_timeout=420.0,
             name=arm,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .arms import ARMS, Fleet, selected_waves
+from .arms import ARMS, Fleet, selected_waves, tp_size
 
 
 def _cuda_available() -> bool:
@@ -63,6 +63,7 @@ def fleet(results):
             with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
                 list(pool.map(fleet.start, wave))
         results["server_start_s"] = fleet.start_seconds
+        results["tp_size"] = tp_size()
         yield fleet
     finally:
         fleet.stop_all()

@@ -6,6 +6,7 @@ tree kernels in the round."""
 from __future__ import annotations
 
 import concurrent.futures
+import re
 import urllib.error
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from sglang_ddtree.launch import http_json
 
 from .arms import (
+    ARMS,
     REFERENCE,
     first_difference,
     greedy,
@@ -20,6 +22,7 @@ from .arms import (
     heldout_prompts,
     margin_violations,
     top2_logprobs,
+    tp_size,
 )
 
 pytestmark = pytest.mark.gpu_server
@@ -144,3 +147,21 @@ def test_graph_arms_decode_on_graphs(fleet):
     for arm in ("ddtree_fp32_graphs", "ddtree_bf16_graphs", "ddtree_fp32_graphs_page16_no_overlap_chunked"):
         assert "cuda graph: True" in fleet.log_text(arm), arm
     assert "cuda graph: True" not in fleet.log_text("ddtree_fp32_eager")
+
+
+def test_tp_ranks_build_the_same_trees(fleet, results):
+    """Above TP-1 (``GPU_SERVER_TP``) every DDTREE arm runs the rank-agreement check each
+    round (``arm_env``); its log must show the check ran and never saw ranks diverge."""
+    if tp_size() == 1:
+        pytest.skip("TP-1: one rank")
+    checked = {}
+    for arm in [a for a in fleet.servers if "DDTREE" in ARMS[a]]:
+        log = fleet.log_text(arm)
+        assert "ranks diverged" not in log, arm
+        rounds = [
+            int(n) for n in re.findall(r"TP tree check: (\d+) rounds, trees and accepted paths agree", log)
+        ]
+        assert rounds, f"{arm}: the TP tree check never ran"
+        checked[arm] = max(rounds)
+    assert checked, "no DDTREE arm was started"
+    results["tp_tree_check"] = {"tp_size": tp_size(), "rounds_logged": checked}
