@@ -103,3 +103,11 @@ def test_expected_accept_matches_walks_of_a_target_that_samples_the_drafter(budg
     mean = walk.accept_lens.double().mean().item()
     stderr = walk.accept_lens.double().std().item() / math.sqrt(trials)
     assert abs(mean - predicted[0, budget].item()) < 4 * stderr + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batched_reach_on_the_gpu_matches_the_cpu():
+    generator = torch.Generator().manual_seed(17)
+    log_probs = random_log_probs(generator, 16, 15, 500, 64, temperature=0.5)
+    torch.testing.assert_close(reach_by_depth(log_probs.cuda(), 63).cpu(), reach_by_depth(log_probs, 63))
