@@ -81,6 +81,24 @@ def test_budget_flag_sets_verify_width():
         ddtree_args.apply_budget_flag(args)
 
 
+def test_budget_flag_parses_numbers_and_auto():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    ddtree_args.add_cli_args(parser)
+    assert parser.parse_args(["--speculative-ddtree-budget", "24"]).speculative_ddtree_budget == 24
+    assert parser.parse_args(["--speculative-ddtree-budget", "AUTO"]).speculative_ddtree_budget == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-ddtree-budget", "lots"])
+
+
+def test_budget_auto_is_refused_until_served():
+    args = SimpleNamespace(speculative_ddtree_budget="auto", speculative_num_draft_tokens=None)
+    with pytest.raises(DDTreeConfigError, match="auto .* not served yet"):
+        ddtree_args.apply_budget_flag(args)
+    assert args.speculative_num_draft_tokens is None
+
+
 def _cfg(tiny, **overrides):
     base = dict(
         device="cpu",
@@ -202,6 +220,7 @@ def test_validation_rejects_cpu_backends_and_bad_variables(tiny, monkeypatch, ov
         "vocab-mismatch",
         "cpu-without-cpu-mode",
         "bad-budget",
+        "budget-auto",
         "cpu-triton",
         "bogus-tree-backend",
     ],
@@ -214,6 +233,7 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         "vocab-mismatch": "does not match the target",
         "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
         "bad-budget": "must be >= 1",
+        "budget-auto": "auto (a width chosen every step",
         "cpu-triton": "--attention-backend triton does not run with --device cpu",
         "bogus-tree-backend": "SGLANG_DDTREE_TREE_BACKEND='bogus'",
     }[case]
@@ -225,6 +245,8 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         env = {"SGLANG_USE_CPU_ENGINE": None}
     elif case == "bad-budget":
         extra += ["--speculative-ddtree-budget", "0"]
+    elif case == "budget-auto":
+        extra += ["--speculative-ddtree-budget", "auto"]
     elif case == "cpu-triton":
         extra += ["--attention-backend", "triton"]
     elif case == "bogus-tree-backend":

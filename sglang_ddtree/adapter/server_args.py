@@ -7,6 +7,7 @@ traceback from deep inside a worker.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from .attention.gpu_backends import supported_backends
 logger = logging.getLogger("sglang_ddtree")
 
 BUDGET_FLAG = "--speculative-ddtree-budget"
+AUTO_BUDGET = "auto"
 MAX_TOPK_FLAG = "--speculative-ddtree-max-topk"
 STATS_FLAG = "--speculative-ddtree-stats-interval"
 CPU_ATTENTION_BACKEND = "torch_native"
@@ -45,15 +47,30 @@ def add_cli_args(parser) -> None:
         return
     parser.add_argument(
         BUDGET_FLAG,
-        type=int,
+        type=parse_budget,
         default=None,
         help=(
             "DDTREE: draft-tree nodes verified per request and round (default "
             f"{DEFAULT_BUDGET}). The verify width is budget + 1; it sets "
-            "--speculative-num-draft-tokens, which must not also be given differently."
+            "--speculative-num-draft-tokens, which must not also be given differently. "
+            f"'{AUTO_BUDGET}' chooses the width every step from measured costs (docs/online-budget.md; "
+            "not served yet)."
         ),
     )
     _add_option_flags(parser)
+
+
+def parse_budget(text: str) -> int | str:
+    """A budget flag value: a whole number of tree nodes, or ``auto``."""
+    value = str(text).strip().lower()
+    if value == AUTO_BUDGET:
+        return AUTO_BUDGET
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of tree nodes or '{AUTO_BUDGET}', got {text!r}"
+        ) from None
 
 
 def _add_option_flags(parser) -> None:
@@ -112,6 +129,12 @@ def apply_budget_flag(args) -> None:
     budget = getattr(args, "speculative_ddtree_budget", None)
     if budget is None:
         return
+    if budget == AUTO_BUDGET:
+        _fail(
+            f"{BUDGET_FLAG} {AUTO_BUDGET} (a width chosen every step, docs/online-budget.md) is not "
+            "served yet: it needs one target verify graph per width, which no attention backend "
+            f"has here yet. Pass a fixed budget (default {DEFAULT_BUDGET})."
+        )
     if budget < 1:
         _fail(f"{BUDGET_FLAG} must be >= 1, got {budget}.")
     width = getattr(args, "speculative_num_draft_tokens", None)

@@ -1,0 +1,137 @@
+"""The verify width per decode step: the one that commits the most tokens per millisecond.
+
+A step of ``bs`` requests at verify width ``w`` (``w - 1`` tree nodes per request; ``w = 1``
+is plain decoding) costs ``T(bs, w)`` ms and commits, per request, its accepted drafts plus
+the bonus token, so the batch's rate is
+
+    rate(w) = (E_accepted(w) + bs) / T(bs, w)
+
+with ``E_accepted(w)`` the batch's calibrated expected accepted drafts at width ``w``
+(``tree/expected_accept.py``, ``calibration.py``). One width serves the whole batch: the
+target's verify CUDA graph is captured per width, not per request.
+
+``T`` comes from a :class:`RoundCostTable`: timed rounds per captured batch size and width
+(at start-up), refined by the rounds the server runs. A batch runs in the graph of the
+smallest captured batch size that holds it, so it costs what that size costs.
+
+:class:`WidthChooser` adds hysteresis: it leaves the current width only for one at least
+``switch_margin`` faster, so estimates that wobble around a tie do not flap between graphs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class RoundCostTable:
+    """``T(bs, width)`` in ms: measured per captured batch size (rows) and width (columns)."""
+
+    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], ms, refine_decay: float = 0.1):
+        self.batch_sizes = tuple(int(b) for b in batch_sizes)
+        self.widths = tuple(int(w) for w in widths)
+        self.ms = np.array(ms, dtype=np.float64).reshape(len(self.batch_sizes), len(self.widths))
+        self.refine_decay = refine_decay
+        _check_increasing("batch sizes", self.batch_sizes)
+        _check_increasing("widths", self.widths)
+        if not np.all(np.isfinite(self.ms) & (self.ms > 0)):
+            raise ValueError("round costs must be positive and finite")
+        if not 0.0 < refine_decay <= 1.0:
+            raise ValueError("refine_decay must lie in (0, 1]")
+
+    @classmethod
+    def from_function(cls, batch_sizes: Sequence[int], widths: Sequence[int], cost, **kw) -> RoundCostTable:
+        """A table of ``cost(bs, width)`` at every captured batch size and width."""
+        return cls(batch_sizes, widths, [[cost(b, w) for w in widths] for b in batch_sizes], **kw)
+
+    def __call__(self, bs: int, width: int) -> float:
+        row = self._row(bs)
+        cost = float(self.ms[row, self._column(width)])
+        largest = self.batch_sizes[-1]
+        # Past the largest captured size the step runs eagerly; assume it grows with bs.
+        return cost * bs / largest if bs > largest else cost
+
+    def observe(self, bs: int, width: int, ms: float) -> None:
+        """Fold one measured round into the cell that served it (exponentially weighted)."""
+        if not (ms > 0 and math.isfinite(ms)):
+            return
+        row, column = self._row(bs), self._column(width)
+        largest = self.batch_sizes[-1]
+        ms = ms * largest / bs if bs > largest else ms
+        self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+
+    def _row(self, bs: int) -> int:
+        if bs < 1:
+            raise ValueError("batch size must be >= 1")
+        return min(bisect.bisect_left(self.batch_sizes, bs), len(self.batch_sizes) - 1)
+
+    def _column(self, width: int) -> int:
+        try:
+            return self.widths.index(int(width))
+        except ValueError:
+            raise ValueError(f"width {width} has no measured cost (widths {self.widths})") from None
+
+
+@dataclass(frozen=True)
+class WidthScore:
+    width: int
+    expected_accepted: float  # the batch's, calibrated
+    round_ms: float
+    tokens_per_ms: float  # (expected_accepted + bs) / round_ms
+
+
+def score_widths(
+    bs: int, widths: Sequence[int], expected_accepted: Sequence[float], cost
+) -> list[WidthScore]:
+    """Every candidate width's expected committed tokens per ms for a batch of ``bs``."""
+    if len(widths) != len(expected_accepted):
+        raise ValueError("one expected accept count per width")
+    scores = []
+    for width, accepted in zip(widths, expected_accepted):
+        round_ms = float(cost(bs, int(width)))
+        scores.append(WidthScore(int(width), float(accepted), round_ms, (float(accepted) + bs) / round_ms))
+    return scores
+
+
+def best_score(scores: Sequence[WidthScore]) -> WidthScore:
+    """The fastest width; on a tie the smaller one (cheaper, and ties are noise)."""
+    return max(scores, key=lambda s: (s.tokens_per_ms, -s.width))
+
+
+class WidthChooser:
+    """Picks one verify width per step from the captured ``widths``, with hysteresis."""
+
+    def __init__(self, widths: Sequence[int], cost, switch_margin: float = 0.03):
+        self.widths = tuple(int(w) for w in widths)
+        _check_increasing("widths", self.widths)
+        if self.widths[0] < 1:
+            raise ValueError("widths must be >= 1 (1 is plain decoding)")
+        if switch_margin < 0:
+            raise ValueError("switch_margin must be >= 0")
+        self.cost = cost
+        self.switch_margin = switch_margin
+        self.current: int | None = None
+        self.last_scores: list[WidthScore] = []
+
+    def choose(self, bs: int, expected_accepted: Sequence[float]) -> int:
+        """The width for the next step of ``bs`` requests, given the batch's calibrated
+        expected accepted drafts at each of ``widths``."""
+        scores = score_widths(bs, self.widths, expected_accepted, self.cost)
+        self.last_scores = scores
+        best = best_score(scores)
+        if self.current is None or self.current not in self.widths:
+            self.current = best.width
+            return self.current
+        current = scores[self.widths.index(self.current)]
+        if best.tokens_per_ms > current.tokens_per_ms * (1.0 + self.switch_margin):
+            self.current = best.width
+        return self.current
+
+
+def _check_increasing(what: str, values: Sequence[int]) -> None:
+    if not values or any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"{what} must be a non-empty increasing sequence")
