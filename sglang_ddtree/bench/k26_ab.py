@@ -1,0 +1,229 @@
+"""A/B of one Kimi K2.6 TP-8 rank on one GPU: plain vs chain vs DDTREE, set acceptance.
+
+    python -m sglang_ddtree.bench.k26_ab --model K/target --drafter K/drafter --out OUT \\
+        --arms plain,chain,ddtree@32,ddtree@16,ddtree@64,ddtree@8 --deadline-s 500
+
+The rank (:mod:`sglang_ddtree.models.k26_rank`) is served with ``--load-format dummy``; its
+~80 GB leave room for one server at a time, so the arms run in turn (start, measure, stop),
+in the order given, each within its share of the time left (``--deadline-s`` from the
+start): the first arms are the ones that must finish. ``plain`` runs first and records each
+prompt's greedy continuation; the speculative arms run the replay drafter
+(:mod:`.replay_drafter`) on that recording, one prompt set per acceptance profile, so one
+server measures every profile. ``chain`` is DDTREE with one candidate per depth (budget 7,
+``--speculative-ddtree-max-topk 1``): the DFlash chain's verify width on the same drafter and
+the same replay - stock DFLASH could not take the replay drafter. Per arm, prompt length,
+profile and concurrency: tok/s, accept length, round time and, on one check pass, how many
+greedy outputs equal the plain recording. Writes ``<label>.json``, ``.md`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import statistics
+import time
+from pathlib import Path
+
+from ..launch import ServerProcess, ServerStartError
+from . import _stamp
+
+PAIR_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
+COMMON = [
+    "--load-format", "dummy",
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--dtype", "bfloat16",
+    "--mem-fraction-static", "0.88",
+    "--max-running-requests", "32",
+    "--max-total-tokens", "200000",
+    "--chunked-prefill-size", "16384",
+    "--log-level", "warning",
+]  # fmt: skip
+REPLAY_PLUGIN = "sglang_ddtree.bench.replay_drafter"
+
+
+def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
+    """``plain``, ``chain`` or ``ddtree@B`` -> server flags (the same graphs in every arm)."""
+    graphs = ["--cuda-graph-max-bs", str(graph_max_bs)]
+    if arm == "plain":
+        return graphs
+    spec = graphs + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter]
+    if arm == "chain":
+        return spec + ["--speculative-ddtree-budget", "7", "--speculative-ddtree-max-topk", "1"]
+    name, _, budget = arm.partition("@")
+    if name != "ddtree" or not budget.isdigit():
+        raise ValueError(f"unknown arm {arm!r}: expected plain, chain or ddtree@BUDGET")
+    return spec + ["--speculative-ddtree-budget", budget]
+
+
+def prompt_sets(base: list[list[int]], lengths: list[int], profiles: list[str], count: int) -> dict:
+    """``{(length, profile): [prompt ids]}``: the pair's prompts tiled to each length, one
+    set per profile (a distinct first token, so the replay drafter tells them apart)."""
+    sets = {}
+    for length in lengths:
+        for p, profile in enumerate(profiles):
+            prompts = []
+            for i in range(count):
+                ids = [p + 1]
+                while len(ids) < length:
+                    ids += base[(i + len(ids)) % len(base)]
+                prompts.append(ids[:length])
+            sets[(length, profile)] = prompts
+    return sets
+
+
+def _generate(server: ServerProcess, prompt: list[int], output_len: int) -> dict:
+    params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+    result = server.generate({"input_ids": prompt, "sampling_params": params})
+    meta = result["meta_info"]
+    return {
+        "output_ids": result["output_ids"],
+        "tokens": meta["completion_tokens"],
+        "rounds": meta.get("spec_verify_ct") or meta["completion_tokens"],
+    }
+
+
+def run_batch(server, prompts, output_len: int, concurrency: int) -> tuple[list[dict], float]:
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        done = list(pool.map(lambda p: _generate(server, p, output_len), prompts))
+    return done, time.perf_counter() - began
+
+
+def measure(server, prompts, output_len: int, concurrency: int, repeats: int) -> dict:
+    batch = [prompts[i % len(prompts)] for i in range(max(2 * concurrency, 4))]
+    run_batch(server, batch[:concurrency], output_len, concurrency)  # warm-up: the same shapes
+    rows = []
+    for _ in range(repeats):
+        done, wall = run_batch(server, batch, output_len, concurrency)
+        tokens, rounds = sum(d["tokens"] for d in done), sum(d["rounds"] for d in done)
+        rows.append(
+            {
+                "tok_per_s": tokens / wall,
+                "accept_length": tokens / rounds,
+                "round_ms": 1e3 * wall * min(concurrency, len(batch)) / rounds,
+                "tpot_ms": 1e3 * wall * min(concurrency, len(batch)) / tokens,
+            }
+        )
+    return {"concurrency": concurrency, **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
+
+
+def start(arm: str, args, env: dict | None, log_dir: Path) -> ServerProcess:
+    flags = ["--model-path", args.model, *args.common, *arm_args(arm, args.drafter, args.graph_max_bs)]
+    server = ServerProcess(
+        flags, env=env, log_path=log_dir / f"{arm.replace('@', '_')}.log", start_timeout=args.start_timeout
+    )
+    began = time.monotonic()
+    server.start()
+    server.start_s = time.monotonic() - began
+    return server
+
+
+def record_plain(server, sets: dict, output_len: int) -> dict:
+    """Greedy continuations of every prompt (the replay drafter's truth, the exactness reference)."""
+    sequences, profiles = [], []
+    for (_, profile), prompts in sets.items():
+        done, _ = run_batch(server, prompts, output_len, min(len(prompts), 16))
+        sequences += [p + d["output_ids"] for p, d in zip(prompts, done)]
+        profiles += [profile] * len(prompts)
+    return {"sequences": sequences, "profiles": profiles}
+
+
+def identical_share(server, prompts, recording: dict, output_len: int) -> float:
+    """Share of greedy outputs (16 in flight) equal to the plain recording."""
+    recorded = {
+        tuple(s[: len(p)]): s[len(p) :] for p in prompts for s in recording["sequences"] if s[: len(p)] == p
+    }
+    done, _ = run_batch(server, prompts, output_len, min(len(prompts), 16))
+    same = [d["output_ids"] == recorded.get(tuple(p)) for p, d in zip(prompts, done)]
+    return sum(same) / len(same)
+
+
+def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline: float) -> dict:
+    record = {"arm": arm, "start_s": round(server.start_s, 1), "cells": [], "skipped": []}
+    keys = list(sets) if arm != "plain" else [k for k in sets if k[1] == args.profiles[0]]
+    for key in keys:
+        length, profile = key
+        if recording is not None and time.monotonic() < deadline:
+            share = identical_share(server, sets[key], recording, args.output_len)
+            record["cells"].append({"prompt_len": length, "profile": profile, "identical_share": share})
+        for concurrency in args.concurrency:
+            if time.monotonic() > deadline:
+                record["skipped"].append(f"len={length} {profile} c={concurrency}")
+                continue
+            row = measure(server, sets[key], args.output_len, concurrency, args.repeats)
+            record["cells"].append(
+                {"prompt_len": length, "profile": None if arm == "plain" else profile, **row}
+            )
+            print(f"[k26_ab] {arm} len={length} {profile} {row}", flush=True)
+    info = server.server_info()
+    state = (info.get("internal_states") or [{}])[0]
+    record["max_total_num_tokens"] = info.get("max_total_num_tokens") or state.get("max_total_num_tokens")
+    record["memory_usage"] = state.get("memory_usage")
+    return record
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--arms", default="plain,chain,ddtree@32,ddtree@16,ddtree@64,ddtree@8")
+    p.add_argument("--profiles", default="dflash-k25-code,pycode-4l")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 4, 16, 2])
+    p.add_argument("--prompt-lens", type=int, nargs="+", default=[96, 4096])
+    p.add_argument("--prompts", type=int, default=32, help="prompts per (length, profile) set")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--graph-max-bs", type=int, default=32)
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--deadline-s", type=float, default=500.0, help="nothing starts past this (from start)")
+    p.add_argument("--common", default=" ".join(COMMON))
+    p.add_argument("--out", default="bench_results")
+    p.add_argument("--label", default="k26_rank_ab")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    args.common, args.profiles = args.common.split(), args.profiles.split(",")
+    out = Path(args.out)
+    work = out / f"{args.label}_work"
+    work.mkdir(parents=True, exist_ok=True)
+    base = [q["input_ids"] for q in json.loads(PAIR_PROMPTS.read_text())]
+    sets = prompt_sets(base, args.prompt_lens, args.profiles, args.prompts)
+    results = {"stamp": _stamp.stamp(), "args": vars(args), "arms": []}
+    recording, recording_path = None, work / "recording.json"
+    arms = [a for a in args.arms.split(",") if a]
+    for i, arm in enumerate(arms):
+        left = args.deadline_s - (time.monotonic() - t0)
+        if left < 60 or (arm != "plain" and recording is None):
+            results["arms"].append({"arm": arm, "skipped": ["not started: deadline or no plain recording"]})
+            continue
+        env = None
+        if arm != "plain":
+            env = {
+                "SGLANG_DDTREE_TEST_PLUGIN": REPLAY_PLUGIN,
+                "SGLANG_DDTREE_REPLAY_TOKENS": str(recording_path),
+            }
+        try:
+            server = start(arm, args, env, work)
+        except ServerStartError as error:
+            results["arms"].append({"arm": arm, "error": str(error)[-2000:]})
+            continue
+        try:
+            if arm == "plain":
+                recording = record_plain(server, sets, args.output_len)
+                recording_path.write_text(json.dumps(recording))
+            deadline = time.monotonic() + (args.deadline_s - (time.monotonic() - t0)) / (len(arms) - i)
+            results["arms"].append(
+                run_arm(server, arm, sets, None if arm == "plain" else recording, args, deadline)
+            )
+        finally:
+            server.stop()
+        _stamp.write_json(out / f"{args.label}.json", results)
+    from .k26_ab_report import write_report
+
+    write_report(results, out, args.label)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""The replay drafter (benchmarks at real shapes with a set acceptance profile).
+
+Unit: the ranks it draws follow the requested per-depth distribution, the true token lands
+at the drawn rank among the drafter's own candidates, and the profiles reproduce the accept
+lengths they cite. Server: with the replay drafter a DDTREE server on the tiny pair emits
+exactly the plain server's greedy tokens and accepts what the profile predicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sglang_ddtree.bench.replay_drafter import Recording
+from sglang_ddtree.bench.replay_profiles import (
+    PROFILES,
+    RankSampler,
+    chain_accept_length,
+    expected_accept_length,
+    geometric_profile,
+    place_true_token,
+)
+
+
+@pytest.mark.parametrize("k", [1, 4, 16])
+def test_sampled_ranks_follow_the_profile_per_depth(k):
+    profile = geometric_profile("t", "test", [0.9, 0.6, 0.3], tail_share=0.6, decay=0.5)
+    other = geometric_profile("u", "test", [0.5, 0.5, 0.5])
+    sampler = RankSampler([other, profile], depth=3, k=k, device="cpu", seed=1)
+    ranks = sampler.sample(torch.ones(200_000, dtype=torch.int64))  # [n, depth], all of `profile`
+    for d in range(3):
+        observed = torch.bincount(ranks[:, d], minlength=k + 1).double() / ranks.shape[0]
+        wanted = torch.tensor(list(profile.probs[d][:k]), dtype=torch.float64)
+        wanted = torch.cat([wanted, (1 - wanted.sum()).view(1)])
+        assert torch.allclose(observed, wanted, atol=4e-3), (d, observed[:5], wanted[:5])
+    assert torch.allclose(sampler.log_probs[1].exp()[:, 0], torch.tensor([0.9, 0.6, 0.3]), atol=1e-6)
+    assert bool((sampler.log_probs[..., :-1] >= sampler.log_probs[..., 1:]).all())  # sorted, as top-k is
+
+
+def test_true_token_at_its_rank_among_the_drafters_own_candidates():
+    candidates = torch.tensor(
+        [[10, 11, 12, 13, 14], [20, 99, 21, 22, 23], [30, 31, 32, 33, 99], [40, 99, 41, 42, 43]]
+    )
+    true_ids = torch.tensor([99, 99, 99, 99])
+    ranks = torch.tensor([0, 3, 4, 1])  # k = 4: rank 4 = not proposed
+    ids = place_true_token(candidates, true_ids, ranks, k=4)
+    assert ids.tolist() == [
+        [99, 10, 11, 12],  # absent from the drafter's list: inserted, the last candidate drops
+        [20, 21, 22, 99],  # present at 1: moved to rank 3, never duplicated
+        [30, 31, 32, 33],  # not proposed
+        [40, 99, 41, 42],
+    ]
+    unknown = place_true_token(candidates, torch.tensor([-1, -1, -1, -1]), ranks, k=4)
+    assert unknown.tolist() == candidates[:, :4].tolist()
+
+
+def test_profiles_reproduce_the_accept_lengths_they_cite():
+    cited = {"pycode-4l": 2.34, "dflash-k25-code": 5.4, "dflash-k25-chat": 3.7}
+    for name, chain in cited.items():
+        profile = PROFILES[name]
+        assert chain_accept_length(profile) == pytest.approx(chain, abs=1e-3)
+        assert expected_accept_length(profile, budget=7, topk=1) == pytest.approx(chain, abs=1e-3)
+        by_budget = [expected_accept_length(profile, b) for b in (8, 16, 32, 64)]
+        assert by_budget == sorted(by_budget) and by_budget[0] > chain
+
+
+def test_recording_lookup_by_prompt_and_position():
+    recording = Recording([[1, 2, 3, 4, 5, 6], [7, 8, 9]], device="cpu")
+
+    class Req:
+        def __init__(self, ids):
+            self.origin_input_ids = ids
+
+    rows = torch.tensor([recording.row(Req([1, 2])), recording.row(Req([7])), recording.row(Req([5]))])
+    assert rows.tolist() == [0, 1, -1]
+    truth, roots = recording.truth(rows, torch.tensor([2, 1, 0]), depth=3)
+    assert roots.tolist() == [3, 8, -1]
+    assert truth.tolist() == [[4, 5, 6], [9, -1, -1], [-1, -1, -1]]
+
+
+@pytest.mark.server
+def test_replay_ddtree_identical_to_plain_at_the_profiled_acceptance(tmp_path):
+    from serving import COMMON, GREEDY, PROMPTS, output_ids, run_all, token_requests
+    from transformers import AutoTokenizer
+
+    from sglang_ddtree.launch import ServerProcess, cpu_server_args
+    from sglang_ddtree.models.tiny import build_tiny_models
+
+    models = build_tiny_models()
+    tokenizer = AutoTokenizer.from_pretrained(models.target)
+    requests = token_requests(tokenizer, params={**GREEDY, "max_new_tokens": 48}, prompts=PROMPTS)
+    plain = ServerProcess(
+        cpu_server_args(models.target, COMMON),
+        start_timeout=900,
+        name="plain",
+        log_path=tmp_path / "plain.log",
+    )
+    with plain:
+        expected = output_ids(run_all(plain, requests))
+    recording = tmp_path / "recording.json"
+    recording.write_text(json.dumps({"sequences": [r["input_ids"] + o for r, o in zip(requests, expected)]}))
+    budget, profile = 16, "dflash-k25-chat"
+    args = cpu_server_args(models.target, [
+        *COMMON, "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(models.drafter),
+        "--speculative-ddtree-budget", str(budget),
+    ])  # fmt: skip
+    env = {
+        "SGLANG_DDTREE_TEST_PLUGIN": "sglang_ddtree.bench.replay_drafter",
+        "SGLANG_DDTREE_REPLAY_TOKENS": str(recording),
+        "SGLANG_DDTREE_REPLAY_PROFILE": profile,
+    }
+    replay = ServerProcess(args, env=env, start_timeout=900, name="replay", log_path=tmp_path / "replay.log")
+    with replay:
+        results = run_all(replay, requests)
+    assert output_ids(results) == expected
+    tokens = sum(r["meta_info"]["completion_tokens"] for r in results)
+    rounds = sum(r["meta_info"]["spec_verify_ct"] for r in results)
+    predicted = expected_accept_length(PROFILES[profile], budget)
+    # ~110 rounds of random ranks; the last round of each request is cut at max_new_tokens
+    assert tokens / rounds == pytest.approx(predicted, rel=0.2), (tokens / rounds, predicted)
+    assert "DDTREE replay drafter active" in (tmp_path / "replay.log").read_text()
