@@ -60,8 +60,13 @@ def parallel_args(tp: int, nccl_port: int | None) -> list[str]:
     return ["--tp-size", str(tp)] + ([] if nccl_port is None else ["--nccl-port", str(nccl_port)])
 
 
+PHASES = "+phases"  # arm suffix: the same server, timed per round phase
+
+
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
-    """``plain``, ``dflash`` or ``ddtree@B`` -> server flags (``graph_max_bs`` 0: no graph flag)."""
+    """``plain``, ``dflash`` or ``ddtree@B`` (optionally ``+phases``) -> server flags
+    (``graph_max_bs`` 0: no graph flag)."""
+    arm = arm.removesuffix(PHASES)
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)] if graph_max_bs else []
     if arm == "plain":
         return graphs
@@ -103,7 +108,7 @@ def measure_level(server, prompts, args, concurrency: int) -> dict:
     timed_pass(server, batch[:concurrency], args.output_len, concurrency)  # warm-up: same shapes
     passes = [timed_pass(server, batch, args.output_len, concurrency) for _ in range(args.repeats)]
     row = {k: statistics.median(p[k] for p in passes) for k in passes[0]}
-    phases = last_phase_times(server.log_path) if args.phase_times else None  # None: not a phase arm
+    phases = last_phase_times(server.log_path)  # None: not a +phases arm
     return {"concurrency": concurrency, "requests": n, **row, **({"phase_host_us": phases} if phases else {})}
 
 
@@ -194,7 +199,7 @@ def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) ->
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
-    phase_env = {"SGLANG_DDTREE_PHASE_TIMES": str(args.phase_times)} if args.phase_times else {}
+    phase_env = {"SGLANG_DDTREE_PHASE_TIMES": str(args.phase_times)}
     ports = {
         arm: None if args.nccl_port_base is None else args.nccl_port_base + i for i, arm in enumerate(arms)
     }
@@ -207,7 +212,7 @@ def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
                 *arm_args(arm, args.drafter, args.graph_max_bs),
                 *parallel_args(args.tp, ports[arm]),
             ],
-            env=phase_env if arm in args.phase_arms else None,
+            env=phase_env if arm.endswith(PHASES) else None,
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,
@@ -240,13 +245,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--phase-times",
         type=int,
-        default=0,
-        help="the --phase-arms servers log their host time per round phase every N rounds",
-    )
-    p.add_argument(
-        "--phase-arms",
-        default="",
-        help="DDTREE arms timed per phase (the timer adds host time: keep an untimed arm to compare)",
+        default=50,
+        help="arms named ddtree@B+phases log their host time per round phase every N rounds "
+        "(the timer costs host time: compare with the untimed ddtree@B)",
     )
     p.add_argument("--deadline-s", type=float, default=1e9, help="skip what would end past this (from start)")
     p.add_argument(
@@ -274,7 +275,6 @@ def main(argv=None) -> int:
     args.t0 = time.monotonic()
     args.common = args.common.split()
     args.profile_arms = set(args.profile_arms.split(","))
-    args.phase_arms = {a for a in args.phase_arms.split(",") if a}
 
     out = Path(args.out)
     work = out / f"{args.label}_work"
