@@ -8,6 +8,9 @@
 // First, in parallel over slots, every node c whose token is its parent's posterior offers
 // itself as that parent's chosen child (shared atomicMin keeps the smallest slot); then the
 // walk is a pointer chase through the chosen children.
+// With `sources`, it also writes the commit plan of accept.py::commit_sources_ref (the verify
+// slot whose KV each final position keeps), and with `commit_lens` the tokens emitted
+// (accept length + 1) as int32, the form SGLang's scheduler takes.
 // Dynamic shared memory: 36 * W bytes.
 extern "C" __global__ void __launch_bounds__(32)
     ddtree_accept_walk(const ddt_i64* __restrict__ tokens,       // [bs, W]
@@ -20,7 +23,9 @@ extern "C" __global__ void __launch_bounds__(32)
                        ddt_i64* __restrict__ accept_lens,   // [bs]
                        ddt_i64* __restrict__ bonus,         // [bs]
                        ddt_i64* __restrict__ out_tokens,    // [bs, W]
-                       ddt_i64* __restrict__ new_seq_lens)  // [bs] or null
+                       ddt_i64* __restrict__ new_seq_lens,  // [bs] or null
+                       ddt_i64* __restrict__ sources,       // [bs, W] or null
+                       int* __restrict__ commit_lens)       // [bs] or null
 {
   const int W = (int)W_;
   const int b = blockIdx.x, lane = threadIdx.x;
@@ -67,10 +72,12 @@ extern "C" __global__ void __launch_bounds__(32)
   for (int i = lane; i < W; i += 32) {
     path[row + i] = (i == 0) ? 0 : (i <= depth ? (ddt_i64)s_path[i] : -1);
     out_tokens[row + i] = (i < depth) ? s_out[i] : (i == depth ? bonus_tok : 0);
+    if (sources) sources[row + i] = (i == 0) ? 0 : (i <= depth ? (ddt_i64)s_path[i] : (ddt_i64)i);
   }
   if (lane == 0) {
     accept_lens[b] = depth;
     bonus[b] = bonus_tok;
     if (new_seq_lens) new_seq_lens[b] = (prefix_lens ? prefix_lens[b] : 0) + depth + 1;
+    if (commit_lens) commit_lens[b] = depth + 1;
   }
 }

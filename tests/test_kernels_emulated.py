@@ -27,6 +27,7 @@ from kernel_cases import (
 from sglang_ddtree.kernels import cpp
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
 from sglang_ddtree.kernels.topk import split_plan
+from sglang_ddtree.tree.accept import commit_sources_ref
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
 
@@ -215,13 +216,16 @@ def test_accept(emu, bs, budget, extra):
     for _ in range(3):
         tree, post = _tree_and_posterior(rng, bs, budget, extra=extra)
         prefix = rng.integers(0, 100, size=bs).astype(np.int64)
-        path, acc, bonus, out, new = emu.accept_walk(
+        path, acc, bonus, out, new, sources, commit = emu.accept_walk(
             tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix
         )
         ref = reference_accept(tree["tokens"], tree["parents"], tree["tree_sizes"], post, prefix)
         got = {"path": path, "accept_lens": acc, "bonus": bonus, "out_tokens": out, "new_seq_lens": new}
         for key in ref:
             np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+        np.testing.assert_array_equal(sources, commit_sources_ref(ref["path"], ref["accept_lens"]))
+        np.testing.assert_array_equal(commit, ref["accept_lens"] + 1)
+        assert commit.dtype == np.int32
 
 
 @pytest.mark.parametrize("bs, budget", [(1, 5), (4, 33), (3, 100)])

@@ -27,7 +27,6 @@ from kernel_cases import (
 
 from sglang_ddtree.kernels._cupy import cuda_available
 from sglang_ddtree.tree.accept import commit_sources_ref
-from sglang_ddtree.tree.batched import commit_sources
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
 from sglang_ddtree.tree.types import Trees
@@ -313,6 +312,9 @@ def test_accept_matches_reference(bs, budget):
             np.testing.assert_array_equal(
                 getattr(out, key).cpu().numpy(), want, err_msg=f"{key} follow={follow}"
             )
+        want_sources = commit_sources_ref(ref["path"], ref["accept_lens"])
+        np.testing.assert_array_equal(out.sources.cpu().numpy(), want_sources, err_msg=f"follow={follow}")
+        np.testing.assert_array_equal(out.emitted.cpu().numpy(), ref["accept_lens"] + 1)
 
 
 # --------------------------------------------------------------------------- CUDA graphs
@@ -345,7 +347,7 @@ def test_cuda_graph_capture_and_replay():
         s_post.copy_(torch.where(last >= 0, tree.tokens.gather(1, last.clamp(min=0)), 7))
         gpu.flat_custom_mask(tree.mask_words, s_prefix, mask)
         gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, s_post, s_prefix, out=acc)
-        sources.copy_(commit_sources(acc.path, acc.accept_lens))
+        sources.copy_(acc.sources)  # written by the accept kernel
 
     def fill(seed):
         g = torch.Generator().manual_seed(seed)

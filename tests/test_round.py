@@ -70,7 +70,8 @@ def test_worker_pieces_match_reference_round(name, budget, max_topk):
     acc = engine.accept(trees, torch.from_numpy(posterior), prefix_t, depth)
     for field in ("path", "accept_lens", "bonus", "out_tokens", "new_seq_lens"):
         assert getattr(acc, field).tolist() == getattr(want.acceptance, field).tolist(), field
-    assert engine.commit_sources(acc).tolist() == want.commit_sources.tolist()
+    assert acc.sources.tolist() == want.commit_sources.tolist()
+    assert acc.emitted.tolist() == (want.acceptance.accept_lens + 1).tolist()
     assert int(acc.accept_lens.sum()) > 0
 
 

@@ -54,8 +54,11 @@ def _check_engine(name: str, device: str, bs=5, depth=7, vocab=300, budget=24):
     assert acc.bonus.cpu().tolist() == want.bonus.tolist()
     assert acc.out_tokens.cpu().tolist() == want.out_tokens.tolist()
     assert acc.new_seq_lens.cpu().tolist() == (prefix + want.accept_lens.numpy() + 1).tolist()
-    sources = engine.commit_sources(acc)
-    assert sources.cpu().tolist() == commit_sources_ref(want.path.numpy(), want.accept_lens.numpy()).tolist()
+    assert (
+        acc.sources.cpu().tolist() == commit_sources_ref(want.path.numpy(), want.accept_lens.numpy()).tolist()
+    )
+    assert acc.emitted.dtype == torch.int32
+    assert acc.emitted.cpu().tolist() == (want.accept_lens.numpy() + 1).tolist()
     top1 = torch.from_numpy(ids[:, :, 0]).to(device)
     assert engine.non_argmax_accepted(acc, trees, top1).shape == (bs,)
     lp, top_ids = engine.topk(torch.from_numpy(log_probs[:, 0, :]).to(device), 3)
@@ -113,7 +116,6 @@ def test_cpu_backend_runs_no_cuda_code(name, monkeypatch):
     trees = engine.build(log_probs, token_ids, roots, prefix, budget, budget + 1)
     engine.flat_mask(trees, prefix, prefix)
     acc = engine.accept(trees, trees.tokens.roll(-1, dims=1), prefix, depth)
-    engine.commit_sources(acc)
     engine.non_argmax_accepted(acc, trees, token_ids[:, :, 0])
     assert calls == []
 

@@ -6,9 +6,14 @@ kernel or torch); the shard merge is torch on every backend."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..tree.topk import full_vocab_topk, merge_shards, shard_topk
+from ..tree.types import Trees
+
+logger = logging.getLogger("sglang_ddtree")
 
 
 def _dense_head(lm_head) -> torch.Tensor:
@@ -52,3 +57,63 @@ def _all_gather(group, tensor: torch.Tensor) -> torch.Tensor:
     )
     group.all_gather_into_tensor(out.view(-1), tensor.contiguous().view(-1))
     return out
+
+
+class DraftTreeHead:
+    """The round's tree step: the drafter's hidden states -> LM head -> per-depth top-k ->
+    best-first tree in its verify layout.
+
+    Where decode CUDA graphs are captured, the step is folded into the drafter's graph (a
+    capture tail hook, as stock DFLASH folds its greedy head): a replay leaves the round's
+    trees in buffers allocated once for the largest captured batch, with no host work and
+    no kernel launches of its own. Batches the graphs do not cover, CPU servers and test
+    drafters (which override the worker's ``_propose``) run the same step eagerly.
+    """
+
+    def __init__(self, *, trees_backend, budget: int, width: int, block: int, k: int):
+        self.backend = trees_backend
+        self.budget, self.width, self.block, self.k = budget, width, block, k
+        self._static: Trees | None = None
+        self._static_top1: torch.Tensor | None = None
+
+    def run(self, hidden, roots, prefix_lens, propose, out: Trees | None = None):
+        """``hidden`` ``[bs * block, hidden]`` (the whole block) -> (:class:`Trees`, the
+        drafter's top-1 id per depth ``[bs, depth]``). ``propose(hidden [n, hidden], k)`` ->
+        top-k log-probs and ids ``[n, k]``; ``out`` receives the trees (else allocated)."""
+        bs, depth = int(roots.shape[0]), self.block - 1
+        hidden = hidden.view(bs, self.block, -1)[:, 1:, :].reshape(bs * depth, -1)
+        log_probs, token_ids = propose(hidden, self.k)
+        log_probs, token_ids = log_probs.view(bs, depth, -1), token_ids.view(bs, depth, -1)
+        trees = self.backend.build(log_probs, token_ids, roots, prefix_lens, self.budget, self.width, out=out)
+        return trees, token_ids[:, :, 0]
+
+    # --- in the drafter's CUDA graph ----------------------------------------------------
+
+    @property
+    def in_graph(self) -> bool:
+        return self._static is not None
+
+    def fold_into_graph(self, draft_model_runner, propose, max_bs: int, device) -> None:
+        """Capture the step in every decode graph of ``draft_model_runner`` (call before the
+        capture). ``propose`` must be capturable: device work only, no host reads."""
+        self._static = Trees.allocate(max_bs, self.width, device)
+        self._static_top1 = torch.empty((max_bs, self.block - 1), dtype=torch.int64, device=device)
+
+        def capture_tail(runner, out, forward_batch, num_tokens):
+            bs = int(num_tokens) // self.block
+            if bs > max_bs:
+                raise RuntimeError(
+                    f"DDTREE: the drafter captures batch size {bs}, above the {max_bs} sized for"
+                )
+            roots = forward_batch.input_ids[: bs * self.block].view(bs, self.block)[:, 0]
+            _, top1 = self.run(
+                out.hidden_states, roots, forward_batch.seq_lens[:bs], propose, out=self._static.rows(bs)
+            )
+            self._static_top1[:bs].copy_(top1)
+
+        draft_model_runner.capture_tail_hooks.append(capture_tail)
+        logger.info("DDTREE tree step folded into the drafter's CUDA graphs (batch sizes up to %d)", max_bs)
+
+    def replayed(self, bs: int):
+        """The trees and top-1 ids the last graph replay wrote for the first ``bs`` requests."""
+        return self._static.rows(bs), self._static_top1[:bs]

@@ -3,8 +3,8 @@ how many accepted tokens came from non-argmax branches (tokens a chain of the
 drafter's top-1 picks would not have proposed at that depth).
 
 Counters stay on the device and are read on the host only every
-``--speculative-ddtree-stats-interval`` rounds (0 = never), so the decode loop keeps
-running without host synchronisation. SGLang's own ``avg_spec_accept_length``
+``--speculative-ddtree-stats-interval`` rounds, so the decode loop keeps running without
+host synchronisation. At 0 (the default) nothing is counted: a round pays nothing for them. SGLang's own ``avg_spec_accept_length``
 (``/server_info``) counts the same accepted tokens.
 """
 
@@ -27,18 +27,21 @@ class TreeStats:
         self.rounds = 0
         self._totals: torch.Tensor | None = None  # [requests, accepted, non_argmax, tree_nodes]
 
-    def record(self, accept_lens: torch.Tensor, tree_sizes: torch.Tensor, non_argmax: torch.Tensor) -> None:
-        step = torch.stack(
-            [
-                torch.tensor(accept_lens.numel(), device=accept_lens.device),
-                accept_lens.sum(),
-                non_argmax.sum(),
-                (tree_sizes - 1).sum(),
-            ]
-        ).to(torch.int64)
-        self._totals = step if self._totals is None else self._totals + step
+    def record(self, acceptance, trees, draft_top1, non_argmax_accepted) -> None:
+        """Add one round. Off (interval 0) this costs nothing: the counters are only
+        computed for a log line somebody asked for."""
+        if not self.interval:
+            return
+        accept_lens = acceptance.accept_lens
+        non_argmax = non_argmax_accepted(acceptance, trees, draft_top1)
+        if self._totals is None:
+            self._totals = torch.zeros(4, dtype=torch.int64, device=accept_lens.device)
+        self._totals[0] += accept_lens.numel()
+        self._totals[1:].add_(
+            torch.stack([accept_lens.sum(), non_argmax.sum(), (trees.tree_sizes - 1).sum()]).to(torch.int64)
+        )
         self.rounds += 1
-        if self.interval and self.is_logging_rank and self.rounds % self.interval == 0:
+        if self.is_logging_rank and self.rounds % self.interval == 0:
             logger.info("DDTREE stats: %s", self.summary())
 
     def summary(self) -> dict:

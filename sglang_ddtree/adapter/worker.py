@@ -29,7 +29,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-from sglang.srt.runtime_context import get_parallel, get_spec
+from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
 from sglang.srt.speculative.draft_worker_common import (
@@ -42,7 +42,7 @@ from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from ..config import DDTreeConfig, DDTreeConfigError, phase_times_interval, tree_backend_override
 from ..kernels.backend import get_tree_backend
-from .draft_head import draft_topk
+from .draft_head import DraftTreeHead, draft_topk
 from .phases import RoundPhases
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
@@ -73,6 +73,13 @@ class DDTreeWorker(DFlashWorkerV2):
         self.width = self.ddtree.verify_width
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
+        self.head = DraftTreeHead(
+            trees_backend=self.trees,
+            budget=self.ddtree.budget,
+            width=self.width,
+            block=self.block_size,
+            k=self.ddtree.topk(int(self.model_runner.model_config.vocab_size)),
+        )
         self.check_tp_round = tp_tree_check(get_dp_tp_group())  # a no-op unless debugging
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
@@ -102,7 +109,17 @@ class DDTreeWorker(DFlashWorkerV2):
             )
 
     def _maybe_build_draft_sampler(self):
-        # The tree needs per-depth top-k, not the in-graph greedy head.
+        """Called before the drafter's decode graphs are captured: fold the tree step into
+        them instead of DFLASH's greedy head (which would return one token per depth)."""
+        if self.trees.name == "cuda" and DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD:
+            self.head.fold_into_graph(
+                self.draft_model_runner,
+                self._lm_head_topk,
+                max_bs=max(get_exec().graph.cuda_graph_config.decode.bs),
+                device=self.device,
+            )
+        elif get_parallel().tp_rank == 0:
+            logger.info("DDTREE tree step kept eager (tree builder %s or a test drafter)", self.trees.name)
         return None
 
     @property
@@ -166,9 +183,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 write_virtual=window,
                 read_extent=width,
             )
-        log_probs, token_ids = self._draft(batch, draft_input, roots, prefix_lens, plan)
-        with self.phase("build"):
-            trees = self.trees.build(log_probs, token_ids, roots, prefix_lens, self.ddtree.budget, width)
+        trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan)
 
         with self.phase("features"):
             features = self.features.start_round(batch, trees)
@@ -182,9 +197,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self.check_tp_round(trees, acceptance)
         with self.phase("features"):
             self.features.finish_round(batch, features, trees, acceptance)
-        with self.phase("commit plan"):
-            commit_lens = acceptance.commit_lens.to(torch.int32)
-            new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)
+        commit_lens = acceptance.emitted
+        new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)  # no-op for SGLang's int64 lengths
 
         if batch.return_logprob:
             accept_rows = torch.where(
@@ -196,8 +210,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(new_seq_lens)
 
-        with self.phase("commit plan"):
-            sources = self.trees.commit_sources(acceptance)  # [bs, width]
+        sources = acceptance.sources  # [bs, width]
         with self.phase("target kv commit"):
             self._commit_target_kv(plan, sources, bs)
         with self.phase("draft kv commit"):
@@ -205,11 +218,7 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output.hidden_states = None
 
         with self.phase("stats"):
-            self.stats.record(
-                accept_lens=acceptance.accept_lens,
-                tree_sizes=trees.tree_sizes,
-                non_argmax=self.trees.non_argmax_accepted(acceptance, trees, token_ids[:, :, 0]),
-            )
+            self.stats.record(acceptance, trees, draft_top1, self.trees.non_argmax_accepted)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=acceptance.out_tokens.reshape(-1),
@@ -237,17 +246,17 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _draft(self, batch, draft_input, roots, prefix_lens, plan):
-        """One drafter block; returns per-depth top-k log-probs and ids ``[bs, depth, k]``."""
+        """One drafter block and the tree step: (:class:`Trees`, the drafter's top-1 per
+        depth ``[bs, depth]``). On a graph replay the tree step ran inside the graph."""
         with self.phase("draft prepare"):
             forward_batch = self._draft_forward_batch(batch, draft_input, roots, prefix_lens, plan)
         with self.phase("draft forward"), torch.inference_mode():
-            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
-        with self.phase("draft head"):
-            bs, block = len(prefix_lens), self.block_size
-            hidden = hidden.view(bs, block, -1)[:, 1:, :].reshape(bs * (block - 1), -1)
-            k = self.ddtree.topk(int(self.model_runner.model_config.vocab_size))
-            log_probs, token_ids = self._propose(batch, hidden, prefix_lens, k)
-        return log_probs.view(bs, block - 1, -1), token_ids.view(bs, block - 1, -1)
+            out = self.draft_model_runner.forward(forward_batch)
+        with self.phase("tree step"):
+            if out.can_run_graph and self.head.in_graph:
+                return self.head.replayed(len(prefix_lens))
+            propose = lambda hidden, k: self._propose(batch, hidden, prefix_lens, k)  # noqa: E731
+            return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
 
     def _draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan):
         bs, block = len(prefix_lens), self.block_size
@@ -281,8 +290,13 @@ class DDTreeWorker(DFlashWorkerV2):
         return forward_batch
 
     def _propose(self, batch, hidden, prefix_lens, k):
-        """The drafter's hidden states ``[bs * depth, hidden]`` through the target's LM head
-        to top-k log-probs and ids ``[bs * depth, k]`` (a test plugin may script them)."""
+        """The drafter's hidden states ``[bs * depth, hidden]`` to top-k log-probs and ids
+        ``[bs * depth, k]``. A test plugin may replace it (to script proposals); the tree step
+        then stays out of the drafter's CUDA graph."""
+        return self._lm_head_topk(hidden, k)
+
+    def _lm_head_topk(self, hidden, k):
+        """Through the target's LM head (vocabulary-parallel top-k merged over its ranks)."""
         lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
         # The head's own group: the attention-TP group under --enable-dp-lm-head, none unsharded.
         tp_group = lm_head.tp_group if int(getattr(lm_head, "tp_size", 1)) > 1 else None
@@ -378,3 +392,8 @@ class DDTreeWorker(DFlashWorkerV2):
             positions=positions.reshape(-1),
             commit_lens=commit_lens,
         )
+
+
+# The worker's own proposal step; a test plugin that replaces ``DDTreeWorker._propose``
+# keeps the tree step eager (its proposals may read the host).
+_PROPOSE_THROUGH_LM_HEAD = DDTreeWorker._propose

@@ -13,11 +13,12 @@ returns them there (the CPU backends copy to the host and back, as a worker woul
 
 * ``topk(logits [n, vocab], k)`` -> ``(log_probs [n, k] float32, token_ids [n, k] int64)``;
 * ``build(log_probs, token_ids [bs, depth, k], root_tokens [bs], prefix_lens [bs], budget,
-  width)`` -> :class:`~sglang_ddtree.tree.types.Trees`;
+  width, out=None)`` -> :class:`~sglang_ddtree.tree.types.Trees` (written into ``out`` when
+  given: the CUDA build then allocates nothing and can be captured in a CUDA graph);
 * ``flat_mask(trees, prefix_lens, prefix_lens_cpu=None)`` -> SGLang's flat verify mask;
 * ``accept(trees, posterior [bs, width], prefix_lens, max_depth)`` ->
-  :class:`~sglang_ddtree.tree.types.Acceptance` (``new_seq_lens`` included);
-* ``commit_sources(acceptance)`` -> ``[bs, width]`` verify slot per final position;
+  :class:`~sglang_ddtree.tree.types.Acceptance` with the commit plan (``new_seq_lens``,
+  ``sources``: the verify slot per final position, ``emitted``: int32 accept length + 1);
 * ``non_argmax_accepted(acceptance, trees, top1_ids [bs, depth])`` -> ``[bs]``.
 
 Only :class:`CudaBackend` runs CUDA code; the others run torch and numpy (C++ for the
@@ -83,9 +84,16 @@ def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _to_trees(arrays: dict, device) -> Trees:
-    fields = ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words")
-    return Trees(**{f: torch.from_numpy(np.ascontiguousarray(arrays[f])).to(device) for f in fields})
+_TREE_FIELDS = ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words")
+
+
+def _to_trees(arrays: dict, device, out: Trees | None = None) -> Trees:
+    trees = Trees(**{f: torch.from_numpy(np.ascontiguousarray(arrays[f])).to(device) for f in _TREE_FIELDS})
+    if out is None:
+        return trees
+    for f in _TREE_FIELDS:
+        getattr(out, f).copy_(getattr(trees, f))
+    return out
 
 
 class TorchSteps:
@@ -108,12 +116,12 @@ class TorchSteps:
     def accept(
         self, trees: Trees, posterior: torch.Tensor, prefix_lens: torch.Tensor, max_depth: int
     ) -> Acceptance:
-        return batched.accept_walk(
+        acceptance = batched.accept_walk(
             trees.tokens, trees.parents, trees.tree_sizes, posterior, max_depth, prefix_lens
         )
-
-    def commit_sources(self, acceptance: Acceptance) -> torch.Tensor:
-        return batched.commit_sources(acceptance.path, acceptance.accept_lens)
+        acceptance.sources = batched.commit_sources(acceptance.path, acceptance.accept_lens)
+        acceptance.emitted = (acceptance.accept_lens + 1).to(torch.int32)
+        return acceptance
 
     def non_argmax_accepted(
         self, acceptance: Acceptance, trees: Trees, top1_ids: torch.Tensor
@@ -133,7 +141,9 @@ class CudaBackend(TorchSteps):
 
         return gpu.topk_log_probs(logits.contiguous(), k)  # fused log-softmax + top-k
 
-    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> Trees:
+    def build(
+        self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int, out=None
+    ) -> Trees:
         from . import gpu
 
         return gpu.build_tree_batch(
@@ -143,6 +153,7 @@ class CudaBackend(TorchSteps):
             budget,
             width,
             prefix_lens.to(torch.int64).contiguous(),
+            out=out,
         )
 
     def flat_mask(self, trees, prefix_lens, prefix_lens_cpu=None):
@@ -172,13 +183,15 @@ class CppBackend(TorchSteps):
 
     name = "cpp"
 
-    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> Trees:
+    def build(
+        self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int, out=None
+    ) -> Trees:
         from . import cpp
 
         arrays = cpp.build_tree_batch(
             _np(log_probs.float()), _np(token_ids), _np(root_tokens), budget, width, _np(prefix_lens)
         )
-        return _to_trees(arrays, log_probs.device)
+        return _to_trees(arrays, log_probs.device, out)
 
 
 class PythonBackend(TorchSteps):
@@ -186,7 +199,9 @@ class PythonBackend(TorchSteps):
 
     name = "python"
 
-    def build(self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int) -> Trees:
+    def build(
+        self, log_probs, token_ids, root_tokens, prefix_lens, budget: int, width: int, out=None
+    ) -> Trees:
         from ..tree.layout import build_tree_batch_ref, pack_mask_words
 
         batch = build_tree_batch_ref(_np(log_probs.float()), _np(token_ids), _np(root_tokens), budget, width)
@@ -198,7 +213,7 @@ class PythonBackend(TorchSteps):
             "positions": batch.positions(_np(prefix_lens)),
             "mask_words": pack_mask_words(batch.visibility),
         }
-        return _to_trees(arrays, log_probs.device)
+        return _to_trees(arrays, log_probs.device, out)
 
 
 _CLASSES = {"cuda": CudaBackend, "cpp": CppBackend, "python": PythonBackend}

@@ -221,7 +221,13 @@ def allocate_acceptance(bs: int, width: int, device) -> Acceptance:
         return torch.empty(shape, dtype=torch.int64, device=device)
 
     return Acceptance(
-        path=e(bs, width), accept_lens=e(bs), bonus=e(bs), out_tokens=e(bs, width), new_seq_lens=e(bs)
+        path=e(bs, width),
+        accept_lens=e(bs),
+        bonus=e(bs),
+        out_tokens=e(bs, width),
+        new_seq_lens=e(bs),
+        sources=e(bs, width),
+        emitted=torch.empty(bs, dtype=torch.int32, device=device),
     )
 
 
@@ -251,7 +257,8 @@ def accept_walk(
     -------
     Acceptance
         ``path [bs, W]`` (-1 padded), ``accept_lens [bs]``, ``bonus [bs]``,
-        ``out_tokens [bs, W]`` (0 padded), ``new_seq_lens [bs]`` (if the buffer exists).
+        ``out_tokens [bs, W]`` (0 padded), ``new_seq_lens [bs]``, ``sources [bs, W]`` (the commit
+        plan of ``accept.commit_sources_ref``) and ``emitted [bs]`` int32 (each if its buffer exists).
     """
     if tokens.dim() != 2:
         raise ValueError(f"tokens must be [bs, W], got {list(tokens.shape)}")
@@ -270,6 +277,10 @@ def accept_walk(
     _check(out.out_tokens, "out.out_tokens", torch.int64, [bs, width])
     if out.new_seq_lens is not None:
         _check(out.new_seq_lens, "out.new_seq_lens", torch.int64, [bs])
+    if out.sources is not None:
+        _check(out.sources, "out.sources", torch.int64, [bs, width])
+    if out.emitted is not None:
+        _check(out.emitted, "out.emitted", torch.int32, [bs])
     if bs == 0:
         return out
     kernel("ddtree_accept", "ddtree_accept_walk")(
@@ -287,6 +298,8 @@ def accept_walk(
             ptr(out.bonus),
             ptr(out.out_tokens),
             ptr(out.new_seq_lens),
+            ptr(out.sources),
+            ptr(out.emitted),
         ),
         shared_mem=36 * width,
     )

@@ -42,6 +42,17 @@ class Trees:
             mask_words=torch.empty((bs, width, (width + 31) // 32), dtype=torch.int32, device=device),
         )
 
+    def rows(self, n: int) -> Trees:
+        """The first ``n`` requests' trees (views: writes reach this batch)."""
+        return Trees(
+            tokens=self.tokens[:n],
+            depths=self.depths[:n],
+            parents=self.parents[:n],
+            positions=self.positions[:n],
+            tree_sizes=self.tree_sizes[:n],
+            mask_words=self.mask_words[:n],
+        )
+
     def visibility(self) -> torch.Tensor:
         """``[bs, width, width]`` bool, unpacked from ``mask_words``."""
         bits = torch.arange(32, device=self.mask_words.device, dtype=torch.int32)
@@ -58,6 +69,9 @@ class Acceptance:
     bonus: torch.Tensor  # [bs] int64
     out_tokens: torch.Tensor  # [bs, width] int64, accepted drafts then bonus, 0 padded
     new_seq_lens: torch.Tensor | None = None  # [bs] int64, prefix + accept_len + 1 (when known)
+    # The commit plan (from the backends' ``accept``; None from the bare references):
+    sources: torch.Tensor | None = None  # [bs, width] int64, verify slot whose KV each final position keeps
+    emitted: torch.Tensor | None = None  # [bs] int32, accept_len + 1: SGLang's per-request accept length
 
     @property
     def commit_lens(self) -> torch.Tensor:

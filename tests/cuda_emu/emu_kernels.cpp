@@ -73,8 +73,10 @@ U8 flat_mask(I32 words, I64 prefix, long long W, long long out_numel, int grid_x
 
 py::tuple accept_walk(I64 tokens, I64 parents, I64 sizes, I64 posterior, py::object prefix_obj) {
   const long long bs = tokens.shape(0), W = tokens.shape(1);
-  I64 path({bs, W}), acc(bs), bonus(bs), out({bs, W}), newlens(bs);
-  for (I64* a : {&path, &acc, &bonus, &out, &newlens})
+  I64 path({bs, W}), acc(bs), bonus(bs), out({bs, W}), newlens(bs), sources({bs, W});
+  I32 commit(bs);
+  std::fill(commit.mutable_data(), commit.mutable_data() + bs, 0x5a5a5a5a);
+  for (I64* a : {&path, &acc, &bonus, &out, &newlens, &sources})
     std::fill(a->mutable_data(), a->mutable_data() + a->size(), (long long)0x5a5a5a5a5a5a5a5aLL);
   const long long* pre = nullptr;
   I64 prefix;
@@ -84,9 +86,11 @@ py::tuple accept_walk(I64 tokens, I64 parents, I64 sizes, I64 posterior, py::obj
   }
   const long long *pt = tokens.data(), *pp = parents.data(), *ps = sizes.data(), *pq = posterior.data();
   long long *ph = ptr(path), *pa = ptr(acc), *pb = ptr(bonus), *po = ptr(out), *pn = ptr(newlens);
+  long long* psrc = ptr(sources);
+  int* pc = commit.mutable_data();
   emu::launch(dim3((unsigned)bs), dim3(32), (size_t)36 * W,
-              [=] { ddtree_accept_walk(pt, pp, ps, pq, pre, W, ph, pa, pb, po, pn); });
-  return py::make_tuple(path, acc, bonus, out, newlens);
+              [=] { ddtree_accept_walk(pt, pp, ps, pq, pre, W, ph, pa, pb, po, pn, psrc, pc); });
+  return py::make_tuple(path, acc, bonus, out, newlens, sources, commit);
 }
 
 // logits: float32 [rows, V] (dtype 0) or the raw 16-bit patterns of bfloat16 (1) / float16 (2)

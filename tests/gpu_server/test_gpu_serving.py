@@ -137,9 +137,12 @@ def test_bf16_margin_aware_exact(fleet, prompts, results, arm):
 
 
 def test_tree_kernels_serve_the_round(fleet):
-    """The worker builds its trees with the CUDA kernels (CuPy) on the GPU."""
+    """The worker builds its trees with the CUDA kernels (CuPy) on the GPU, inside the
+    drafter's CUDA graphs where graphs are captured."""
     for arm in ("ddtree_fp32_graphs", "ddtree_bf16_graphs"):
         assert "tree builder=cuda" in fleet.log_text(arm), arm
+        assert "tree step folded into the drafter's CUDA graphs" in fleet.log_text(arm), arm
+    assert "tree step folded" not in fleet.log_text("ddtree_fp32_eager")
 
 
 def test_graph_arms_decode_on_graphs(fleet):
