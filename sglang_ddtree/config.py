@@ -30,6 +30,7 @@ ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log 
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
 ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host phase-time log lines
+ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tree step out of the draft graph
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 
 
@@ -78,6 +79,10 @@ def stats_log_interval() -> int:
     if value and not value.isdigit():
         raise DDTreeConfigError(f"{ENV_LOG_TREE_STATS}={value!r}: expected a non-negative integer")
     return int(value or 0)
+
+
+def eager_tree_step_requested() -> bool:
+    return os.environ.get(ENV_EAGER_TREE_STEP, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def phase_times_interval() -> int:

@@ -92,6 +92,16 @@ def test_tp_flags():
     assert parallel_args(2, None) == ["--tp-size", "2"]
 
 
+def test_arm_variants_share_flags_and_set_one_variable():
+    from sglang_ddtree.bench.gpu_rounds import arm_env
+
+    assert arm_args("ddtree@7+phases", "D", 32) == arm_args("ddtree@7", "D", 32)
+    assert arm_args("ddtree@7+eagerstep", "D", 32) == arm_args("ddtree@7", "D", 32)
+    assert arm_env("ddtree@7+phases", 50) == {"SGLANG_DDTREE_PHASE_TIMES": "50"}
+    assert arm_env("ddtree@7+eagerstep", 50) == {"SGLANG_DDTREE_EAGER_TREE_STEP": "1"}
+    assert arm_env("ddtree@7", 50) is None
+
+
 def test_arm_flags():
     assert "--speculative-ddtree-budget" in arm_args("ddtree@16", "D", 32)
     assert "DFLASH" in arm_args("dflash", "D", 32)

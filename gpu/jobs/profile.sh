@@ -17,9 +17,10 @@ rm -f "$DONE"
   touch "$DONE"
 ) &
 timeout "${ROUNDS_S:-570}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
-  --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+phases,ddtree@16,ddtree@32,ddtree@64}" \
+  --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+eagerstep,ddtree@7+phases,ddtree@32,ddtree@16,ddtree@64}" \
   --concurrency ${CONC:-1 4 8 16 32} --profile-bs ${PROFILE_BS:-1 8 32} \
   --profile-arms dflash,ddtree@7 --phase-times 50 --profile-export-s 40 \
+  --common "--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 131072 --mem-fraction-static 0.04 --max-running-requests 64 --log-level warning" \
   --deadline-s "${ROUNDS_DEADLINE_S:-555}" --wait-file "$DONE"
 wait
 cat "$OUT/gpu_server.log" >> "$OUT/gpu_tests.log" && rm "$OUT/gpu_server.log"

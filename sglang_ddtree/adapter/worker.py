@@ -40,7 +40,13 @@ from sglang.srt.speculative.draft_worker_common import (
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
-from ..config import DDTreeConfig, DDTreeConfigError, phase_times_interval, tree_backend_override
+from ..config import (
+    DDTreeConfig,
+    DDTreeConfigError,
+    eager_tree_step_requested,
+    phase_times_interval,
+    tree_backend_override,
+)
 from ..kernels.backend import get_tree_backend
 from .draft_head import DraftTreeHead, draft_topk
 from .phases import RoundPhases
@@ -111,7 +117,11 @@ class DDTreeWorker(DFlashWorkerV2):
     def _maybe_build_draft_sampler(self):
         """Called before the drafter's decode graphs are captured: fold the tree step into
         them instead of DFLASH's greedy head (which would return one token per depth)."""
-        if self.trees.name == "cuda" and DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD:
+        if (
+            self.trees.name == "cuda"
+            and DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD
+            and not eager_tree_step_requested()
+        ):
             self.head.fold_into_graph(
                 self.draft_model_runner,
                 self._lm_head_topk,
@@ -119,7 +129,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 device=self.device,
             )
         elif get_parallel().tp_rank == 0:
-            logger.info("DDTREE tree step kept eager (tree builder %s or a test drafter)", self.trees.name)
+            logger.info(
+                "DDTREE tree step kept eager (tree builder %s, a test drafter or asked)", self.trees.name
+            )
         return None
 
     @property

@@ -60,13 +60,32 @@ def parallel_args(tp: int, nccl_port: int | None) -> list[str]:
     return ["--tp-size", str(tp)] + ([] if nccl_port is None else ["--nccl-port", str(nccl_port)])
 
 
-PHASES = "+phases"  # arm suffix: the same server, timed per round phase
+# Arm suffixes: the same server with a debugging variable, beside the plain arm.
+VARIANTS = {
+    "+phases": "SGLANG_DDTREE_PHASE_TIMES",  # host time per round phase (value: --phase-times)
+    "+eagerstep": "SGLANG_DDTREE_EAGER_TREE_STEP",  # the tree step outside the drafter's graph
+}
+
+
+def split_variant(arm: str) -> tuple[str, str | None]:
+    """``ddtree@7+phases`` -> (``ddtree@7``, ``+phases``)."""
+    for suffix in VARIANTS:
+        if arm.endswith(suffix):
+            return arm.removesuffix(suffix), suffix
+    return arm, None
+
+
+def arm_env(arm: str, phase_times: int) -> dict | None:
+    suffix = split_variant(arm)[1]
+    if suffix is None:
+        return None
+    return {VARIANTS[suffix]: str(phase_times) if suffix == "+phases" else "1"}
 
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
-    """``plain``, ``dflash`` or ``ddtree@B`` (optionally ``+phases``) -> server flags
-    (``graph_max_bs`` 0: no graph flag)."""
-    arm = arm.removesuffix(PHASES)
+    """``plain``, ``dflash`` or ``ddtree@B`` (optionally with a :data:`VARIANTS` suffix) ->
+    server flags (``graph_max_bs`` 0: no graph flag)."""
+    arm = split_variant(arm)[0]
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)] if graph_max_bs else []
     if arm == "plain":
         return graphs
@@ -199,7 +218,6 @@ def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) ->
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
-    phase_env = {"SGLANG_DDTREE_PHASE_TIMES": str(args.phase_times)}
     ports = {
         arm: None if args.nccl_port_base is None else args.nccl_port_base + i for i, arm in enumerate(arms)
     }
@@ -212,7 +230,7 @@ def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
                 *arm_args(arm, args.drafter, args.graph_max_bs),
                 *parallel_args(args.tp, ports[arm]),
             ],
-            env=phase_env if arm.endswith(PHASES) else None,
+            env=arm_env(arm, args.phase_times),
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,
