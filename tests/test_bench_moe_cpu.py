@@ -17,6 +17,7 @@ from sglang_ddtree.bench import mla_tree_attention as mla
 from sglang_ddtree.bench import moe_layer as layer
 from sglang_ddtree.bench import moe_report as report
 from sglang_ddtree.bench import moe_verify as mv
+from sglang_ddtree.kernels import mla_tree_attention as kern
 
 # --------------------------------------------------------------------------- MoE bookkeeping
 
@@ -180,17 +181,17 @@ def test_ancestor_mask_is_a_tree_mask():
 
 def test_naive_attention_equals_per_row_softmax():
     p = mla.make_problem(2, 37, 5, 3, device="cpu", seed=4)
-    out = mla.naive_tree_attention(p, fp32=True)
-    pre = mla.prefix_view(p).float()
+    out = kern.naive_tree_attention(p, fp32=True)
+    pre = kern.prefix_view(p).float()
     for b in range(2):
         for w in range(5):
             keys = torch.cat([pre[b], p.k_tree[b].float()[p.tree_mask[b, w].bool()]])
             for h in range(3):
-                s = keys @ p.q[b, w, h].float() * mla.SM_SCALE
-                ref = torch.softmax(s, 0) @ keys[:, : mla.D_LATENT]
+                s = keys @ p.q[b, w, h].float() * kern.SM_SCALE
+                ref = torch.softmax(s, 0) @ keys[:, : kern.D_LATENT]
                 assert torch.allclose(out[b, w, h], ref, atol=1e-5, rtol=1e-5)
     # chunking over requests changes nothing
-    assert torch.allclose(mla.naive_tree_attention(p, fp32=True, max_elems=1), out)
+    assert torch.allclose(kern.naive_tree_attention(p, fp32=True, max_elems=1), out)
 
 
 def test_accounting():
@@ -199,19 +200,20 @@ def test_accounting():
     assert pre == 17 * 8 * 1000 * 2 * (576 + 512) and tail == 17 * 8 * 17 * 2 * (576 + 512)
     assert mla.roofline(4.3e9, 1.0, 4300.0, 800.0) == {"floor_ms": pytest.approx(1.0), "bound": "memory"}
     assert mla.roofline(1.0, 8e11, 4300.0, 800.0)["bound"] == "compute"
-    assert mla.choose_splits(1, 8, 32768, 64, 132) == 64
-    assert mla.choose_splits(64, 520, 1024, 64, 132) == 1
-    assert mla.choose_splits(1, 136, 1000, 64, 132) == 4  # at least 256 keys per split
-    assert mla.choose_d_chunks(1, 8, 132) == 8 and mla.choose_d_chunks(64, 520, 132) == 1
+    assert kern.choose_splits(1, 8, 32768, 64, 132) == 64
+    assert kern.choose_splits(64, 520, 1024, 64, 132) == 1
+    assert kern.choose_splits(1, 136, 1000, 64, 132) == 4  # at least 256 keys per split
+    assert kern.choose_d_chunks(1, 8, 132) == 8 and kern.choose_d_chunks(64, 520, 132) == 1
 
 
 _INTERP = textwrap.dedent(
     """
     import torch
-    from sglang_ddtree.bench import mla_tree_attention as m
+    from sglang_ddtree.bench import mla_tree_attention as bench
+    from sglang_ddtree.kernels import mla_tree_attention as m
     worst = 0.0
     for bs, L, W, H, ns in [(2, 300, 6, 2, 3), (1, 70, 1, 3, 1), (2, 129, 9, 4, 13), (1, 17, 20, 1, 2)]:
-        p = m.make_problem(bs, L, W, H, device="cpu", seed=L + ns)
+        p = bench.make_problem(bs, L, W, H, device="cpu", seed=L + ns)
         for f in ("q", "kv_pool", "k_tree"):  # the interpreter's bf16 dot is not faithful
             setattr(p, f, getattr(p, f).float())
         att = m.SplitTreeAttention(p, m.SplitConfig(16, 16, 4, 1), sms=4)
@@ -220,11 +222,11 @@ _INTERP = textwrap.dedent(
         got = att().clone()
         assert torch.isfinite(got).all()
         ref = m.naive_tree_attention(p, fp32=True)
-        worst = max(worst, m._rel(got, ref))
+        worst = max(worst, bench._rel(got, ref))
         att.out.fill_(float("nan"))
         att.partials(contiguous=True)  # index arithmetic instead of the gather: same result here
         att.combine()
-        worst = max(worst, m._rel(att.out.view_as(got), ref))
+        worst = max(worst, bench._rel(att.out.view_as(got), ref))
     print(worst)
     """
 )
