@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 ALGORITHM_NAME = "DDTREE"  # --speculative-algorithm
 DEFAULT_BUDGET = 32
@@ -29,10 +30,20 @@ ENV_TEST_PLUGIN = "SGLANG_DDTREE_TEST_PLUGIN"  # test-only: a module whose insta
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
 ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
+ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
 
 
 class DDTreeConfigError(ValueError):
     """A configuration problem found at start-up, with a message for the user."""
+
+
+def cache_root() -> Path:
+    """The one cache folder (compiled C++ builder, tiny models, pair data): ``$SGLANG_DDTREE_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/sglang-ddtree`` (``~/.cache/sglang-ddtree``)."""
+    root = os.environ.get(ENV_CACHE_DIR, "").strip()
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "sglang-ddtree"
 
 
 def cpu_engine_requested() -> bool:

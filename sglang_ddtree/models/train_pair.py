@@ -357,9 +357,9 @@ def main(argv: list[str] | None = None) -> None:
     spec = replace(spec, **overrides)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from .tiny import default_cache_dir
+    from ..config import cache_root
 
-    data = args.data or default_cache_dir().parent / "pair-data" / ("smoke" if args.smoke else "full")
+    data = args.data or cache_root() / "pair-data" / ("smoke" if args.smoke else "full")
     site = args.site_packages or default_site_packages()
     if args.prepare_only:
         prepare_data(data, spec, site, Log())

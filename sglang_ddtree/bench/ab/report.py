@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import platform
 import statistics
-import subprocess
-from pathlib import Path
 
+from .._stamp import host_stamp
 from .arms import CONTEXT_KEYS, PARITY_FLAGS, PARITY_KEYS, SPEC_KEYS, Arm
 
 
@@ -198,55 +195,6 @@ def parity(arms: list[Arm], context_keys) -> dict:
     }
 
 
-# --------------------------------------------------------------------------- provenance
-
-
-def _run(cmd: list[str]) -> str | None:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-def hardware_stamp() -> dict:
-    """Where and with what the numbers were measured. Called after every server has stopped."""
-    from .. import _stamp
-
-    info = _stamp.stamp()
-    cpu_model = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info["cpu_model"] = cpu_model
-    info["cpu_count"] = os.cpu_count()
-    smi = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
-    info["gpus"] = [line.strip() for line in smi.splitlines()] if smi else []
-    from ... import __version__
-
-    info["versions"] = {
-        "sglang": _version("sglang"),
-        "torch": _version("torch"),
-        "sglang_ddtree": _version("sglang-ddtree") or __version__,
-        "transformers": _version("transformers"),
-        "python": platform.python_version(),
-    }
-    return info
-
-
 # --------------------------------------------------------------------------- report
 
 
@@ -269,7 +217,7 @@ def build_report(
         "error": error,
         "date": date.astimezone().isoformat(timespec="seconds"),
         "command": command,
-        "stamp": {**hardware_stamp(), "commit": settings.get("commit_at_start") or "unknown"},
+        "stamp": {**host_stamp(), "commit": settings.get("commit_at_start") or "unknown"},
         "settings": settings,
         "summary": rows,
         "winners": winners(rows),
