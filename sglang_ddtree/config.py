@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 ALGORITHM_NAME = "DDTREE"  # --speculative-algorithm
 DEFAULT_BUDGET = 32
@@ -32,10 +33,20 @@ ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle'
 ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host phase-time log lines
 ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tree step out of the draft graph
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
+ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
 
 
 class DDTreeConfigError(ValueError):
     """A configuration problem found at start-up, with a message for the user."""
+
+
+def cache_root() -> Path:
+    """The one cache folder (compiled C++ builder, tiny models, pair data): ``$SGLANG_DDTREE_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/sglang-ddtree`` (``~/.cache/sglang-ddtree``)."""
+    root = os.environ.get(ENV_CACHE_DIR, "").strip()
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "sglang-ddtree"
 
 
 def cpu_engine_requested() -> bool:

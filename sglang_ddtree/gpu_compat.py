@@ -13,20 +13,12 @@ never runs any of this. Each change logs the first time it serves.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-logger = logging.getLogger("sglang_ddtree.gpu_compat")
+from .first_use_log import FirstUseLog
 
 _INSTALLED = False
-_SERVED: set[str] = set()
-
-
-def log_served(name: str, detail: str) -> None:
-    if name not in _SERVED:
-        _SERVED.add(name)
-        logger.info("GPU bundle compatibility served: %s (%s)", name, detail)
+log_served = FirstUseLog("sglang_ddtree.gpu_compat", "GPU bundle compatibility served")
 
 
 def _float32_rmsnorm_native() -> None:

@@ -232,7 +232,7 @@ FAKE += ["--concurrency", "1,4", "--num-prompts", "8", "--repeats", "2", "--chec
 
 
 def test_report_winners_and_ratios(tmp_path, monkeypatch):
-    from sglang_ddtree.bench import ab
+    from sglang_ddtree.bench.ab import cli as ab
 
     same = {name: [[1, 2, 3], [4, 5, 6]] for name in ("ddtree", "chain", "plain")}
     monkeypatch.setattr(ab, "run_arm", _fake_run_arm(same))
@@ -252,7 +252,7 @@ def test_report_winners_and_ratios(tmp_path, monkeypatch):
 
 
 def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
-    from sglang_ddtree.bench import ab
+    from sglang_ddtree.bench.ab import cli as ab
 
     outputs = {
         "ddtree": [[1, 2, 3], [4, 5, 7]],
@@ -269,7 +269,7 @@ def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
 
 
 def test_parity_difference_is_explained(tmp_path, monkeypatch):
-    from sglang_ddtree.bench import ab
+    from sglang_ddtree.bench.ab import cli as ab
 
     same = {name: [[1]] for name in ("ddtree", "chain", "plain")}
     readback = {"ddtree": {"disable_overlap_schedule": True}}
@@ -293,7 +293,7 @@ def test_parity_difference_is_explained(tmp_path, monkeypatch):
 
 
 def test_bad_options_are_refused(tmp_path, capsys):
-    from sglang_ddtree.bench import ab
+    from sglang_ddtree.bench.ab import cli as ab
 
     assert ab.main(["--model", "m", "--arms", "ddtree,tree", "--out-dir", str(tmp_path)]) == 2
     assert "unknown arm 'tree'" in capsys.readouterr().err

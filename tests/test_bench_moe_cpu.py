@@ -12,41 +12,45 @@ import textwrap
 import pytest
 import torch
 
+from sglang_ddtree.bench import jit_bundle
 from sglang_ddtree.bench import mla_tree_attention as mla
+from sglang_ddtree.bench import moe_layer as layer
+from sglang_ddtree.bench import moe_report as report
 from sglang_ddtree.bench import moe_verify as mv
+from sglang_ddtree.kernels import mla_tree_attention as kern
 
 # --------------------------------------------------------------------------- MoE bookkeeping
 
 
 @pytest.mark.parametrize("m, touched", [(1, 8), (16, 110), (32, 188), (64, 284), (128, 358)])
 def test_expected_experts_touched_matches_anchors(m, touched):
-    assert mv.expected_experts_touched(m) == pytest.approx(touched, abs=0.6)
+    assert layer.expected_experts_touched(m) == pytest.approx(touched, abs=0.6)
 
 
 def test_expert_bytes_reproduce_anchor_bandwidth():
-    full = mv.MoEShape()
+    full = layer.MoEShape()
     # 8 experts in 0.219 ms streamed 905 GB/s in docs/anchors.md
     assert 8 * full.expert_weight_bytes() / 0.219e-3 / 1e9 == pytest.approx(905, rel=0.01)
-    shard = mv.MoEShape(ffn=256)
+    shard = layer.MoEShape(ffn=256)
     assert shard.expert_weight_bytes() * 8 == pytest.approx(full.expert_weight_bytes(), rel=1e-9)
 
 
 @pytest.mark.parametrize("m, block", [(1, 8), (32, 8), (256, 8), (512, 16), (1024, 32), (4096, 64)])
 def test_marlin_block_size(m, block):
-    assert mv.marlin_block_size_m(m, 8, 384) == block
+    assert layer.marlin_block_size_m(m, 8, 384) == block
 
 
 @pytest.mark.parametrize(
     "m, path", [(1, "single_token"), (2, "small_numel"), (8, "small_numel"), (9, "jit_align")]
 )
 def test_align_path(m, path):
-    assert mv.align_path(m, 8, 384) == path
+    assert layer.align_path(m, 8, 384) == path
 
 
 def test_plateau_and_compute_onset_on_anchor_curve():
-    ms = sorted(mv.ANCHOR_H200)
-    full = [mv.ANCHOR_H200[m][0] for m in ms]
-    shard = [mv.ANCHOR_H200[m][1] for m in ms]
+    ms = sorted(report.ANCHOR_H200)
+    full = [report.ANCHOR_H200[m][0] for m in ms]
+    shard = [report.ANCHOR_H200[m][1] for m in ms]
     assert mv.plateau_m(ms, full) == 256
     assert mv.plateau_m(ms, shard) == 256
     assert mv.compute_bound_onset(ms, full) == 512
@@ -63,19 +67,19 @@ def test_gptq_int4_dequant_roundtrip():
         packed |= q[i::8] << (4 * i)
     packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
     scales = torch.rand(K // G, N, generator=g).to(torch.bfloat16)
-    w = mv.dequant_gptq_int4(packed, scales, G)
+    w = layer.dequant_gptq_int4(packed, scales, G)
     assert torch.equal(w, (q.float() - 8) * scales.float().repeat_interleave(G, 0))
-    rp, rs = mv.random_gptq_int4(3, 64, 32, 32, g, "cpu")
+    rp, rs = layer.random_gptq_int4(3, 64, 32, 32, g, "cpu")
     assert rp.shape == (3, 8, 32) and rp.dtype == torch.int32 and rs.shape == (3, 2, 32)
 
 
 def _fake_moe_result():
     def moe_rows(scale):
         out = []
-        for m in mv.M_SWEEP:
+        for m in layer.M_SWEEP:
             t = scale * (0.2 + 0.01 * m**0.8)
             out.append({
-                "M": m, "experts_touched": min(384, 8 * m), "align_path": mv.align_path(m, 8, 384),
+                "M": m, "experts_touched": min(384, 8 * m), "align_path": layer.align_path(m, 8, 384),
                 "core_eager": t * 1.1, "core_graph": t, "core_combine_graph": t * 1.02, "router_graph": 0.01,
                 "us_per_token_eager": 1e3 * t * 1.1 / m, "us_per_token_graph": 1e3 * t / m,
                 "weight_gbs_graph": 3000.0, "bw_frac_graph": 0.7, "layer_graph": t * 1.05,
@@ -85,7 +89,7 @@ def _fake_moe_result():
     checks = [{"M": 1, "align_path": "single_token", "rel_err": 3e-3, "ok": True}]
     plateau = {k: {"plateau_m": 256, "compute_bound_onset_m": 512} for k in ("eager", "graph")}
     dense_rows = [
-        {"M": m, "graph": 0.05, "weight_gbs_graph": 3500.0, "bw_frac_graph": 0.8} for m in mv.M_SWEEP
+        {"M": m, "graph": 0.05, "weight_gbs_graph": 3500.0, "bw_frac_graph": 0.8} for m in layer.M_SWEEP
     ]
     return {
         "stamp": {"device": "test", "commit": "abc"},
@@ -96,8 +100,8 @@ def _fake_moe_result():
         "reps": 30,
         "moe": {
             f"ffn{f}": {
-                "shape": {**vars(mv.MoEShape(ffn=f))},
-                "expert_weight_bytes": mv.MoEShape(ffn=f).expert_weight_bytes(),
+                "shape": {**vars(layer.MoEShape(ffn=f))},
+                "expert_weight_bytes": layer.MoEShape(ffn=f).expert_weight_bytes(),
                 "checks": checks,
                 "rows": moe_rows(1 if f == 2048 else 0.2),
                 "plateau": plateau,
@@ -113,14 +117,14 @@ def _fake_moe_result():
 
 def test_moe_report_renders(tmp_path):
     res = _fake_moe_result()
-    md = mv.render_markdown(res)
+    md = report.render_markdown(res)
     assert "Plateau M" in md and "anchor ms" in md and "| 1024 |" in md
     pytest.importorskip("matplotlib")
-    assert mv.plot(res, tmp_path / "x.png").exists()
+    assert report.plot(res, tmp_path / "x.png").exists()
 
 
 def test_bundle_names_match_load_jit_names():
-    names = [mv._bundle_so_name(m, a) for m, _, a in mv.BUNDLE_VARIANTS]
+    names = [jit_bundle._bundle_so_name(m, a) for m, _, a in jit_bundle.BUNDLE_VARIANTS]
     assert names[0] == "sgl_kernel_jit_moe_wna16_marlin_bf16_t_false_false_true_false_true.so"
     assert names[1] == "sgl_kernel_jit_moe_wna16_marlin_bf16_t_false_false_true_true_true.so"
     assert "sgl_kernel_jit_moe_align_single_token_true_true.so" in names
@@ -177,17 +181,17 @@ def test_ancestor_mask_is_a_tree_mask():
 
 def test_naive_attention_equals_per_row_softmax():
     p = mla.make_problem(2, 37, 5, 3, device="cpu", seed=4)
-    out = mla.naive_tree_attention(p, fp32=True)
-    pre = mla.prefix_view(p).float()
+    out = kern.naive_tree_attention(p, fp32=True)
+    pre = kern.prefix_view(p).float()
     for b in range(2):
         for w in range(5):
             keys = torch.cat([pre[b], p.k_tree[b].float()[p.tree_mask[b, w].bool()]])
             for h in range(3):
-                s = keys @ p.q[b, w, h].float() * mla.SM_SCALE
-                ref = torch.softmax(s, 0) @ keys[:, : mla.D_LATENT]
+                s = keys @ p.q[b, w, h].float() * kern.SM_SCALE
+                ref = torch.softmax(s, 0) @ keys[:, : kern.D_LATENT]
                 assert torch.allclose(out[b, w, h], ref, atol=1e-5, rtol=1e-5)
     # chunking over requests changes nothing
-    assert torch.allclose(mla.naive_tree_attention(p, fp32=True, max_elems=1), out)
+    assert torch.allclose(kern.naive_tree_attention(p, fp32=True, max_elems=1), out)
 
 
 def test_accounting():
@@ -196,19 +200,20 @@ def test_accounting():
     assert pre == 17 * 8 * 1000 * 2 * (576 + 512) and tail == 17 * 8 * 17 * 2 * (576 + 512)
     assert mla.roofline(4.3e9, 1.0, 4300.0, 800.0) == {"floor_ms": pytest.approx(1.0), "bound": "memory"}
     assert mla.roofline(1.0, 8e11, 4300.0, 800.0)["bound"] == "compute"
-    assert mla.choose_splits(1, 8, 32768, 64, 132) == 64
-    assert mla.choose_splits(64, 520, 1024, 64, 132) == 1
-    assert mla.choose_splits(1, 136, 1000, 64, 132) == 4  # at least 256 keys per split
-    assert mla.choose_d_chunks(1, 8, 132) == 8 and mla.choose_d_chunks(64, 520, 132) == 1
+    assert kern.choose_splits(1, 8, 32768, 64, 132) == 64
+    assert kern.choose_splits(64, 520, 1024, 64, 132) == 1
+    assert kern.choose_splits(1, 136, 1000, 64, 132) == 4  # at least 256 keys per split
+    assert kern.choose_d_chunks(1, 8, 132) == 8 and kern.choose_d_chunks(64, 520, 132) == 1
 
 
 _INTERP = textwrap.dedent(
     """
     import torch
-    from sglang_ddtree.bench import mla_tree_attention as m
+    from sglang_ddtree.bench import mla_tree_attention as bench
+    from sglang_ddtree.kernels import mla_tree_attention as m
     worst = 0.0
     for bs, L, W, H, ns in [(2, 300, 6, 2, 3), (1, 70, 1, 3, 1), (2, 129, 9, 4, 13), (1, 17, 20, 1, 2)]:
-        p = m.make_problem(bs, L, W, H, device="cpu", seed=L + ns)
+        p = bench.make_problem(bs, L, W, H, device="cpu", seed=L + ns)
         for f in ("q", "kv_pool", "k_tree"):  # the interpreter's bf16 dot is not faithful
             setattr(p, f, getattr(p, f).float())
         att = m.SplitTreeAttention(p, m.SplitConfig(16, 16, 4, 1), sms=4)
@@ -217,11 +222,11 @@ _INTERP = textwrap.dedent(
         got = att().clone()
         assert torch.isfinite(got).all()
         ref = m.naive_tree_attention(p, fp32=True)
-        worst = max(worst, m._rel(got, ref))
+        worst = max(worst, bench._rel(got, ref))
         att.out.fill_(float("nan"))
         att.partials(contiguous=True)  # index arithmetic instead of the gather: same result here
         att.combine()
-        worst = max(worst, m._rel(att.out.view_as(got), ref))
+        worst = max(worst, bench._rel(att.out.view_as(got), ref))
     print(worst)
     """
 )

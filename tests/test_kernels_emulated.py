@@ -122,14 +122,7 @@ def test_topk(emu, rows, vocab, k, dtype):
     gen = torch.Generator().manual_seed(rows * vocab + k)
     paths = set()
     for mode in ("randn", "round", "few", "neginf"):
-        x = torch.randn(rows, vocab, generator=gen) * 3
-        if mode == "round":
-            x = x.round()
-        elif mode == "few":
-            x = torch.randint(-2, 2, (rows, vocab), generator=gen).float()
-        elif mode == "neginf":
-            x[:, ::3] = -float("inf")
-        x = x.to(dtype)
+        x = topk_logits(mode, rows, vocab, gen).to(dtype)
         raw = x.numpy() if dtype == torch.float32 else x.view(torch.int16).numpy().view(np.uint16)
         code = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
         lp, ids, path = emu.topk(np.ascontiguousarray(raw), code, k)

@@ -39,3 +39,14 @@ def test_wheel_contents(tmp_path):
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[sglang.srt.plugins]" in text and "ddtree = sglang_ddtree.plugin:register" in text
+
+
+def test_every_subpackage_is_listed():
+    """A folder with an ``__init__.py`` missing from pyproject's package list is left out of
+    the wheel without a word (as ``bench/ab`` would be)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    package = ROOT / "sglang_ddtree"
+    found = {".".join(init.parent.relative_to(ROOT).parts) for init in package.rglob("__init__.py")}
+    assert found - listed == set()

@@ -1,7 +1,8 @@
 """Shared helpers for the GPU benchmarks: provenance stamp, ceilings, timing, output.
 
 ``stamp()`` says where a number was measured (device, driver, torch/CUDA/Triton versions,
-git commit, date).  ``copy_bandwidth_gbs()`` and ``matmul_tflops()`` measure the two
+git commit, date); ``host_stamp()`` adds the CPU, every GPU and the serving stack's versions
+(the A/B tool's reports).  ``copy_bandwidth_gbs()`` and ``matmul_tflops()`` measure the two
 ceilings every result is compared against, in the same run.  ``time_eager`` and
 ``time_graph`` are the two timing modes used throughout: eager (CUDA events around one
 call, host launch gaps included) and CUDA-graph replay (what a served model sees).
@@ -83,6 +84,45 @@ def stamp() -> dict:
     else:
         info.update(device="cpu", driver=None)
     return info
+
+
+def host_stamp() -> dict:
+    """``stamp()`` plus what a served A/B run also records: CPU model and cores, every GPU,
+    and the serving stack's versions. Called after every server has stopped."""
+    info = stamp()
+    info["cpu_model"] = _cpu_model()
+    info["cpu_count"] = os.cpu_count()
+    smi = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
+    info["gpus"] = [line.strip() for line in smi.splitlines()] if smi else []
+    from .. import __version__
+
+    info["versions"] = {
+        "sglang": _version("sglang"),
+        "torch": _version("torch"),
+        "sglang_ddtree": _version("sglang-ddtree") or __version__,
+        "transformers": _version("transformers"),
+        "python": platform.python_version(),
+    }
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 # --------------------------------------------------------------------------- ceilings

@@ -37,7 +37,7 @@ os.environ.update(MULTICAST_OFF)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from sglang_ddtree.bench.moe_verify import M_SWEEP  # noqa: E402
+from sglang_ddtree.bench.moe_layer import M_SWEEP  # noqa: E402
 
 HIDDEN = 7168
 
@@ -145,7 +145,8 @@ def _run_rank(rank: int, world: int, args: argparse.Namespace) -> dict | None:
 
         dtype, dev = torch.float32, "cpu"
     else:
-        from sglang_ddtree.bench.moe_verify import MarlinMoE, MoEShape, load_sglang_kernels, route
+        from sglang_ddtree.bench.jit_bundle import load_sglang_kernels
+        from sglang_ddtree.bench.moe_layer import MarlinMoE, MoEShape, route
 
         torch.cuda.set_device(rank % torch.cuda.device_count())
         sg = load_sglang_kernels(args.bundle)

@@ -198,7 +198,7 @@ def offline_replay(
     on the plain server's output with the training code's models (float32)."""
     from safetensors.torch import load_file
 
-    from ..models.train_pair import Drafter, PairSpec, Target, block_layout
+    from ..models.pair_modules import Drafter, PairSpec, Target, block_layout
     from ..tree.round import reference_round
 
     spec_fields = dict(pair["manifest"]["spec"])

@@ -7,20 +7,13 @@ never runs any of this. Each fallback logs the first time it serves.
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 
-logger = logging.getLogger("sglang_ddtree.cpu")
+from ..first_use_log import FirstUseLog
 
 _INSTALLED = False
-_SERVED: set[str] = set()
-
-
-def log_fallback(name: str, detail: str) -> None:
-    if name not in _SERVED:
-        _SERVED.add(name)
-        logger.info("CPU mode fallback served: %s (%s)", name, detail)
+log_fallback = FirstUseLog("sglang_ddtree.cpu", "CPU mode fallback served")
 
 
 def _patch_record_stream() -> None:

@@ -6,6 +6,8 @@ the choice between them.
 * :mod:`.topk` - the draft top-k launcher (split-vocabulary kernel, one-block-per-row
   kernel, torch path), re-exported by :mod:`.gpu`.
 * :mod:`.cpp` - the C++ builder (tree build, layout), compiled on first use.
+* :mod:`.mla_tree_attention` - Triton tree-verify attention at MLA shapes (prefix/tail
+  split) beside its torch reference; measured by ``bench/mla_tree_attention.py``, not served.
 * :mod:`.backend` - the one place that picks CUDA, C++ or the Python reference for every
   step of a round (``SGLANG_DDTREE_TREE_BACKEND``).
 

@@ -4,7 +4,8 @@ The source is ``sglang_ddtree/csrc/ddtree_cpu.cpp`` (pybind11). The first call c
 with the system C++ compiler (``$CXX``, else ``g++``, else ``c++``) and pybind11's headers
 into a per-user cache directory, keyed by a hash of the source, the compiler flags and the
 Python / pybind11 versions; later calls (and later processes) load the cached module.
-Cache directory: ``$SGLANG_DDTREE_CACHE_DIR`` or ``~/.cache/sglang-ddtree/ext``.
+Cache directory: ``ext/`` under ``config.cache_root()`` (``$SGLANG_DDTREE_CACHE_DIR``, else
+``~/.cache/sglang-ddtree``).
 
 Every function gives exactly the integers of its reference in ``sglang_ddtree.tree``
 (``tests/test_cpp_builder.py``). Inputs are numpy arrays (torch CPU tensors are accepted
@@ -37,8 +38,9 @@ class CompilerMissingError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SGLANG_DDTREE_CACHE_DIR")
-    path = Path(root) if root else Path.home() / ".cache" / "sglang-ddtree" / "ext"
+    from ..config import cache_root
+
+    path = cache_root() / "ext"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

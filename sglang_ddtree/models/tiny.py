@@ -78,10 +78,9 @@ class TinyModels:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("SGLANG_DDTREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "sglang-ddtree"
-    )
-    return Path(root) / "tiny-models"
+    from ..config import cache_root
+
+    return cache_root() / "tiny-models"
 
 
 def build_tiny_models(spec: TinySpec = TinySpec(), cache_dir: Path | None = None) -> TinyModels:
