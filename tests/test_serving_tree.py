@@ -149,7 +149,7 @@ def test_tree_with_pages_and_without_overlap(tiny, plain):
     assert last_tree_stats(log)["non_argmax_share"] > 0.1
     phases = last_phase_times(log)
     steps = {k: v for k, v in phases.items() if k not in ("round", "between rounds")}
-    assert {"draft forward", "build", "verify forward", "accept", "draft kv commit"} <= set(steps)
+    assert {"draft forward", "tree step", "verify forward", "accept", "draft kv commit"} <= set(steps)
     assert 0 < sum(steps.values()) <= phases["round"]
 
 
