@@ -205,11 +205,17 @@ def cpu_server_args(target: str, extra: list[str] | None = None, max_total_token
     ]
 
 
-def http_json(url: str, payload: dict | None = None, timeout: float = 300.0) -> dict:
+def http_text(url: str, payload: dict | None = None, timeout: float = 300.0) -> str:
+    """The body of a GET (no payload) or a JSON POST, as text (e.g. ``/start_profile``'s
+    plain-text answer)."""
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        body = response.read().decode()
+        return response.read().decode()
+
+
+def http_json(url: str, payload: dict | None = None, timeout: float = 300.0) -> dict:
+    body = http_text(url, payload, timeout)
     return json.loads(body) if body.strip() else {}
 
 

@@ -150,3 +150,32 @@ def test_report_targets_and_files(tmp_path):
     assert "| ddtree@32 | 1 | 820" in report
     assert "| all-reduce us |" in report
     assert "| ddtree@32 | 8 | 4500 | 3000 | 1500 | 40.0 | 2 | 0.0 | 321.5 | gemm 900" in report
+
+
+def test_text_endpoint_is_read_as_text():
+    """SGLang's /start_profile answers plain text: reading it as JSON lost every profile."""
+    import http.server
+    import threading
+
+    from sglang_ddtree.launch import http_json, http_text
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"Start profiling.\n" if self.path == "/start_profile" else b'{"ok": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert http_text(f"{url}/start_profile", {"num_steps": 2}) == "Start profiling.\n"
+        assert http_json(f"{url}/other", {}) == {"ok": 1}
+    finally:
+        server.shutdown()

@@ -11,8 +11,9 @@
 #    both ranks compare their trees and accepted paths; a divergence kills the server) and
 #    test_tp_ranks_build_the_same_trees reads from their logs that the check ran.
 # 2. The round benchmark at TP-2 (gpu_rounds --tp 2, without the check: it syncs every round):
-#    plain / DFLASH / DDTREE budget 32, concurrency 1 and 8, tok/s, accept length, round time,
-#    and a profile of 10 decode rounds at bs 8 of DFLASH and DDTREE with the all-reduce time.
+#    plain / DFLASH / DDTREE budgets 32 and 7 (the chain's width), concurrency 1 and 8, tok/s,
+#    accept length, round time, and profiles of 10 decode rounds at bs 1 and 8 of DFLASH and
+#    DDTREE with the all-reduce time.
 #    Its servers start with the suite's and measure once the suite is done.
 # Every step is bounded; whatever finished is written. $OUT: gpu_server_tp2.{json,log},
 # <LABEL>.{json,md,png}, tp2_logs.tar.gz (every server log, nvidia-smi topology), and the
@@ -33,8 +34,8 @@ SUITE_TESTS="(ddtree_fp32_graphs and not page16) or bf16 or tree_kernels or tp_r
     timeout -s INT -k 30 "${SUITE_S:-360}" python -m pytest -m gpu_server tests/gpu_server -k "$SUITE_TESTS" \
     -p no:cacheprovider -v -rA > "$OUT/gpu_server_tp2.log" 2>&1; touch "$DONE" ) &
 timeout -s INT -k 30 "${ROUNDS_S:-465}" python -m sglang_ddtree.bench.gpu_rounds --tp 2 --nccl-port-base 24200 \
-  --out "$OUT" --label "$LABEL" --arms plain,dflash,ddtree@32 --concurrency 1 8 \
-  --profile-arms dflash,ddtree@32 --profile-bs 8 --profile-steps 10 --profile-export-s 40 \
+  --out "$OUT" --label "$LABEL" --arms plain,dflash,ddtree@32,ddtree@7 --concurrency 1 8 \
+  --profile-arms dflash,ddtree@32 --profile-bs 1 8 --profile-steps 10 --profile-export-s 30 \
   --start-timeout 330 --deadline-s "${ROUNDS_DEADLINE_S:-425}" --wait-file "$DONE"
 say "benchmark exited with $?"
 wait

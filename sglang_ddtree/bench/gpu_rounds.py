@@ -36,7 +36,7 @@ import time
 import urllib.error
 from pathlib import Path
 
-from ..launch import ServerProcess, ServerStartError, http_json
+from ..launch import ServerProcess, ServerStartError, http_text
 from . import _stamp
 from .round_profile import summarise_trace
 
@@ -149,7 +149,7 @@ def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> 
     with concurrent.futures.ThreadPoolExecutor(bs + 1) as pool:
         running = [pool.submit(_request, server, prompts[i % len(prompts)], long_len) for i in range(bs)]
         time.sleep(1.0)  # past prefill, into steady decode
-        http_json(
+        http_text(  # answers in plain text
             f"{server.url}/start_profile",
             # No Python stacks: the summary does not read them, and they make the trace
             # slow to write.
@@ -217,7 +217,8 @@ def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) ->
     return record
 
 
-def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
+def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerProcess], dict[str, str]]:
+    """Every arm's server, started together; returns them and the start-up error per failed arm."""
     ports = {
         arm: None if args.nccl_port_base is None else args.nccl_port_base + i for i, arm in enumerate(arms)
     }
@@ -238,8 +239,19 @@ def start_all(arms: list[str], args, log_dir: Path) -> dict[str, ServerProcess]:
         for arm in arms
     }
     with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
-        list(pool.map(lambda s: s.start(), servers.values()))
-    return servers
+        errors = dict(zip(servers, pool.map(_start_or_error, servers.values())))
+    return servers, {arm: e for arm, e in errors.items() if e is not None}
+
+
+def _start_or_error(server: ServerProcess) -> str | None:
+    """One arm that fails to start (e.g. out of memory beside the others) must not cost the
+    others their measurement: its error is recorded instead."""
+    try:
+        server.start()
+        return None
+    except ServerStartError as error:
+        server.stop()
+        return str(error)[-1500:]
 
 
 def _printable(args: dict) -> dict:
@@ -305,15 +317,17 @@ def main(argv=None) -> int:
         "common_flags": args.common,
         "arms": [],
     }
+    servers, failed = start_all(arms, args, work / "logs")
     try:
-        servers = start_all(arms, args, work / "logs")
-    except ServerStartError as error:
-        print(f"[gpu_rounds] a server did not start: {error}", flush=True)
-        return 2
-    try:
+        for arm, error in failed.items():
+            print(f"[gpu_rounds] {arm} did not start: {error}", flush=True)
+        results["failed_to_start"] = failed
+        if len(failed) == len(arms):
+            return 2
         _wait_for(args.wait_file)
-        for i, arm in enumerate(arms):
-            results["arms"].append(run_arm(servers[arm], prompts, args, arm, work / "traces", len(arms) - i))
+        live = [a for a in arms if a not in failed]
+        for i, arm in enumerate(live):
+            results["arms"].append(run_arm(servers[arm], prompts, args, arm, work / "traces", len(live) - i))
             _stamp.write_json(out / f"{args.label}.json", results)
     finally:
         for server in servers.values():
