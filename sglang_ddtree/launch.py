@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -182,10 +183,38 @@ class ServerStartError(RuntimeError):
     """The server exited or never became ready; the message ends with its log tail."""
 
 
+_PORTS_HANDED_OUT: set[int] = set()
+_NCCL_PORT_BASES = range(24100, 24400)  # the GPU jobs' --nccl-port ranges (tests/gpu_server, tp2.sh)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port below the kernel's ephemeral range, never handed out twice by this process.
+
+    A server binds its HTTP port only once its model is loaded; a port picked by
+    ``bind(0)`` is ephemeral, and other servers starting meanwhile (their NCCL, ZMQ and
+    torch.distributed sockets) can take it first ("address already in use" a minute later).
+    """
+    high = min(_ephemeral_low(), 32768)
+    rng = random.SystemRandom()
+    for _ in range(2000):
+        port = rng.randrange(max(1024, high - 12000), high)
+        if port in _PORTS_HANDED_OUT or port in _NCCL_PORT_BASES:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PORTS_HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def cpu_server_args(target: str, extra: list[str] | None = None, max_total_tokens: int = 8192) -> list[str]:
