@@ -44,7 +44,7 @@ def check_exact(x: torch.Tensor, k: int, splits: int | None = None) -> None:
     from ..kernels import topk
 
     want_lp, want_ids = topk.topk_log_probs_torch(x, k)
-    for algorithm in topk.ALGORITHMS:
+    for algorithm in topk.KERNELS:
         lp, ids = topk.topk_log_probs(x, k, splits=splits, algorithm=algorithm)
         if not torch.equal(ids, want_ids):
             raise AssertionError(

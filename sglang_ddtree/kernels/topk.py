@@ -28,13 +28,22 @@ from ._cupy import kernel, ptr
 
 TOPK_MAX_K = 1024  # the row kernel's limit; above, torch
 SPLIT_MAX_K = 256  # the split kernel's limit; above, the row kernel
-ALGORITHMS = ("split", "row")
+KERNELS = ("split", "row")
+ALGORITHMS = ("auto", *KERNELS)
 
 _ROW_THREADS = 512
 _SPLIT_THREADS = 256
 _CAP_TARGET = 4096  # candidate slots of a block (8 bytes each) the automatic slice length aims at
 _CAP_MAX = 8192  # shared-memory limit of a plan (64 KiB)
 _AUTO_SPLITS_MAX = 32  # more splits make the merge (S x k candidates) the slow part
+_AUTO_SPLITS_MAX_WIDE_K = (
+    16  # k >= 16: 16 splits beat 32 at bs 1 (topk_kernels_h200: 14.3 vs 16.4 us at k 16)
+)
+_WIDE_K = 16
+# The row kernel beats the split kernel at k 64 from 120 rows on (topk_kernels_h200: 66 vs 71 us
+# at 120 rows, 191 vs 224 us at 448, 350 vs 460 us at 960); below k 64 the split kernel wins.
+_ROW_KERNEL_MIN_K = 64
+_ROW_KERNEL_MIN_ROWS = 120
 _BLOCKS_PER_SM = 4  # resident blocks of the split kernel (its launch bounds)
 _AUTO_SLICE_MIN = 2048  # shorter slices cost more in fixed per-block work than they save
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -88,8 +97,14 @@ def min_splits(vocab: int, k: int) -> int:
 def auto_splits(rows: int, vocab: int, k: int, sm_count: int) -> int:
     """Enough blocks to fill the GPU at small batch, no fewer than :func:`min_splits`."""
     fill = _ceil_div(_BLOCKS_PER_SM * sm_count, max(rows, 1))
-    fill = min(fill, _AUTO_SPLITS_MAX, max(1, vocab // _AUTO_SLICE_MIN))
+    cap = _AUTO_SPLITS_MAX_WIDE_K if k >= _WIDE_K else _AUTO_SPLITS_MAX
+    fill = min(fill, cap, max(1, vocab // _AUTO_SLICE_MIN))
     return max(min_splits(vocab, k), fill)
+
+
+def choose_kernel(rows: int, k: int) -> str:
+    """``"row"`` where the H200 measured it faster (k >= 64 from 120 rows on), else ``"split"``."""
+    return "row" if k >= _ROW_KERNEL_MIN_K and rows >= _ROW_KERNEL_MIN_ROWS else "split"
 
 
 def split_plan(
@@ -179,7 +194,7 @@ def topk_log_probs(
     out_token_ids: torch.Tensor | None = None,
     workspace: TopkWorkspace | None = None,
     splits: int | None = None,
-    algorithm: str = "split",
+    algorithm: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row top-k log-probs and token ids of draft logits, ties to the smaller id.
 
@@ -192,7 +207,8 @@ def topk_log_probs(
     out_token_ids : int64 ``[..., k]`` or None (allocated).
     workspace : :class:`TopkWorkspace` or None (allocated per call when the split kernel runs).
     splits : blocks per row of the split kernel (None: from the row count and the GPU).
-    algorithm : ``"split"`` or ``"row"`` (one block per row); the result is the same.
+    algorithm : ``"split"``, ``"row"`` (one block per row) or ``"auto"`` (the one measured
+        faster for this row count and k: :func:`choose_kernel`); the result is the same.
 
     Returns
     -------
@@ -218,6 +234,8 @@ def topk_log_probs(
     rows = draft_logits.numel() // max(vocab, 1)
     if rows == 0:
         return out_log_probs, out_token_ids
+    if algorithm == "auto":
+        algorithm = choose_kernel(rows, k)
     plan = split_plan(rows, vocab, k, _sm_count(dev), splits) if algorithm == "split" else None
     if plan is not None:
         _launch_split(draft_logits, rows, vocab, k, plan, workspace, out_log_probs, out_token_ids)
