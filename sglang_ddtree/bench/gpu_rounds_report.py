@@ -145,6 +145,22 @@ def phase_section(results: dict) -> list[str]:
     ]
 
 
+def _plot_vs_dflash(ax, levels: dict) -> None:
+    """tok/s of every arm over stock DFLASH's at the same concurrency (1 = DFLASH)."""
+    dflash = levels.get("dflash", {})
+    for i, (arm, by_c) in enumerate(levels.items()):  # colour i: the arm's colour in the throughput panel
+        cs = sorted(c for c in by_c if c in dflash)
+        if arm != "dflash" and cs:
+            ratios = [by_c[c]["tok_per_s"] / dflash[c]["tok_per_s"] for c in cs]
+            ax.plot(cs, ratios, marker="o", label=arm, color=f"C{i % 10}")
+    ax.axhline(1.0, color="gray", linewidth=1, linestyle="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("tok/s / stock DFLASH tok/s")
+    ax.set_title("speed-up over the DFlash chain (same run)")
+    ax.legend(fontsize=8)
+
+
 def plot(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -153,18 +169,20 @@ def plot(results: dict, path: Path) -> None:
 
     levels = _levels(results)
     profiled = [(a["arm"], p) for a in results["arms"] for p in a["profiles"] if "error" not in p]
-    fig, axes = plt.subplots(1, 2 if profiled else 1, figsize=(14 if profiled else 7, 5), squeeze=False)
+    panels = 2 + bool(profiled)
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 5), squeeze=False)
     ax = axes[0][0]
-    for arm, by_c in levels.items():
+    for i, (arm, by_c) in enumerate(levels.items()):
         cs = sorted(by_c)
-        ax.plot(cs, [by_c[c]["tok_per_s"] for c in cs], marker="o", label=arm)
+        ax.plot(cs, [by_c[c]["tok_per_s"] for c in cs], marker="o", label=arm, color=f"C{i % 10}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency")
     ax.set_ylabel("output tok/s")
     ax.set_title("throughput")
     ax.legend()
+    _plot_vs_dflash(axes[0][1], levels)
     if profiled:
-        ax = axes[0][1]
+        ax = axes[0][2]
         categories = sorted({k for _, p in profiled for k in p["gpu_us_by_category"]})
         labels = [f"{arm}\nbs{p['bs']}" for arm, p in profiled]
         bottom = [0.0] * len(profiled)
