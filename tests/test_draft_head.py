@@ -65,3 +65,23 @@ def test_eager_step_uses_the_given_proposals():
     drafted = hidden.view(3, BLOCK, HIDDEN)[:, 1:, :] @ weight.T  # masked positions only
     assert torch.equal(top1, drafted.argmax(-1))
     assert not _head().in_graph
+
+
+def test_positions_stay_inside_the_context():
+    """Slots past a request's context are never emitted; their positions are clamped so they
+    cannot index past the RoPE tables."""
+    weight = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(6))
+    hidden, roots, _, _ = _inputs(2, 7)
+    prefix_lens = torch.tensor([95, 10])
+    head = DraftTreeHead(
+        trees_backend=get_tree_backend("python"),
+        budget=BUDGET,
+        width=WIDTH,
+        block=BLOCK,
+        k=K,
+        last_position=97,
+    )
+    trees, _ = head.run(hidden, roots, prefix_lens, _propose(weight))
+    want = (prefix_lens[:, None] + trees.depths).clamp(max=97)
+    assert torch.equal(trees.positions, want)
+    assert trees.positions[0].max() == 97 and trees.depths[0].max() > 2  # clamped where it had to be

@@ -70,8 +70,9 @@ class DraftTreeHead:
     drafters (which override the worker's ``_propose``) run the same step eagerly.
     """
 
-    def __init__(self, *, trees_backend, budget: int, width: int, block: int, k: int):
+    def __init__(self, *, trees_backend, budget: int, width: int, block: int, k: int, last_position: int):
         self.backend = trees_backend
+        self.last_position = last_position  # positions past it are clamped (never-emitted slots)
         self.budget, self.width, self.block, self.k = budget, width, block, k
         self._static: Trees | None = None
         self._static_top1: torch.Tensor | None = None
@@ -85,6 +86,7 @@ class DraftTreeHead:
         log_probs, token_ids = propose(hidden, self.k)
         log_probs, token_ids = log_probs.view(bs, depth, -1), token_ids.view(bs, depth, -1)
         trees = self.backend.build(log_probs, token_ids, roots, prefix_lens, self.budget, self.width, out=out)
+        trees.positions.clamp_(max=self.last_position)
         return trees, token_ids[:, :, 0]
 
     # --- in the drafter's CUDA graph ----------------------------------------------------

@@ -79,8 +79,13 @@ class DDTreeWorker(DFlashWorkerV2):
         self.width = self.ddtree.verify_width
         self._backend_checked = False
         self.trees = get_tree_backend(tree_backend_override())
+        # Slots of a request's last rounds sit past its context; their outputs are never
+        # emitted, but their positions must stay inside the RoPE tables (context_len <=
+        # max_position_embeddings), on the drafter's block, the verify and the KV append.
+        self._last_position = int(self.model_runner.model_config.context_len) - 1
         self.head = DraftTreeHead(
             trees_backend=self.trees,
+            last_position=self._last_position,
             budget=self.ddtree.budget,
             width=self.width,
             block=self.block_size,
@@ -275,6 +280,7 @@ class DDTreeWorker(DFlashWorkerV2):
         block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=self.device)
         block_ids[:, 0] = roots
         positions = (prefix_lens[:, None].to(torch.int64) + self._block_pos_offsets).reshape(-1)
+        positions.clamp_(max=self._last_position)
         target_model = self.target_worker.model_runner.model
         embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
         embeds = embed(block_ids)
@@ -396,6 +402,7 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = hidden.view(bs, self.width, -1)
         accepted_hidden = hidden.gather(1, sources[:, :, None].expand(-1, -1, hidden.shape[-1]))
         positions = prefix_lens[:, None].to(torch.int64) + torch.arange(self.width, device=self.device)
+        positions.clamp_(max=self._last_position)
         cache_loc = self._draft_write_ids(plan)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=accepted_hidden.reshape(bs * self.width, -1),
