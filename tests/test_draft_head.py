@@ -17,7 +17,12 @@ BLOCK, HIDDEN, VOCAB, BUDGET, WIDTH, K = 5, 16, 50, 9, 12, 6
 
 def _head() -> DraftTreeHead:
     return DraftTreeHead(
-        trees_backend=get_tree_backend("python"), budget=BUDGET, width=WIDTH, block=BLOCK, k=K
+        trees_backend=get_tree_backend("python"),
+        budget=BUDGET,
+        width=WIDTH,
+        block=BLOCK,
+        k=K,
+        last_position=10_000,
     )
 
 
