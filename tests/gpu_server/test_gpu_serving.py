@@ -6,6 +6,7 @@ tree kernels in the round."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
 import urllib.error
 
@@ -168,3 +169,29 @@ def test_tp_ranks_build_the_same_trees(fleet, results):
         checked[arm] = max(rounds)
     assert checked, "no DDTREE arm was started"
     results["tp_tree_check"] = {"tp_size": tp_size(), "rounds_logged": checked}
+
+
+def _near_limit_requests(prompts, context: int, new_tokens: int, budget: int):
+    """Prompts that, with ``new_tokens`` more, end exactly at the context limit, one below it
+    and one verify budget below it (the tree slots of their last rounds sit past it)."""
+    stream = [t for p in prompts for t in p] * (1 + context // max(1, sum(len(p) for p in prompts)))
+    ends = [context, context - 1, context - budget]
+    return [stream[i : i + end - new_tokens] for i, end in enumerate(ends)]
+
+
+@pytest.mark.parametrize("arm", ["ddtree_fp32_graphs", "ddtree_fp32_graphs_page16_no_overlap_chunked"])
+def test_fp32_requests_ending_at_the_context_limit(fleet, prompts, results, arm):
+    """The default context length is the pair's max_position_embeddings (the RoPE tables'
+    length): requests ending there, alone and together, must equal the plain server's."""
+    from .arms import PAIR
+
+    context = json.loads((PAIR / "target" / "config.json").read_text())["max_position_embeddings"]
+    new_tokens = 48
+    requests = _near_limit_requests(prompts, context, new_tokens, budget=32)
+    reference = fleet[REFERENCE.get(arm, "plain_fp32")]
+    want = [greedy(reference, p, new_tokens) for p in requests]
+    alone = [greedy(fleet[arm], p, new_tokens) for p in requests]
+    together = greedy_batch(fleet[arm], requests, [new_tokens] * len(requests))
+    results[f"{arm}_context_limit"] = {"context": context, "identical": alone == want and together == want}
+    assert alone == want
+    assert together == want
