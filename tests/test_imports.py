@@ -130,7 +130,6 @@ FUNCTION_ALLOWED = {
     "bench/tree_kernels.py:bench_config": "one configuration's timings, written as one sequence",
     "bench/tree_kernels.py:to_markdown": "the report's tables (twins of topk_kernels' tables)",
     "bench/moe_tp_allreduce.py:_run_rank": "one rank's process body (distributed set-up, sweep, tear-down)",
-    "kernels/gpu.py:build_tree_batch": "the build launcher, under rework for speed",
 }
 
 

@@ -75,6 +75,13 @@ def build_kernel_name(width: int, heap_in_registers: bool = True) -> str:
     return "ddtree_build_tree"
 
 
+def _check_trees(trees: Trees, bs: int, width: int) -> None:
+    for name in ("tokens", "depths", "parents", "positions"):
+        _check(getattr(trees, name), f"out.{name}", torch.int64, [bs, width])
+    _check(trees.tree_sizes, "out.tree_sizes", torch.int64, [bs])
+    _check(trees.mask_words, "out.mask_words", torch.int32, [bs, width, (width + 31) // 32])
+
+
 def build_tree_batch(
     log_probs: torch.Tensor,
     token_ids: torch.Tensor,
@@ -124,11 +131,7 @@ def build_tree_batch(
         raise ValueError(f"need 0 <= budget <= width - 1, got budget={budget}, width={width}")
     if out is None:
         out = Trees.allocate(bs, width, log_probs.device)
-    nw = (width + 31) // 32
-    for name in ("tokens", "depths", "parents", "positions"):
-        _check(getattr(out, name), f"out.{name}", torch.int64, [bs, width])
-    _check(out.tree_sizes, "out.tree_sizes", torch.int64, [bs])
-    _check(out.mask_words, "out.mask_words", torch.int32, [bs, width, nw])
+    _check_trees(out, bs, width)
     if bs == 0:
         return out
     smem, lp_in_smem = build_smem_bytes(width, depth, k)
