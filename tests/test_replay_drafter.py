@@ -80,6 +80,7 @@ def test_recording_lookup_by_prompt_and_position():
 
 
 @pytest.mark.server
+@pytest.mark.slow  # a benchmark-only drafter (two servers, ~6 min on 2 cores): `make test-slow`
 def test_replay_ddtree_identical_to_plain_at_the_profiled_acceptance(tmp_path):
     from serving import COMMON, GREEDY, PROMPTS, output_ids, run_all, token_requests
     from transformers import AutoTokenizer
