@@ -74,3 +74,17 @@ def test_report_rows_flag_an_arm_that_differs_from_plain():
     md = report.markdown(data)
     assert "| chain | 7 (top-1) | 2.00 | 1.00x | 2.10 |" in md
     assert "| tree-b16 | 16 | 3.00 | 1.50x | 3.20 | 10.0% | 0.333 | **NO** | 2.50 | 1.67x |" in md
+
+
+def test_plot_of_a_greedy_only_run(tmp_path):
+    """``--no-sampling`` leaves the T=1 columns empty: the plot draws the T=0 lines only."""
+    pytest.importorskip("matplotlib")
+    arms = serving.arms_for(8, [16, 32])
+    results = [_result(a, [[1, 2]], 1.0 + i) for i, a in enumerate(arms)]
+    for r in results:
+        r["phases"].pop("sample", None)
+    rows = report.summarize(results, {})
+    assert all(r["sample_tokens_per_round"] is None for r in rows)
+    data = {"pair": "p", "rows": rows, "stamp": {}, "config": {"block": 8}}
+    png = report.plot(tmp_path / "greedy.png", data)
+    assert png is not None and png.stat().st_size > 0

@@ -133,6 +133,8 @@ def plot(path: Path, data: dict) -> Path | None:
     trees = [r for r in rows if r["arm"].startswith("tree")]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for key, label, color in (("greedy", "T=0", "C0"), ("sample", "T=1", "C1")):
+        if chain[f"{key}_tokens_per_round"] is None:
+            continue  # a greedy-only run (--no-sampling) has no T=1 line to draw
         xs = [r["budget"] for r in trees]
         ax.plot(
             xs,
