@@ -151,13 +151,13 @@ def test_tp_allreduce_dry_run_two_ranks(tmp_path):
 
 
 def test_tp_summary_takes_slowest_rank_and_baseline_json(tmp_path):
-    from sglang_ddtree.bench import moe_tp_allreduce as tp
+    from sglang_ddtree.bench import moe_tp_report
 
     rows = lambda s: [{"M": 8, "moe_ms": s, "allreduce_ms": 0.02, "total_ms": s + 0.02, "modes": ["g"] * 3}]  # noqa: E731
     raw = {"per_rank": [{"rows": rows(0.2), "env": {}}, {"rows": rows(0.3), "env": {}}]}
     base = tmp_path / "b.json"
     base.write_text(json.dumps({"moe": {"ffn2048": {"rows": [{"M": 8, "core_combine_graph": 0.64}]}}}))
-    s = tp.summarise(raw, 2, str(base))
+    s = moe_tp_report.summarise(raw, 2, str(base))
     (r,) = s["rows"]
     assert r["moe_ms_max"] == 0.3 and r["moe_ms_mean"] == pytest.approx(0.25)
     assert r["scaling"] == pytest.approx(0.64 / 0.32) and r["scaling_efficiency"] == pytest.approx(1.0)
@@ -267,6 +267,7 @@ def test_mla_report_renders(tmp_path):
 
 def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):
     from sglang_ddtree.bench import moe_tp_allreduce as tp
+    from sglang_ddtree.bench import moe_tp_report
     from sglang_ddtree.budget_model import allreduce_ms
 
     ref = {"stamp": {"device": "H200"}, "moe": {
@@ -275,12 +276,12 @@ def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):
     }}  # fmt: skip
     src = tmp_path / "moe.json"
     src.write_text(json.dumps(ref))
-    res = tp.model_from_one_gpu(str(src), world=8)
+    res = moe_tp_report.model_from_one_gpu(str(src), world=8)
     r64 = res["rows"][1]
     assert r64["allreduce_ms_max"] == pytest.approx(allreduce_ms(64 * 7168 * 2, n_gpus=8))
     assert r64["total_ms_max"] == pytest.approx(1.28 + r64["allreduce_ms_max"])
     assert r64["scaling"] == pytest.approx(6.4 / r64["total_ms_max"])
     with pytest.raises(SystemExit):
-        tp.model_from_one_gpu(str(src), world=4)  # no ffn512 sweep measured
+        moe_tp_report.model_from_one_gpu(str(src), world=4)  # no ffn512 sweep measured
     assert tp.main(["--model", "--baseline-json", str(src), "--out", str(tmp_path), "--name", "m"]) == 0
     assert "MODEL" in (tmp_path / "m.md").read_text()

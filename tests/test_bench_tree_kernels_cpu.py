@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+
+from sglang_ddtree.bench import _stamp, tree_kernels_cases, tree_kernels_report
 from sglang_ddtree.bench import tree_kernels as tk
 
 
@@ -54,12 +57,12 @@ def _fake_results():
 
 def test_targets_and_report(tmp_path):
     res = _fake_results()
-    res["targets"] = tk.evaluate_targets(res)
+    res["targets"] = tree_kernels_report.evaluate_targets(res)
     t = res["targets"]
     assert t["build_vs_python_bs64_b64"]["met"] and t["build_vs_cpp_bs64_b64"]["met"]
     assert t["build_us_bs1_b32"]["value"] == 7.0 and t["build_us_bs1_b32"]["met"]
     assert t["accept_us_bs64"]["value"] == 4.0 and t["accept_us_bs64"]["met"]
-    md = tk.to_markdown(res)
+    md = tree_kernels_report.to_markdown(res)
     assert "## Build, block 16 (depth 15)" in md and "| 64 | 64 |" in md
     assert "Cycles per pop" not in md
     res["pop_cycles"] = [
@@ -73,11 +76,11 @@ def test_targets_and_report(tmp_path):
         ),
         dict(budget=256, width=257, shared_kernel="ddtree_build_tree", shared_cycles_per_pop=1000.0),
     ]
-    md = tk.to_markdown(res)
+    md = tree_kernels_report.to_markdown(res)
     assert "| 64 | 65 | ddtree_build_tree_r3 | 640.0 | ddtree_build_tree | 860.0 |" in md
     assert "| 256 | 257 | - | - | ddtree_build_tree | 1000 |" in md
-    assert tk.device_slug(res["stamp"]) == "h200"
-    png = tk.plot(res, tmp_path / "x.png")
+    assert _stamp.device_slug(res["stamp"]) == "h200"
+    png = tree_kernels_report.plot(res, tmp_path / "x.png")
     assert png is None or png.stat().st_size > 0
 
 
@@ -119,3 +122,39 @@ def test_topk_report():
     md = tkk.to_markdown(res)
     assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
     assert "bs 64 x depth 15: 78.6 us" in md
+
+
+def test_posterior_follows_the_tree_to_its_leaves():
+    """The benchmark's target picks a child of every slot that has one (so the accept walk
+    goes down to a leaf): its token at each slot is one of the slot's children's tokens."""
+    width = 6
+    # two trees: 0 -> (1, 2), 1 -> 3, 3 -> 4; and a chain 0 -> 1 -> 2
+    parents = torch.tensor([[-1, 0, 0, 1, 3, -1], [-1, 0, 1, -1, -1, -1]])
+    tokens = torch.tensor([[5, 11, 12, 13, 14, 0], [7, 21, 22, 0, 0, 0]])
+    first, second = tree_kernels_cases.first_two_children(parents)
+    assert first.tolist() == [[1, 3, -1, 4, -1, -1], [1, 2, -1, -1, -1, -1]]
+    assert second.tolist() == [[2, -1, -1, -1, -1, -1], [-1] * width]
+    picks_second = False
+    for seed in range(20):
+        post = tree_kernels_cases.posterior_following(tokens, parents, seed)
+        assert post.shape == tokens.shape
+        assert post[0, 0] in (11, 12) and post[0, 1] == 13 and post[0, 3] == 14
+        assert post[1, :2].tolist() == [21, 22]
+        picks_second |= bool(post[0, 0] == 12)
+    assert picks_second  # the second child is taken too (30% of the time)
+
+
+def test_case_and_draft_logits():
+    gen = torch.Generator().manual_seed(3)
+    logits = tree_kernels_cases.draft_logits(2, 3, gen)
+    assert logits.dtype == torch.bfloat16 and logits.shape == (2, 3, tree_kernels_cases.VOCAB)
+    # reproducible from the seed, and drawn from the caller's generator (which then draws the roots)
+    again = tree_kernels_cases.draft_logits(2, 3, torch.Generator().manual_seed(3))
+    assert torch.equal(logits, again)
+    assert gen.initial_seed() == 3 and not torch.equal(
+        gen.get_state(), torch.Generator().manual_seed(3).get_state()
+    )
+    lp, ids = torch.zeros(2, 3, 4), torch.zeros(2, 3, 4, dtype=torch.int64)
+    case = tree_kernels_cases.Case(8, 4, 2, lp, ids, torch.zeros(2), torch.zeros(2))
+    assert (case.depth, case.width, str(case)) == (7, 5, "block=8 budget=4 bs=2")
+    assert [a.shape for a in case.on_host()] == [(2, 3, 4), (2, 3, 4), (2,), (2,)]

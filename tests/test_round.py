@@ -1,7 +1,7 @@
 """The reference round (``tree/round.py``) is the specification of the worker's round: the
 pieces the worker chains (draft head top-k, backend build, mask, accept, commit plan) give
 exactly its results on every CPU backend; and its greedy replay accepts what a plain walk
-down the tree along a known output accepts (``bench/pair_eval.py``'s offline replay)."""
+down the tree along a known output accepts (``bench/pair_eval_replay.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang_ddtree.adapter.draft_head import draft_topk
-from sglang_ddtree.bench.pair_eval import _greedy_posterior
+from sglang_ddtree.bench.pair_eval_replay import greedy_posterior
 from sglang_ddtree.kernels import backend
 from sglang_ddtree.tree.build import build_tree_from_topk, topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask
@@ -106,7 +106,7 @@ def test_greedy_replay_accepts_the_plain_walk(seed):
             logits[None],
             tokens[a : a + 1],
             np.array([a]),
-            lambda layout, positions: _greedy_posterior(tokens, positions),
+            lambda layout, positions: greedy_posterior(tokens, positions),
             budget,
         )
         tree = build_tree_from_topk(topk_log_probs(logits, min(budget, vocab)), budget)

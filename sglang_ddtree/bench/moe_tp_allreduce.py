@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 MULTICAST_OFF = {
@@ -38,8 +39,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from sglang_ddtree.bench.moe_layer import M_SWEEP  # noqa: E402
-
-HIDDEN = 7168
+from sglang_ddtree.bench.moe_tp_report import (  # noqa: E402
+    HIDDEN,
+    model_from_one_gpu,
+    plot,
+    render_markdown,
+    summarise,
+)
 
 
 def _free_port() -> int:
@@ -126,231 +132,112 @@ def worker(rank: int, world: int, args: argparse.Namespace, init: str) -> dict |
         dist.destroy_process_group()
 
 
+@dataclass(frozen=True)
+class RankBench:
+    """What differs between the CPU dry run and the GPU run of one rank: its MoE shard, the
+    routing, the timer, and (rank 0 only) a timer of the unsplit one-GPU layer."""
+
+    moe_step: Callable  # (x, weights, ids) -> [M, hidden]
+    route: Callable  # x -> (weights, ids), the same on every rank
+    time: Callable  # (fn, collective) -> (ms, mode)
+    time_full: Callable | None  # (x, weights, ids) -> ms of the full-size layer
+    dtype: torch.dtype
+    device: str
+
+
+def _cpu_rank_bench(rank: int, args: argparse.Namespace, ffn: int) -> RankBench:
+    torch.set_num_threads(1)  # the ranks share the host's cores
+    moe = CpuStandInMoE(args.hidden, ffn, seed=rank)
+    full = CpuStandInMoE(args.hidden, args.ffn, seed=99) if rank == 0 else None
+
+    def time_full(x, w, ids):
+        return _time_cpu(lambda: full(x), args.reps, aligned=False)
+
+    return RankBench(
+        moe_step=lambda x, w, ids: moe(x),
+        route=lambda x: (None, None),
+        time=lambda fn, collective: (_time_cpu(fn, args.reps), "cpu"),
+        time_full=time_full if full is not None else None,
+        dtype=torch.float32,
+        device="cpu",
+    )
+
+
+def _gpu_rank_bench(rank: int, args: argparse.Namespace, ffn: int) -> RankBench:
+    from sglang_ddtree.bench._stamp import time_graph
+    from sglang_ddtree.bench.jit_bundle import load_sglang_kernels
+    from sglang_ddtree.bench.moe_layer import MarlinMoE, MoEShape, route
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    sg = load_sglang_kernels(args.bundle)
+    moe = MarlinMoE(sg, MoEShape(ffn=ffn, hidden=args.hidden), seed=1000 + rank, keep_reference=False)
+    full = None
+    if rank == 0 and args.measure_baseline:
+        full = MarlinMoE(sg, MoEShape(ffn=args.ffn, hidden=args.hidden), seed=7, keep_reference=False)
+    router_w = torch.randn(384, args.hidden, device="cuda", dtype=torch.bfloat16) * args.hidden**-0.5
+
+    def time_full(x, w, ids):
+        return time_graph(lambda: full(x, w, ids), reps=args.reps)["median_ms"]
+
+    return RankBench(
+        moe_step=lambda x, w, ids: moe(x, w, ids),
+        route=lambda x: route(x, router_w, 8),
+        time=lambda fn, collective: _time_cuda(fn, args.reps, collective),
+        time_full=time_full if full is not None else None,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+
+
+def _measure(bench: RankBench, m: int, hidden: int) -> tuple[dict, float | None]:
+    """One M: the shard's MoE, the all-reduce of its output, and both back to back (the row);
+    and the full-size layer's time where this rank measures it."""
+    g = torch.Generator(device=bench.device).manual_seed(m)  # same tokens, same routing on every rank
+    x = torch.randn(m, hidden, device=bench.device, dtype=bench.dtype, generator=g)
+    w, ids = bench.route(x)
+    buf = torch.randn(m, hidden, device=bench.device, dtype=bench.dtype, generator=g)
+
+    def total():
+        out = bench.moe_step(x, w, ids)
+        dist.all_reduce(out)
+        return out
+
+    t_moe, mode = bench.time(lambda: bench.moe_step(x, w, ids), False)
+    t_ar, mode_ar = bench.time(lambda: dist.all_reduce(buf), True)
+    t_tot, mode_tot = bench.time(total, True)
+    row = {
+        "M": m,
+        "moe_ms": t_moe,
+        "allreduce_ms": t_ar,
+        "total_ms": t_tot,
+        "modes": [mode, mode_ar, mode_tot],
+    }
+    full_ms = bench.time_full(x, w, ids) if bench.time_full is not None else None
+    return row, full_ms
+
+
 def _run_rank(rank: int, world: int, args: argparse.Namespace) -> dict | None:
-    dry = args.dry_run
-    hidden = args.hidden
-    ffn = args.ffn // world
-    rows, baseline = [], {}
+    """Every M on this rank; rank 0 gathers all ranks' rows (and its baseline) and returns them."""
     env_seen = {k: os.environ.get(k) for k in MULTICAST_OFF}
-    if dry:
-        torch.set_num_threads(1)  # the ranks share the host's cores
-        moe = CpuStandInMoE(hidden, ffn, seed=rank)
-        full = CpuStandInMoE(hidden, args.ffn, seed=99) if rank == 0 else None
-
-        def moe_step(x, w, ids):
-            return moe(x)
-
-        def timer(fn, collective):
-            return _time_cpu(fn, args.reps), "cpu"
-
-        dtype, dev = torch.float32, "cpu"
-    else:
-        from sglang_ddtree.bench.jit_bundle import load_sglang_kernels
-        from sglang_ddtree.bench.moe_layer import MarlinMoE, MoEShape, route
-
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        sg = load_sglang_kernels(args.bundle)
-        moe = MarlinMoE(sg, MoEShape(ffn=ffn, hidden=hidden), seed=1000 + rank, keep_reference=False)
-        full = None
-        if rank == 0 and args.measure_baseline:
-            full = MarlinMoE(sg, MoEShape(ffn=args.ffn, hidden=hidden), seed=7, keep_reference=False)
-        router_w = torch.randn(384, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
-
-        def moe_step(x, w, ids):
-            return moe(x, w, ids)
-
-        def timer(fn, collective):
-            return _time_cuda(fn, args.reps, collective)
-
-        dtype, dev = torch.bfloat16, "cuda"
-
+    setup = _cpu_rank_bench if args.dry_run else _gpu_rank_bench
+    bench = setup(rank, args, args.ffn // world)
+    rows, baseline = [], {}
     for m in args.ms:
-        g = torch.Generator(device=dev).manual_seed(m)  # same tokens, same routing on every rank
-        x = torch.randn(m, hidden, device=dev, dtype=dtype, generator=g)
-        w = ids = None
-        if not dry:
-            w, ids = route(x, router_w, 8)
-        buf = torch.randn(m, hidden, device=dev, dtype=dtype, generator=g)
-
-        def f_moe(x=x, w=w, ids=ids):
-            return moe_step(x, w, ids)
-
-        def f_ar(buf=buf):
-            dist.all_reduce(buf)
-
-        def f_total(x=x, w=w, ids=ids):
-            out = moe_step(x, w, ids)
-            dist.all_reduce(out)
-            return out
-
-        t_moe, mode = timer(f_moe, False)
-        t_ar, mode_ar = timer(f_ar, True)
-        t_tot, mode_tot = timer(f_total, True)
-        row = {
-            "M": m,
-            "moe_ms": t_moe,
-            "allreduce_ms": t_ar,
-            "total_ms": t_tot,
-            "modes": [mode, mode_ar, mode_tot],
-        }
-        if full is not None:
-            if dry:
-                baseline[m] = _time_cpu(lambda x=x: full(x), args.reps, aligned=False)
-            else:
-                from sglang_ddtree.bench._stamp import time_graph
-
-                baseline[m] = time_graph(lambda x=x, w=w, ids=ids: full(x, w, ids), reps=args.reps)[
-                    "median_ms"
-                ]
+        row, full_ms = _measure(bench, m, args.hidden)
+        if full_ms is not None:
+            baseline[m] = full_ms
         rows.append(row)
         if rank == 0:
             print(
-                f"[tp] M={m:5d} moe {t_moe:.3f} ms, all-reduce {t_ar:.3f} ms, total {t_tot:.3f} ms",
+                f"[tp] M={m:5d} moe {row['moe_ms']:.3f} ms, all-reduce {row['allreduce_ms']:.3f} ms, "
+                f"total {row['total_ms']:.3f} ms",
                 flush=True,
             )
-
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"rank": rank, "rows": rows, "env": env_seen})
     if rank != 0:
         return None
     return {"per_rank": gathered, "baseline_ms": baseline}
-
-
-# =========================================================================== report
-
-
-def summarise(raw: dict, world: int, baseline_json: str | None) -> dict:
-    """Slowest-rank times per M and effective scaling vs the one-GPU full-size MoE."""
-    per_rank = raw["per_rank"]
-    base = {int(k): v for k, v in raw.get("baseline_ms", {}).items()}
-    base_src = "measured on rank 0 in this run" if base else None
-    if not base and baseline_json and Path(baseline_json).exists():
-        ref = json.loads(Path(baseline_json).read_text())
-        base = {r["M"]: r["core_combine_graph"] for r in ref["moe"]["ffn2048"]["rows"]}
-        base_src = f"{baseline_json} (ffn2048 core_combine_graph)"
-    rows = []
-    for i, r0 in enumerate(per_rank[0]["rows"]):
-        m = r0["M"]
-        per = [pr["rows"][i] for pr in per_rank]
-        row = {
-            "M": m,
-            "moe_ms_max": max(p["moe_ms"] for p in per),
-            "moe_ms_mean": statistics.mean(p["moe_ms"] for p in per),
-            "allreduce_ms_max": max(p["allreduce_ms"] for p in per),
-            "total_ms_max": max(p["total_ms"] for p in per),
-            "modes": r0["modes"],
-        }
-        if m in base:
-            row["one_gpu_full_ms"] = base[m]
-            row["scaling"] = base[m] / row["total_ms_max"]
-            row["scaling_efficiency"] = row["scaling"] / world
-        rows.append(row)
-    envs = [pr["env"] for pr in per_rank]
-    return {"world": world, "baseline_source": base_src, "rows": rows, "env_per_rank": envs}
-
-
-def render_markdown(res: dict) -> str:
-    from sglang_ddtree.bench._stamp import md_table, stamp_markdown
-
-    w = res["world"]
-    title = f"# TP-{w} MoE verify cost with all-reduce"
-    if res["dry_run"]:
-        title += " (CPU dry run: gloo, stand-in MoE)"
-    if "model" in res:
-        title += " -- MODEL (one-GPU shard measured, all-reduce modelled)"
-    lines = [title, "", stamp_markdown(res["stamp"]), ""]
-    if "model" in res:
-        mdl = res["model"]
-        lines += [
-            f"Shard: {res['shard_source']}. All-reduce: **modelled**, not measured: t = {mdl['latency_us']} us + "
-            f"2 (N-1)/N x bytes / {mdl['bus_gbs']} GB/s (NCCL ring busBW on 8x H100/H200 NVLink without NVLink "
-            "SHARP, NVIDIA/nccl issues #1442 and #1455; alpha is an assumption). Measured on: "
-            f"{stamp_markdown(res.get('measured_stamp') or {})}.",
-            "",
-        ]
-    lines += [
-        f"Per rank: routed-expert shard (FFN {res['ffn']}/{w}) then all-reduce of [M, {res['hidden']}]. Times are "
-        f"the slowest rank's medians; baseline: {res['baseline_source']}.",
-        "",
-    ]
-    rows = [
-        [r["M"], r["moe_ms_max"], r["allreduce_ms_max"], r["total_ms_max"], r.get("one_gpu_full_ms", "-"),
-         f"{r['scaling']:.2f}x" if "scaling" in r else "-", "/".join(r["modes"])]
-        for r in res["rows"]
-    ]  # fmt: skip
-    lines.append(
-        md_table(
-            [
-                "M",
-                "MoE ms (max rank)",
-                "all-reduce ms",
-                "MoE + all-reduce ms",
-                "1-GPU full ms",
-                "scaling",
-                "timing",
-            ],
-            rows,
-        )
-    )
-    return "\n".join(lines) + "\n"
-
-
-def plot(res: dict, path: Path):
-    from sglang_ddtree.bench._stamp import plot_lines
-
-    ms = [r["M"] for r in res["rows"]]
-    series = {
-        "MoE shard (max rank)": (ms, [r["moe_ms_max"] for r in res["rows"]]),
-        "all-reduce": (ms, [r["allreduce_ms_max"] for r in res["rows"]]),
-        "MoE + all-reduce": (ms, [r["total_ms_max"] for r in res["rows"]]),
-    }
-    if all("one_gpu_full_ms" in r for r in res["rows"]):
-        series["one GPU, full size"] = (ms, [r["one_gpu_full_ms"] for r in res["rows"]])
-    return plot_lines(
-        path, series, title=f"TP-{res['world']} MoE + all-reduce", xlabel="M", ylabel="ms", logy=True
-    )
-
-
-# =========================================================================== model (no GPUs)
-
-
-def model_from_one_gpu(
-    moe_json: str, world: int = 8, bus_gbs: float = 370.0, latency_us: float = 15.0, hidden: int = HIDDEN
-) -> dict:
-    """MODEL of the TP-N layer from one-GPU measurements: the measured 1/N shard (moe_verify's
-    ``ffn{2048/N}`` rows, CUDA graphs) plus a modelled NCCL all-reduce of [M, hidden] bf16
-    (``budget_model.allreduce_ms``: alpha + 2 (N - 1) / N * bytes / busBW), against the
-    measured one-GPU full-size MoE.  Assumes every rank's shard costs the same (same routing)."""
-    from sglang_ddtree.budget_model import allreduce_ms
-
-    ref = json.loads(Path(moe_json).read_text())
-    key = f"ffn{2048 // world}"
-    if key not in ref["moe"]:
-        raise SystemExit(f"{moe_json} has no {key} sweep (run moe_verify --ffn {2048 // world})")
-    full = {r["M"]: r["core_combine_graph"] for r in ref["moe"]["ffn2048"]["rows"]}
-    rows = []
-    for r in ref["moe"][key]["rows"]:
-        m = r["M"]
-        ar = allreduce_ms(m * hidden * 2, n_gpus=world, bus_gbs=bus_gbs, latency_us=latency_us)
-        row = {"M": m, "moe_ms_max": r["core_combine_graph"], "allreduce_ms_max": ar, "modes": ["model"] * 3}
-        row["total_ms_max"] = row["moe_ms_max"] + ar
-        if m in full:
-            row["one_gpu_full_ms"] = full[m]
-            row["scaling"] = full[m] / row["total_ms_max"]
-            row["scaling_efficiency"] = row["scaling"] / world
-        rows.append(row)
-    return {
-        "world": world,
-        "model": {
-            "bus_gbs": bus_gbs,
-            "latency_us": latency_us,
-            "formula": "alpha + 2 (N-1)/N * M*hidden*2 B / busBW",
-        },
-        "baseline_source": f"{moe_json} (ffn2048 core_combine_graph, measured)",
-        "shard_source": f"{moe_json} ({key} core_combine_graph, measured on one GPU)",
-        "measured_stamp": ref.get("stamp"),
-        "rows": rows,
-    }
 
 
 # =========================================================================== main

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from . import _stamp
+from . import _stamp, kernel_report
 
 VOCAB = 163840
 BATCH_SIZES = (1, 8, 32, 64)
@@ -133,57 +133,54 @@ def read_floor_us(bs: int, depth: int, vocab: int, gbs: float) -> float:
     return bs * depth * vocab * 2 / (gbs * 1e3)
 
 
+TITLE = "Draft top-k: split-vocabulary kernel vs one block per row"
+METHOD = (
+    "bf16 draft-like logits, vocab {vocab}; {graph_timing}. Every configuration was checked exact (ids "
+    "equal to the torch path with pinned ties) before timing. Times in microseconds."
+)
+TARGET_COLUMNS = (
+    ("name", "target"),
+    ("value", "measured"),
+    ("k", "k"),
+    ("target", "goal"),
+    ("status", "status"),
+)
+TOPK_COLUMNS = (
+    ("bs", "bs"),
+    ("k", "k"),
+    ("rows", "rows"),
+    ("splits", "splits"),
+    ("slice_len", "slice"),
+    ("split_us", "split kernel"),
+    ("row_us", "row kernel"),
+    ("speedup", "x"),
+)
+
+
 def to_markdown(results: dict) -> str:
-    cfg = results["config"]
-    lines = [
-        "# Draft top-k: split-vocabulary kernel vs one block per row",
-        "",
-        _stamp.stamp_markdown(results["stamp"]),
-        "",
-        f"bf16 draft-like logits, vocab {results['vocab']}; CUDA-graph replay, {cfg['calls']} launches per graph, "
-        f"time per launch, median of {cfg['reps']} replays. Every configuration was checked exact (ids equal to "
-        "the torch path with pinned ties) before timing. Times in microseconds.",
-        "",
-        "## Targets (automatic split count, worst k)",
-        "",
-    ]
-    rows = [
-        (name, t["value"], t["k"], t["target"], "met" if t["met"] else "MISSED")
-        for name, t in results["targets"].items()
-    ]
-    lines += [_stamp.md_table(["target", "measured", "k", "goal", "status"], rows), ""]
+    lines = kernel_report.head(TITLE, METHOD, results)
+    lines += kernel_report.targets_section(
+        "Targets (automatic split count, worst k)", results["targets"], TARGET_COLUMNS
+    )
     for block in sorted({r["block"] for r in results["topk"]}):
-        lines += [f"## Block {block} (depth {block - 1})", ""]
-        rows = [
-            (
-                r["bs"],
-                r["k"],
-                r["rows"],
-                r["splits"],
-                r["slice_len"],
-                r["split_us"],
-                r.get("row_us", "-"),
-                r.get("speedup", "-"),
-            )
-            for r in results["topk"]
-            if r["block"] == block
-        ]
-        lines += [
-            _stamp.md_table(["bs", "k", "rows", "splits", "slice", "split kernel", "row kernel", "x"], rows),
-            "",
-        ]
+        lines += kernel_report.section(
+            f"Block {block} (depth {block - 1})", results["topk"], TOPK_COLUMNS, where={"block": block}
+        )
     if results.get("copy_gbs"):
-        gbs = results["copy_gbs"]
-        lines += [
-            f"HBM read floor at the measured copy bandwidth ({gbs:.0f} GB/s, read + write counted): "
-            + ", ".join(
-                f"bs {bs} x depth {d}: {read_floor_us(bs, d, results['vocab'], gbs / 2):.1f} us"
-                for d in (7, 15)
-                for bs in (1, 64)
-            ),
-            "",
-        ]
+        lines += [_read_floor_line(results["copy_gbs"], results["vocab"]), ""]
     return "\n".join(lines)
+
+
+def _read_floor_line(copy_gbs: float, vocab: int) -> str:
+    """What reading the logits once costs at the measured bandwidth (a copy reads and writes)."""
+    return (
+        f"HBM read floor at the measured copy bandwidth ({copy_gbs:.0f} GB/s, read + write counted): "
+        + ", ".join(
+            f"bs {bs} x depth {d}: {read_floor_us(bs, d, vocab, copy_gbs / 2):.1f} us"
+            for d in (7, 15)
+            for bs in (1, 64)
+        )
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -212,15 +209,11 @@ def run_and_write(args) -> int:
     results["copy_gbs"] = _stamp.copy_bandwidth_gbs()
     results["wall_s"] = time.time() - t0
     out_dir = _stamp.results_dir(args.out)
-    name = f"topk_kernels_{_device_slug(results['stamp'])}"
+    name = f"topk_kernels_{_stamp.device_slug(results['stamp'])}"
     paths = _stamp.write_outputs(out_dir, name, results, to_markdown(results))
     print(to_markdown(results))
     print("wrote", *[str(x) for x in paths])
     return 0
-
-
-def _device_slug(stamp: dict) -> str:
-    return _stamp.device_slug(stamp)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -41,17 +40,12 @@ from ..tree.types import Trees
 from . import _stamp
 from .topk_kernels import add_arguments as add_topk_arguments
 from .topk_kernels import time_topk
+from .tree_kernels_cases import VOCAB, Case, draft_logits, posterior_following
+from .tree_kernels_report import evaluate_targets, plot, to_markdown
 
-VOCAB = 163840
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 BUDGETS = (16, 32, 64, 128, 256)
 BLOCKS = (8, 16)
-TARGETS = {
-    "build_vs_python_bs64_b64": 500.0,
-    "build_vs_cpp_bs64_b64": 20.0,
-    "build_us_bs1_b32": 20.0,
-    "accept_us_bs64": 5.0,
-}
 
 
 def _median_wall(fn, reps: int) -> float:
@@ -68,27 +62,6 @@ def _median_wall(fn, reps: int) -> float:
 
 def _graph_us(fn, calls: int, reps: int) -> float:
     return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
-
-
-def _first_two_children(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[bs, W]`` each: every slot's first and second child (smallest slots), -1 if none."""
-    width = parents.shape[1]
-    slots = torch.arange(width, device=parents.device)
-    is_child = parents[:, None, :] == slots[None, :, None]  # [bs, parent, child]
-    first = torch.where(is_child.any(-1), is_child.to(torch.int8).argmax(-1), -1)
-    rest = is_child & (slots[None, None, :] != first[..., None])
-    second = torch.where(rest.any(-1), rest.to(torch.int8).argmax(-1), -1)
-    return first, second
-
-
-def _posterior_following(tokens: torch.Tensor, parents: torch.Tensor, seed: int):
-    """A posterior that accepts deep: at every slot the second child (30%) if any, else the first."""
-    g = torch.Generator(device=tokens.device).manual_seed(seed)
-    first_child, sc = _first_two_children(parents)
-    use_second = torch.rand(first_child.shape, generator=g, device=tokens.device) < 0.3
-    pick = torch.where(use_second & (sc >= 0), sc, first_child)
-    noise = torch.randint(0, VOCAB, tokens.shape, generator=g, device=tokens.device)
-    return torch.where(pick >= 0, tokens.gather(1, pick.clamp(min=0)), noise).contiguous()
 
 
 def run(args) -> dict:
@@ -123,21 +96,15 @@ def run(args) -> dict:
     for block in blocks:
         depth = block - 1
         gen.manual_seed(block)
-        max_bs = max(batch_sizes)
-        # draft-like logits: a few strong candidates per depth over a flat tail
-        logits = torch.randn(max_bs, depth, VOCAB, generator=gen, device=dev) * 2.0
-        boost = torch.randint(0, VOCAB, (max_bs, depth, 8), generator=gen, device=dev)
-        logits.scatter_add_(-1, boost, torch.rand(max_bs, depth, 8, generator=gen, device=dev) * 12)
-        logits = logits.bfloat16()
+        logits = draft_logits(max(batch_sizes), depth, gen)
         for budget in budgets:
             lp_all, ids_all = gpu.topk_log_probs(logits, budget)
             for bs in batch_sizes:
                 lp, ids = lp_all[:bs].contiguous(), ids_all[:bs].contiguous()
                 roots = torch.randint(0, VOCAB, (bs,), generator=gen, device=dev)
                 prefix = torch.randint(100, 4000, (bs,), generator=gen, device=dev)
-                b_row, a_row, t_row = bench_config(
-                    args, dev, block, budget, bs, lp, ids, roots, prefix, logits
-                )
+                case = Case(block, budget, bs, lp, ids, roots, prefix)
+                b_row, a_row, t_row = bench_config(args, case, logits)
                 results["build"].append(b_row)
                 results["accept"].append(a_row)
                 results["topk"].append(t_row)
@@ -154,37 +121,47 @@ def run(args) -> dict:
     return results
 
 
-def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, prefix, logits):
+def bench_config(args, case: Case, logits: torch.Tensor) -> tuple[dict, dict, dict]:
     """Check and time one configuration: (build row, accept row, top-k row)."""
-    from ..kernels import cpp, gpu
-    from ..tree.accept import accept_walk_ref
-    from ..tree.batched import accept_walk as torch_accept_walk
+    from ..kernels import gpu
+
+    tree = Trees.allocate(case.bs, case.width, case.lp.device)
+    gpu.build_tree_batch(case.lp, case.ids, case.roots, case.budget, case.width, case.prefix, out=tree)
+    torch.cuda.synchronize()
+    _check_build(case, tree, has_cpp=args.cpp_error is None)
+    build_row = _time_build(args, case, tree)
+    accept_row = _check_and_time_accept(args, case, tree)
+    return build_row, accept_row, _time_topk(args, case, logits)
+
+
+def _check_build(case: Case, tree: Trees, has_cpp: bool) -> None:
+    """The GPU tree (and the C++ one) must equal the reference before anything is timed."""
+    from ..kernels import cpp
     from ..tree.layout import build_tree_batch_ref, pack_mask_words
 
-    depth = block - 1
-    width = budget + 1
-    tree = Trees.allocate(bs, width, dev)
-    gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
-    torch.cuda.synchronize()
-
-    # ---- exactness check of this configuration
-    lp_h, ids_h, roots_h, pre_h = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
-    ref = build_tree_batch_ref(lp_h, ids_h, roots_h, budget, width)
+    lp_h, ids_h, roots_h, pre_h = case.on_host()
+    ref = build_tree_batch_ref(lp_h, ids_h, roots_h, case.budget, case.width)
     ok = (
         np.array_equal(tree.tokens.cpu().numpy(), ref.tokens)
         and np.array_equal(tree.parents.cpu().numpy(), ref.parents)
         and np.array_equal(tree.mask_words.cpu().numpy(), pack_mask_words(ref.visibility))
     )
-    has_cpp = args.cpp_error is None
     if has_cpp:
-        c = cpp.build_tree_batch(lp_h, ids_h, roots_h, budget, width, pre_h)
+        c = cpp.build_tree_batch(lp_h, ids_h, roots_h, case.budget, case.width, pre_h)
         ok = ok and np.array_equal(c["tokens"], ref.tokens) and np.array_equal(c["parents"], ref.parents)
     if not ok:
-        raise AssertionError(f"tree mismatch at block={block} budget={budget} bs={bs}")
+        raise AssertionError(f"tree mismatch at {case}")
 
-    # ---- build timings
+
+def _time_build(args, case: Case, tree: Trees) -> dict:
+    """The build row: the Python and C++ round trips (copies included) against the kernel."""
+    from ..kernels import cpp, gpu
+    from ..tree.layout import build_tree_batch_ref, pack_mask_words
+
+    dev, budget, width = tree.tokens.device, case.budget, case.width
+
     def python_build():
-        a, b_, r, p = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
+        a, b_, r, p = case.on_host()
         batch = build_tree_batch_ref(a, b_, r, budget, width)
         outs = (
             batch.tokens,
@@ -197,74 +174,80 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
         return [torch.from_numpy(np.ascontiguousarray(o)).to(dev, non_blocking=False) for o in outs]
 
     def cpp_build():
-        a, b_, r, p = (t.cpu().numpy() for t in (lp, ids, roots, prefix))
+        a, b_, r, p = case.on_host()
         res = cpp.build_tree_batch(a, b_, r, budget, width, p)
         return [torch.from_numpy(v).to(dev) for v in res.values()]
 
+    def gpu_build():
+        gpu.build_tree_batch(case.lp, case.ids, case.roots, budget, width, case.prefix, out=tree)
+
     t_py = _median_wall(python_build, args.python_reps) * 1e6
-    t_cpp = _median_wall(cpp_build, args.cpp_reps) * 1e6 if has_cpp else float("nan")
-    build_fn = lambda: gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)  # noqa: E731
-    t_gpu = _graph_us(build_fn, args.calls, args.reps)
-    t_gpu1 = _graph_us(build_fn, 1, args.reps)
-    build_row = dict(
-        block=block,
-        depth=depth,
+    t_cpp = _median_wall(cpp_build, args.cpp_reps) * 1e6 if args.cpp_error is None else float("nan")
+    t_gpu = _graph_us(gpu_build, args.calls, args.reps)
+    return dict(
+        block=case.block,
+        depth=case.depth,
         budget=budget,
-        bs=bs,
+        bs=case.bs,
         python_us=t_py,
         cpp_us=t_cpp,
         gpu_us=t_gpu,
-        gpu_single_graph_us=t_gpu1,
+        gpu_single_graph_us=_graph_us(gpu_build, 1, args.reps),
         speedup_vs_python=t_py / t_gpu,
         speedup_vs_cpp=t_cpp / t_gpu,
         mean_tree_depth=float(tree.depths.float().max(dim=1).values.mean()),
     )
 
-    # ---- accept
-    post = _posterior_following(tree.tokens, tree.parents, bs + budget)
-    acc = gpu.allocate_acceptance(bs, width, dev)
-    gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
+
+def _check_and_time_accept(args, case: Case, tree: Trees) -> dict:
+    """The accept row, on a posterior that accepts deep: the kernel's path must equal the
+    reference walk's; then the Python walk (copies included), the torch walk and the kernel."""
+    from ..kernels import gpu
+    from ..tree.accept import accept_walk_ref
+    from ..tree.batched import accept_walk as torch_accept_walk
+
+    dev = tree.tokens.device
+    post = posterior_following(tree.tokens, tree.parents, case.bs + case.budget)
+    acc = gpu.allocate_acceptance(case.bs, case.width, dev)
+    walk_inputs = (tree.tokens, tree.parents, tree.tree_sizes, post)
+    gpu.accept_walk(*walk_inputs, case.prefix, acc)
     torch.cuda.synchronize()
-    ref_acc = accept_walk_ref(
-        tree.tokens.cpu().numpy(),
-        tree.parents.cpu().numpy(),
-        tree.tree_sizes.cpu().numpy(),
-        post.cpu().numpy(),
-    )
+    ref_acc = accept_walk_ref(*(x.cpu().numpy() for x in walk_inputs))
     if not torch.equal(acc.path.cpu(), ref_acc.path):
-        raise AssertionError(f"accept mismatch at block={block} budget={budget} bs={bs}")
+        raise AssertionError(f"accept mismatch at {case}")
 
     def python_accept():
-        t, p_, s, q = (x.cpu().numpy() for x in (tree.tokens, tree.parents, tree.tree_sizes, post))
-        a = accept_walk_ref(t, p_, s, q)
+        a = accept_walk_ref(*(x.cpu().numpy() for x in walk_inputs))
         return [v.to(dev) for v in (a.path, a.accept_lens, a.bonus, a.out_tokens)]
 
     a_py = _median_wall(python_accept, args.python_reps) * 1e6
-    a_gpu = _graph_us(
-        lambda: gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc),
-        args.calls,
-        args.reps,
-    )
-    a_torch = _graph_us(
-        lambda: torch_accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, max_depth=depth),
-        1,
-        args.reps,
-    )
-    accept_row = dict(
-        block=block,
-        budget=budget,
-        bs=bs,
+    a_gpu = _graph_us(lambda: gpu.accept_walk(*walk_inputs, case.prefix, acc), args.calls, args.reps)
+    a_torch = _graph_us(lambda: torch_accept_walk(*walk_inputs, max_depth=case.depth), 1, args.reps)
+    return dict(
+        block=case.block,
+        budget=case.budget,
+        bs=case.bs,
         python_us=a_py,
         torch_us=a_torch,
         gpu_us=a_gpu,
         mean_accept_len=float(acc.accept_lens.float().mean()),
     )
 
-    # ---- top-k (the preprocessing): the split-vocabulary kernel and the one-block-per-row kernel
-    x = logits[:bs]
+
+def _time_topk(args, case: Case, logits: torch.Tensor) -> dict:
+    """The top-k row (the preprocessing): the split-vocabulary kernel and the one-block-per-row
+    kernel; at budget 64 also the exact torch path and plain ``torch.topk`` for scale."""
+    from ..kernels import gpu
+
+    x, budget = logits[: case.bs], case.budget
     t = time_topk(x, budget, max(1, args.calls // 4), args.reps)
     row = dict(
-        block=block, budget=budget, bs=bs, gpu_us=t["split_us"], row_kernel_us=t["row_us"], splits=t["splits"]
+        block=case.block,
+        budget=budget,
+        bs=case.bs,
+        gpu_us=t["split_us"],
+        row_kernel_us=t["row_us"],
+        splits=t["splits"],
     )
     if budget == 64:
         row["torch_exact_us"] = _graph_us(lambda: gpu.topk_log_probs_torch(x, budget), 1, args.reps)
@@ -275,213 +258,7 @@ def bench_config(args, dev, block: int, budget: int, bs: int, lp, ids, roots, pr
             1,
             args.reps,
         )
-    return build_row, accept_row, row
-
-
-def _find(rows, **kw):
-    for r in rows:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
-
-
-def evaluate_targets(results: dict) -> dict:
-    """The issue's targets, measured at block 16 (depth 15), the drafters' block size."""
-    out = {}
-    blk = 16 if any(r["block"] == 16 for r in results["build"]) else results["build"][0]["block"]
-    r = _find(results["build"], block=blk, budget=64, bs=64)
-    if r:
-        out["build_vs_python_bs64_b64"] = dict(value=r["speedup_vs_python"], target=">= 500x")
-        out["build_vs_cpp_bs64_b64"] = dict(value=r["speedup_vs_cpp"], target=">= 20x")
-        out["build_vs_python_bs64_b64"]["met"] = r["speedup_vs_python"] >= TARGETS["build_vs_python_bs64_b64"]
-        out["build_vs_cpp_bs64_b64"]["met"] = r["speedup_vs_cpp"] >= TARGETS["build_vs_cpp_bs64_b64"]
-        r1 = _find(results["build"], block=blk, budget=64, bs=1)
-        if r1:
-            out["build_flatness_bs64_over_bs1_b64"] = dict(
-                value=r["gpu_us"] / r1["gpu_us"], target="~1 (flat)"
-            )
-    r = _find(results["build"], block=blk, budget=32, bs=1)
-    if r:
-        out["build_us_bs1_b32"] = dict(value=r["gpu_us"], target="<= 20 us", met=r["gpu_us"] <= 20.0)
-        out["build_us_bs1_b32_single_graph"] = dict(value=r["gpu_single_graph_us"], target="<= 20 us")
-    worst = max((a["gpu_us"] for a in results["accept"] if a["bs"] == 64 and a["block"] == blk), default=None)
-    if worst is not None:
-        out["accept_us_bs64"] = dict(
-            value=worst, target="<= 5 us", met=worst <= 5.0, note="worst budget at bs=64"
-        )
-    return out
-
-
-device_slug = _stamp.device_slug
-
-
-def to_markdown(results: dict) -> str:
-    st = results["stamp"]
-    lines = [
-        "# Tree build and accept: Python reference vs C++ vs CUDA kernels",
-        "",
-        _stamp.stamp_markdown(st),
-        "",
-        f"vocab {results['vocab']}; GPU: CUDA-graph replay, {results['config']['calls']} launches per graph, time per "
-        f"launch, median of {results['config']['reps']} replays; CPU paths: wall clock of the round trip "
-        "(device->host copy, build, host->device copy), median. Every configuration was checked "
-        "equal to the reference before timing. Times in microseconds.",
-        "",
-        "## Targets (block 16, depth 15)",
-        "",
-    ]
-    rows = [
-        (k, v["value"], v["target"], {True: "met", False: "MISSED"}.get(v.get("met"), "-"))
-        for k, v in results["targets"].items()
-    ]
-    lines += [_stamp.md_table(["target", "measured", "goal", "status"], rows), ""]
-    for block in sorted({r["block"] for r in results["build"]}):
-        lines += [f"## Build, block {block} (depth {block - 1})", ""]
-        rows = [
-            (
-                r["budget"],
-                r["bs"],
-                r["python_us"],
-                r["cpp_us"],
-                r["gpu_us"],
-                r["gpu_single_graph_us"],
-                r["speedup_vs_python"],
-                r["speedup_vs_cpp"],
-            )
-            for r in results["build"]
-            if r["block"] == block
-        ]
-        lines += [
-            _stamp.md_table(
-                ["budget", "bs", "python", "C++", "GPU", "GPU (1/graph)", "x python", "x C++"],
-                rows,
-            ),
-            "",
-        ]
-        lines += [f"## Accept, block {block}", ""]
-        rows = [
-            (
-                r["budget"],
-                r["bs"],
-                r["python_us"],
-                r["torch_us"],
-                r["gpu_us"],
-                r["mean_accept_len"],
-            )
-            for r in results["accept"]
-            if r["block"] == block
-        ]
-        lines += [
-            _stamp.md_table(["budget", "bs", "python", "torch walk", "GPU", "mean accept len"], rows),
-            "",
-        ]
-        lines += [f"## Top-k (bf16 logits, vocab {results['vocab']}), block {block}", ""]
-        rows = [
-            (
-                r["budget"],
-                r["bs"],
-                r["gpu_us"],
-                r.get("row_kernel_us", "-"),
-                r.get("torch_exact_us", "-"),
-                r.get("torch_topk_inexact_us", "-"),
-            )
-            for r in results["topk"]
-            if r["block"] == block
-        ]
-        lines += [
-            _stamp.md_table(
-                ["k", "bs", "split kernel", "row kernel", "torch, exact ties", "torch.topk, ties not pinned"],
-                rows,
-            ),
-            "",
-        ]
-    if results.get("pop_cycles"):
-        lines += [
-            "## Cycles per pop (one request, clock64 around the search)",
-            "",
-            "What bounds the build: each pop is a chain of dependent warp steps (lane max, warp "
-            "max reduction, ballot, shuffles from the winner, the two new keys), so its time is "
-            "the chain's latency, the same at any batch size.",
-            "",
-        ]
-        rows = [
-            (
-                r["budget"],
-                r["width"],
-                r.get("registers_kernel", "-"),
-                r.get("registers_cycles_per_pop", "-"),
-                r["shared_kernel"],
-                r["shared_cycles_per_pop"],
-            )
-            for r in results["pop_cycles"]
-        ]
-        lines += [
-            _stamp.md_table(
-                ["budget", "width", "register heap", "cycles/pop", "shared heap", "cycles/pop"], rows
-            ),
-            "",
-        ]
-    if results.get("notes"):
-        lines += ["## Notes", "", *results["notes"], ""]
-    return "\n".join(lines)
-
-
-def plot(results: dict, path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    blk = max(r["block"] for r in results["build"])
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), dpi=110)
-    ax = axes[0]
-    for key, label in (
-        ("python_us", "Python heapq (+copies)"),
-        ("cpp_us", "C++ (+copies)"),
-        ("gpu_us", "CUDA kernel"),
-    ):
-        rows = [r for r in results["build"] if r["block"] == blk and r["budget"] == 64]
-        ax.plot([r["bs"] for r in rows], [r[key] for r in rows], marker="o", label=label)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="batch size",
-        ylabel="us",
-        title=f"tree build, budget 64, block {blk}",
-    )
-    ax.set_xscale("log", base=2)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", lw=0.3)
-    ax = axes[1]
-    for budget in sorted({r["budget"] for r in results["build"]}):
-        rows = [r for r in results["build"] if r["block"] == blk and r["budget"] == budget]
-        ax.plot([r["bs"] for r in rows], [r["gpu_us"] for r in rows], marker="o", label=f"budget {budget}")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="batch size", ylabel="us", title=f"CUDA tree build by budget, block {blk}")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", lw=0.3)
-    ax = axes[2]
-    rows = [r for r in results["accept"] if r["block"] == blk and r["budget"] == 64]
-    for key, label in (
-        ("python_us", "Python"),
-        ("torch_us", "torch walk"),
-        ("gpu_us", "CUDA"),
-    ):
-        ax.plot([r["bs"] for r in rows], [r[key] for r in rows], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set(xlabel="batch size", ylabel="us", title=f"accept walk, budget 64, block {blk}")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", lw=0.3)
-    fig.suptitle(
-        f"{results['stamp'].get('device')} - commit {str(results['stamp'].get('commit'))[:12]}", fontsize=9
-    )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return row
 
 
 def pop_cycles(budgets=(16, 31, 32, 64, 95, 128, 159, 256), depth: int = 15, vocab: int = 163840) -> list:
@@ -547,7 +324,7 @@ def single_pass(vocab: int, bs: int, budget: int, depth: int, repeat: int = 2) -
         lp, ids = gpu.topk_log_probs(logits, budget)
         gpu.build_tree_batch(lp, ids, roots, budget, width, prefix, out=tree)
         gpu.flat_custom_mask(tree.mask_words, prefix, mask)
-        post = _posterior_following(tree.tokens, tree.parents, 1)
+        post = posterior_following(tree.tokens, tree.parents, 1)
         gpu.accept_walk(tree.tokens, tree.parents, tree.tree_sizes, post, prefix, acc)
     torch.cuda.synchronize()
     print("single pass done: accept lens", acc.accept_lens.tolist())
@@ -614,7 +391,7 @@ def main(argv=None) -> int:
         f"- Whole run: {results['wall_s']:.0f} s.",
     ]
     out_dir = _stamp.results_dir(args.out)
-    name = f"tree_kernels_{device_slug(results['stamp'])}" + ("_quick" if args.quick else "")
+    name = f"tree_kernels_{_stamp.device_slug(results['stamp'])}" + ("_quick" if args.quick else "")
     paths = _stamp.write_outputs(out_dir, name, results, to_markdown(results))
     png = plot(results, out_dir / f"{name}.png")
     print(to_markdown(results).split("## Build")[0])

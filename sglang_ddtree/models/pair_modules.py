@@ -1,6 +1,6 @@
 """The trained pair's model pieces in plain torch: the spec that sizes them, the Qwen3-style
 target, the DFlash block drafter, and the block layout and loss that tie them together
-(used by ``train_pair`` to train them and by ``bench/pair_eval`` to replay them).
+(used by ``train_pair`` to train them and by ``bench/pair_eval_replay`` to replay them).
 
 The code mirrors what SGLang serves: the target is HF/SGLang Qwen3 (neox rope), the drafter
 is SGLang's ``DFlashDraftModel`` (context K/V from ``hidden_norm(fc(features))`` with no

@@ -1,0 +1,81 @@
+"""The offline replay of ``pair_eval``: the greedy tokens per round each arm should reach,
+from the training code's models in plain torch and the reference round (``tree/round.py``)
+replayed along the plain server's output. A server that ran the drafter differently from how
+it was trained shows up as a gap between this prediction and what it served."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .pair_eval_serving import Arm
+
+
+def greedy_posterior(tokens: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The target's greedy token after every slot, known from the plain server's output:
+    the token after position ``p`` is ``tokens[p + 1]`` on the slots the walk can reach
+    (those matching the output so far); -1 (no token) past the end of the output."""
+    nxt = positions + 1
+    return np.where(nxt < len(tokens), tokens[np.minimum(nxt, len(tokens) - 1)], -1)
+
+
+def load_models(pair: dict):
+    """The pair's target and drafter as the training code's modules, in float32: (spec,
+    target, drafter, mask token id). The drafter's mask embedding is the target's."""
+    from safetensors.torch import load_file
+
+    from ..models.pair_modules import Drafter, PairSpec, Target
+
+    spec_fields = dict(pair["manifest"]["spec"])
+    spec_fields["target_layer_ids"] = tuple(spec_fields["target_layer_ids"])
+    spec = PairSpec(**spec_fields)
+    vocab = int(pair["manifest"]["tokenizer"]["vocab_size"])
+    mask_id = int(pair["manifest"]["tokenizer"]["mask_token_id"])
+    target, drafter = Target(spec, vocab), Drafter(spec)
+    target.load_state_dict({k: v.float() for k, v in load_file(pair["target"] / "model.safetensors").items()})
+    weights = {k: v.float() for k, v in load_file(pair["drafter"] / "model.safetensors").items()}
+    weights["mask_embedding"] = target.model.embed_tokens.weight[mask_id].clone()
+    drafter.load_state_dict(weights)
+    return spec, target, drafter, mask_id
+
+
+@torch.no_grad()
+def offline_replay(
+    pair: dict, prompts: list[dict], greedy: list[list[int]], arms: list[Arm]
+) -> dict[str, float]:
+    """Greedy tokens per round each arm should reach, replaying the server's rounds
+    on the plain server's output with the training code's models (float32)."""
+    from ..models.pair_modules import block_layout
+    from ..tree.round import reference_round
+
+    spec, target, drafter, mask_id = load_models(pair)
+    block = spec.block_size
+    rounds = {arm.name: [] for arm in arms if arm.speculative}
+    for prompt, out in zip(prompts, greedy):
+        seq = torch.tensor([prompt["input_ids"] + out])
+        start, length = len(prompt["input_ids"]), seq.shape[1]
+        _, feats = target(seq, capture=spec.target_layer_ids)
+        anchors = torch.arange(start, length)[None]
+        pos, mask = block_layout(anchors, length, block)
+        block_ids = torch.full_like(pos, mask_id)
+        block_ids[:, ::block] = seq[:, start:]
+        hidden = drafter(target.model.embed_tokens(block_ids), pos, feats, mask)
+        logits = target.logits(hidden.view(-1, block, hidden.shape[-1])[:, 1:])  # [anchors, block-1, vocab]
+        greedy_tokens = seq[0].numpy()
+        for arm in arms:
+            if not arm.speculative:
+                continue
+            a = start
+            while a < length - 1:  # the server stops once the output is complete
+                result = reference_round(
+                    logits[a - start][None],
+                    greedy_tokens[a : a + 1],
+                    np.array([a]),
+                    lambda layout, positions, tokens=greedy_tokens: greedy_posterior(tokens, positions),
+                    arm.budget,
+                    max_topk=arm.max_topk,
+                )
+                accepted = int(result.acceptance.accept_lens[0])
+                rounds[arm.name].append(accepted + 1)
+                a += accepted + 1
+    return {name: sum(r) / max(len(r), 1) for name, r in rounds.items()}
