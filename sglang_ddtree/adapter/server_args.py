@@ -158,8 +158,9 @@ def apply_online_budget(args) -> None:
     if not cpu and not getattr(args, "disable_cuda_graph", False):
         _fail(
             f"{BUDGET_FLAG} {AUTO_BUDGET} runs on eager servers only (CPU, or --disable-cuda-graph): "
-            "with CUDA graphs every verify width needs its own target graph runner, which is not "
-            f"built yet. Add --disable-cuda-graph, or pass a fixed budget (default {DEFAULT_BUDGET})."
+            "with CUDA graphs every verify width needs its own target graph runner, and per-width "
+            "CUDA graph runners are not built yet. Add --disable-cuda-graph, or pass a fixed budget "
+            f"(default {DEFAULT_BUDGET})."
         )
     if int(getattr(args, "tp_size", 1) or 1) > 1:
         _fail(
