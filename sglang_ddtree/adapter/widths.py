@@ -153,10 +153,22 @@ class StepWidths:
         for (bs, width), steps in sorted(self.history.items()):
             per_width[width] += steps
             by_bs.setdefault(bs, {})[width] = steps
-        return {
+        summary = {
             "width_steps": dict(sorted(per_width.items())),
             "width_steps_by_bs": by_bs,
             "depth_scale": [round(float(s), 3) for s in self.calibration.scale],
+        }
+        if self.measured:
+            summary["round_ms"] = self._measured_costs()
+        return summary
+
+    def _measured_costs(self) -> dict[int, dict[int, float]]:
+        """The measured cost table's rows that have been probed: batch size -> width -> ms."""
+        table = self.cost
+        return {
+            bs: {w: round(float(ms), 2) for w, ms, seen in zip(table.widths, row, counts) if seen}
+            for bs, row, counts in zip(table.batch_sizes, table.ms, table.counts)
+            if counts.any()
         }
 
 
