@@ -15,6 +15,7 @@ How DDTree maps onto SGLang's speculative fields:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host 
 ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tree step out of the draft graph
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
+ENV_ONLINE_BUDGET = "SGLANG_DDTREE_ONLINE_BUDGET"  # set from --speculative-ddtree-budget auto
+ENV_BUDGET_COST_TABLE = "SGLANG_DDTREE_BUDGET_COST_TABLE"  # tests/debugging: a fixed T(bs, width) JSON file
 
 
 class DDTreeConfigError(ValueError):
@@ -102,6 +105,29 @@ def phase_times_interval() -> int:
     if value and not value.isdigit():
         raise DDTreeConfigError(f"{ENV_PHASE_TIMES}={value!r}: expected a non-negative integer")
     return int(value or 0)
+
+
+def online_budget_requested() -> bool:
+    """Whether the verify width is chosen every step (``--speculative-ddtree-budget auto``,
+    handed to the scheduler processes through the environment)."""
+    return os.environ.get(ENV_ONLINE_BUDGET, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def budget_cost_table() -> dict | None:
+    """A fixed round-cost table for the online budget (tests and debugging), instead of the
+    one measured while serving: ``{"batch_sizes": [...], "widths": [...], "ms": [[...]]}`` in
+    the JSON file ``$SGLANG_DDTREE_BUDGET_COST_TABLE``, one row per batch size."""
+    path = os.environ.get(ENV_BUDGET_COST_TABLE, "").strip()
+    if not path:
+        return None
+    try:
+        table = json.loads(Path(path).read_text())
+        batch_sizes, widths, ms = table["batch_sizes"], table["widths"], table["ms"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DDTreeConfigError(f"{ENV_BUDGET_COST_TABLE}={path!r}: not a cost table ({error})") from None
+    if len(ms) != len(batch_sizes) or any(len(row) != len(widths) for row in ms):
+        raise DDTreeConfigError(f"{ENV_BUDGET_COST_TABLE}={path!r}: ms must be [batch sizes][widths]")
+    return {"batch_sizes": batch_sizes, "widths": widths, "ms": ms}
 
 
 @dataclass(frozen=True)

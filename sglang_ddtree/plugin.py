@@ -83,10 +83,9 @@ def _install_cli_hooks() -> None:
     def with_ddtree_section(result, server_args_obj, *args, **kwargs):
         algorithm = str(getattr(server_args_obj, "speculative_algorithm", None) or "").upper()
         if algorithm == ALGORITHM_NAME and isinstance(result, dict):
-            result["ddtree"] = {
-                "budget": int(server_args_obj.speculative_num_draft_tokens) - 1,
-                **server_args.server_info_section(),
-            }
+            result["ddtree"] = server_args.server_info_section(
+                int(server_args_obj.speculative_num_draft_tokens)
+            )
         return result
 
     import multiprocessing

@@ -92,11 +92,62 @@ def test_budget_flag_parses_numbers_and_auto():
         parser.parse_args(["--speculative-ddtree-budget", "lots"])
 
 
-def test_budget_auto_is_refused_until_served():
-    args = SimpleNamespace(speculative_ddtree_budget="auto", speculative_num_draft_tokens=None)
-    with pytest.raises(DDTreeConfigError, match="auto .* not served yet"):
-        ddtree_args.apply_budget_flag(args)
-    assert args.speculative_num_draft_tokens is None
+def _auto_args(**overrides):
+    fields = dict(speculative_ddtree_budget="auto", speculative_num_draft_tokens=None, device="cpu")
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+def test_budget_auto_is_served_eagerly_and_refused_with_graphs(monkeypatch, tmp_path):
+    """``auto`` keeps the largest tree as the verify width (the flag's default unless
+    --speculative-num-draft-tokens says otherwise) and reaches the scheduler processes through
+    the environment; CUDA graphs and tensor parallelism are refused with one line each."""
+    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET", "")  # teardown removes what the flag writes
+    monkeypatch.delenv("SGLANG_DDTREE_BUDGET_COST_TABLE", raising=False)
+    for refused, message in (
+        ({"device": "cuda"}, "per-width CUDA graph runners are not built yet"),
+        ({"device": None}, "--disable-cuda-graph"),
+        ({"device": "cuda", "disable_cuda_graph": True, "tp_size": 2}, "needs --tp-size 1"),
+    ):
+        args = _auto_args(**refused)
+        with pytest.raises(DDTreeConfigError, match=message):
+            ddtree_args.apply_budget_flag(args)
+        assert os.environ["SGLANG_DDTREE_ONLINE_BUDGET"] == ""
+    args = _auto_args()
+    ddtree_args.apply_budget_flag(args)
+    assert args.speculative_num_draft_tokens == 33 and os.environ["SGLANG_DDTREE_ONLINE_BUDGET"] == "1"
+    args = _auto_args(device="cuda", disable_cuda_graph=True, speculative_num_draft_tokens=17)
+    ddtree_args.apply_budget_flag(args)
+    assert args.speculative_num_draft_tokens == 17
+    info = ddtree_args.server_info_section(17)
+    assert info["budget"] == "auto"
+    assert info["online_budget"] == {
+        "max_budget": 16,
+        "widths": [1, 2, 3, 5, 9, 17],
+        "cost_table": "measured",
+    }
+    # a fixed budget next to the variable set by hand is a contradiction
+    with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_ONLINE_BUDGET"):
+        ddtree_args.apply_budget_flag(
+            SimpleNamespace(speculative_ddtree_budget=8, speculative_num_draft_tokens=None)
+        )
+
+
+def test_budget_auto_checks_an_injected_cost_table(monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET", "")
+    table = tmp_path / "table.json"
+    monkeypatch.setenv("SGLANG_DDTREE_BUDGET_COST_TABLE", str(table))
+    table.write_text("not json")
+    with pytest.raises(DDTreeConfigError, match="not a cost table"):
+        ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
+    table.write_text(json.dumps({"batch_sizes": [1, 2], "widths": [1, 9], "ms": [[1.0, 2.0]]}))
+    with pytest.raises(DDTreeConfigError, match="ms must be"):
+        ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
+    table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 9], "ms": [[1.0, 2.0]]}))
+    with pytest.raises(DDTreeConfigError, match=r"must be the candidates \[1, 2, 3, 5, 9\]"):
+        ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
+    table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 2, 3, 5, 9], "ms": [[1.0, 2, 3, 4, 5]]}))
+    ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
+    assert ddtree_args.server_info_section(9)["online_budget"]["cost_table"] == "fixed"
 
 
 def _cfg(tiny, **overrides):
@@ -220,7 +271,7 @@ def test_validation_rejects_cpu_backends_and_bad_variables(tiny, monkeypatch, ov
         "vocab-mismatch",
         "cpu-without-cpu-mode",
         "bad-budget",
-        "budget-auto",
+        "budget-auto-tp",
         "cpu-triton",
         "bogus-tree-backend",
     ],
@@ -233,7 +284,7 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         "vocab-mismatch": "does not match the target",
         "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
         "bad-budget": "must be >= 1",
-        "budget-auto": "auto (a width chosen every step",
+        "budget-auto-tp": "auto needs --tp-size 1",
         "cpu-triton": "--attention-backend triton does not run with --device cpu",
         "bogus-tree-backend": "SGLANG_DDTREE_TREE_BACKEND='bogus'",
     }[case]
@@ -245,8 +296,8 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         env = {"SGLANG_USE_CPU_ENGINE": None}
     elif case == "bad-budget":
         extra += ["--speculative-ddtree-budget", "0"]
-    elif case == "budget-auto":
-        extra += ["--speculative-ddtree-budget", "auto"]
+    elif case == "budget-auto-tp":
+        extra += ["--speculative-ddtree-budget", "auto", "--tp-size", "2"]
     elif case == "cpu-triton":
         extra += ["--attention-backend", "triton"]
     elif case == "bogus-tree-backend":
@@ -369,7 +420,7 @@ def test_option_flags_reach_the_configuration(monkeypatch):
     )
     ddtree_args.apply_option_flags(namespace)
     assert DDTreeConfig.from_spec_fields(17, 8).max_topk == 2
-    assert ddtree_args.server_info_section()["stats_interval"] == 5
+    assert ddtree_args.server_info_section(17)["stats_interval"] == 5
     monkeypatch.setenv("SGLANG_DDTREE_MAX_TOPK", "3")
     with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_MAX_TOPK=3"):
         ddtree_args.apply_option_flags(namespace)

@@ -15,13 +15,17 @@ import os
 from ..config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_BUDGET,
+    ENV_BUDGET_COST_TABLE,
     ENV_LOG_TREE_STATS,
     ENV_MAX_TOPK,
+    ENV_ONLINE_BUDGET,
     ENV_TEST_PLUGIN,
     DDTreeConfig,
     DDTreeConfigError,
+    budget_cost_table,
     cpu_engine_requested,
     max_topk_override,
+    online_budget_requested,
     stats_log_interval,
     test_plugin_module,
     tree_backend_override,
@@ -53,8 +57,9 @@ def add_cli_args(parser) -> None:
             "DDTREE: draft-tree nodes verified per request and round (default "
             f"{DEFAULT_BUDGET}). The verify width is budget + 1; it sets "
             "--speculative-num-draft-tokens, which must not also be given differently. "
-            f"'{AUTO_BUDGET}' chooses the width every step from measured costs (docs/online-budget.md; "
-            "not served yet)."
+            f"'{AUTO_BUDGET}' chooses the width every step, up to --speculative-num-draft-tokens "
+            f"(default {DEFAULT_BUDGET + 1}), from the drafter's predicted acceptance and measured round "
+            "costs (docs/online-budget.md; eager servers only: CPU, or --disable-cuda-graph)."
         ),
     )
     _add_option_flags(parser)
@@ -130,11 +135,10 @@ def apply_budget_flag(args) -> None:
     if budget is None:
         return
     if budget == AUTO_BUDGET:
-        _fail(
-            f"{BUDGET_FLAG} {AUTO_BUDGET} (a width chosen every step, docs/online-budget.md) is not "
-            "served yet: it needs one target verify graph per width, which no attention backend "
-            f"has here yet. Pass a fixed budget (default {DEFAULT_BUDGET})."
-        )
+        apply_online_budget(args)
+        return
+    if online_budget_requested():
+        _fail(f"{BUDGET_FLAG} {budget} contradicts {ENV_ONLINE_BUDGET}=1; pass only the flag.")
     if budget < 1:
         _fail(f"{BUDGET_FLAG} must be >= 1, got {budget}.")
     width = getattr(args, "speculative_num_draft_tokens", None)
@@ -144,6 +148,42 @@ def apply_budget_flag(args) -> None:
             f"(budget + root), but {width} was given. Pass only one of them."
         )
     args.speculative_num_draft_tokens = budget + 1
+
+
+def apply_online_budget(args) -> None:
+    """``--speculative-ddtree-budget auto``: the largest tree stays the server's verify width
+    (``--speculative-num-draft-tokens``, default budget + 1); each step runs a width up to it
+    (``adapter/widths.py``). Served on the eager round only."""
+    cpu = str(getattr(args, "device", None) or "") == "cpu"
+    if not cpu and not getattr(args, "disable_cuda_graph", False):
+        _fail(
+            f"{BUDGET_FLAG} {AUTO_BUDGET} runs on eager servers only (CPU, or --disable-cuda-graph): "
+            "with CUDA graphs every verify width needs its own target graph runner, and per-width "
+            "CUDA graph runners are not built yet. Add --disable-cuda-graph, or pass a fixed budget "
+            f"(default {DEFAULT_BUDGET})."
+        )
+    if int(getattr(args, "tp_size", 1) or 1) > 1:
+        _fail(
+            f"{BUDGET_FLAG} {AUTO_BUDGET} needs --tp-size 1: the ranks would time their rounds apart "
+            "and could choose different widths."
+        )
+    width = int(getattr(args, "speculative_num_draft_tokens", None) or DEFAULT_BUDGET + 1)
+    if width < 2:
+        _fail(f"{BUDGET_FLAG} {AUTO_BUDGET} needs --speculative-num-draft-tokens >= 2, got {width}.")
+    args.speculative_num_draft_tokens = width
+    os.environ[ENV_ONLINE_BUDGET] = "1"
+    _check_cost_table(width - 1)
+
+
+def _check_cost_table(max_budget: int) -> None:
+    from ..budget import candidate_widths
+
+    table = budget_cost_table()
+    widths = list(candidate_widths(max_budget))
+    if table is not None and list(table["widths"]) != widths:
+        _fail(
+            f"{ENV_BUDGET_COST_TABLE}: the table's widths {table['widths']} must be the candidates {widths}."
+        )
 
 
 def _load_json(path: str) -> dict:
@@ -321,14 +361,27 @@ def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def server_info_section() -> dict:
-    """DDTREE's settings as ``/server_info`` shows them (key ``ddtree``)."""
-    return {
+def server_info_section(verify_width: int) -> dict:
+    """DDTREE's settings as ``/server_info`` shows them (key ``ddtree``). With the online
+    budget: its candidate widths and where its round costs come from (the per-step choices
+    live in the scheduler process; its stats log line counts them)."""
+    section = {
+        "budget": int(verify_width) - 1,
         "budget_flag": BUDGET_FLAG,
         "max_topk": max_topk_override(),
         "stats_interval": stats_log_interval(),
         "tree_backend": tree_backend_override(),
     }
+    if online_budget_requested():
+        from ..budget import candidate_widths
+
+        section["budget"] = AUTO_BUDGET
+        section["online_budget"] = {
+            "max_budget": int(verify_width) - 1,
+            "widths": list(candidate_widths(int(verify_width) - 1)),
+            "cost_table": "fixed" if budget_cost_table() is not None else "measured",
+        }
+    return section
 
 
 def resolve_server_args(cfg) -> None:

@@ -26,6 +26,7 @@ class TreeStats:
         self.interval = stats_log_interval()
         self.rounds = 0
         self._totals: torch.Tensor | None = None  # [requests, accepted, non_argmax, tree_nodes]
+        self.extra = dict  # more entries for the log line (the online budget's widths)
 
     def record(self, acceptance, trees, draft_top1, non_argmax_accepted) -> None:
         """Add one round. Off (interval 0) this costs nothing: the counters are only
@@ -55,4 +56,5 @@ class TreeStats:
             "tokens_per_round": (accepted + requests) / max(requests, 1),
             "non_argmax_share": non_argmax / max(accepted, 1),
             "mean_tree_nodes": nodes / max(requests, 1),
+            **self.extra(),
         }

@@ -44,6 +44,7 @@ from ..config import (
     DDTreeConfig,
     DDTreeConfigError,
     eager_tree_step_requested,
+    online_budget_requested,
     phase_times_interval,
     tree_backend_override,
 )
@@ -55,6 +56,7 @@ from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
 from .verify_input import DDTreeVerifyInput
+from .widths import StepWidths
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -91,8 +93,11 @@ class DDTreeWorker(DFlashWorkerV2):
             block=self.block_size,
             k=self.ddtree.topk(int(self.model_runner.model_config.vocab_size)),
         )
+        self.widths = self._online_widths() if online_budget_requested() else None
         self.check_tp_round = tp_tree_check(get_dp_tp_group())  # a no-op unless debugging
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
+        if self.widths is not None:
+            self.stats.extra = self.widths.summary
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.
@@ -112,6 +117,13 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.trees.name,
             )
 
+    def _online_widths(self) -> StepWidths:
+        """The per-step width of ``--speculative-ddtree-budget auto``."""
+        widths = StepWidths.like(self.head, self.ddtree.budget, self.ddtree.depth)
+        if get_parallel().tp_rank == 0:
+            logger.info("DDTREE online budget: verify widths %s chosen per step", list(widths.widths))
+        return widths
+
     def _refuse_unsupported_drafter(self) -> None:
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
             raise DDTreeConfigError(
@@ -126,6 +138,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self.trees.name == "cuda"
             and DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD
             and not eager_tree_step_requested()
+            and self.widths is None
         ):
             self.head.fold_into_graph(
                 self.draft_model_runner,
@@ -185,7 +198,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
-        bs, width = len(batch.seq_lens), self.width
+        bs = len(batch.seq_lens)
+        width = self.width if self.widths is None else self.widths.start(bs)  # this step's verify width
         prefix_lens = batch.seq_lens
         roots = draft_input.bonus_tokens.view(-1)
 
@@ -198,9 +212,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 if batch.seq_lens_cpu is not None
                 else draft_input.nxt_kv_lens_cpu,
                 write_virtual=window,
-                read_extent=width,
+                read_extent=self.width,
             )
-        trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan)
+        trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan, width)
 
         with self.phase("features"):
             features = self.features.start_round(batch, trees)
@@ -236,6 +250,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
         with self.phase("stats"):
             self.stats.record(acceptance, trees, draft_top1, self.trees.non_argmax_accepted)
+        if self.widths is not None:
+            self.widths.finish(acceptance.accept_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=acceptance.out_tokens.reshape(-1),
@@ -262,9 +278,10 @@ class DDTreeWorker(DFlashWorkerV2):
             device=self.device,
         )
 
-    def _draft(self, batch, draft_input, roots, prefix_lens, plan):
-        """One drafter block and the tree step: (:class:`Trees`, the drafter's top-1 per
-        depth ``[bs, depth]``). On a graph replay the tree step ran inside the graph."""
+    def _draft(self, batch, draft_input, roots, prefix_lens, plan, width):
+        """One drafter block and the tree step for a verify ``width``: (:class:`Trees`, the
+        drafter's top-1 per depth ``[bs, depth]``). On a graph replay the tree step ran
+        inside the graph."""
         with self.phase("draft prepare"):
             forward_batch = self._draft_forward_batch(batch, draft_input, roots, prefix_lens, plan)
         with self.phase("draft forward"), torch.inference_mode():
@@ -273,7 +290,10 @@ class DDTreeWorker(DFlashWorkerV2):
             if out.can_run_graph and self.head.in_graph:
                 return self.head.replayed(len(prefix_lens))
             propose = lambda hidden, k: self._propose(batch, hidden, prefix_lens, k)  # noqa: E731
-            return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
+            if self.widths is None:
+                return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
+            head = self.widths.heads[width]
+            return head.run(out.logits_output.hidden_states, roots, prefix_lens, self.widths.watch(propose))
 
     def _draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan):
         bs, block = len(prefix_lens), self.block_size
@@ -347,7 +367,7 @@ class DDTreeWorker(DFlashWorkerV2):
         return logits_output, out.can_run_cuda_graph
 
     def _verify_forward_batch(self, batch, draft_input, trees, window, plan, mask):
-        width = self.width
+        width = trees.width  # the server's width, or this step's (online budget): its first columns
         verify_input = DDTreeVerifyInput(
             draft_token=trees.tokens.reshape(-1),
             positions=trees.positions.reshape(-1),
@@ -356,6 +376,7 @@ class DDTreeWorker(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
             kv_loc_plan=plan,
             tree_visibility=None if mask is not None else trees.visibility(),
+            kv_loc_cols=None if width == self.width else slice(0, width),
         )
         batch.out_cache_loc = window
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
@@ -374,9 +395,9 @@ class DDTreeWorker(DFlashWorkerV2):
             logits_output.next_token_logits,
             batch.sampling_info,
             positions.reshape(-1),
-            self.width,
+            positions.shape[1],
             self.model_runner.sampler,
-        ).view(bs, self.width)
+        ).view(bs, positions.shape[1])
         # Every rank must walk the same path (sampling draws are per rank).
         site = (
             SpecTpSyncSite.DFLASH_ACCEPT_GREEDY
@@ -389,6 +410,7 @@ class DDTreeWorker(DFlashWorkerV2):
     def _commit_target_kv(self, plan, sources, bs):
         """Move each accepted node's target KV to the slot of its final position."""
         slots = plan.write_ids(self.model_runner.kv_index_translator).view(bs, self.width)
+        slots = slots[:, : sources.shape[1]]  # the step's verify width
         src = slots.gather(1, sources).reshape(-1)
         pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
         pool.move_kv_cache(slots.reshape(-1), src)
@@ -399,15 +421,18 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify returned no target hidden states.")
-        hidden = hidden.view(bs, self.width, -1)
+        width = sources.shape[1]  # the step's verify width
+        hidden = hidden.view(bs, width, -1)
         accepted_hidden = hidden.gather(1, sources[:, :, None].expand(-1, -1, hidden.shape[-1]))
-        positions = prefix_lens[:, None].to(torch.int64) + torch.arange(self.width, device=self.device)
+        positions = prefix_lens[:, None].to(torch.int64) + torch.arange(width, device=self.device)
         positions.clamp_(max=self._last_position)
         cache_loc = self._draft_write_ids(plan)
+        if width != self.width:
+            cache_loc = cache_loc.view(bs, self.width)[:, :width].reshape(-1)
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=accepted_hidden.reshape(bs * self.width, -1),
+            target_hidden=accepted_hidden.reshape(bs * width, -1),
             cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(bs, self.width),
+            cache_loc_2d=cache_loc.view(bs, width),
             positions=positions.reshape(-1),
             commit_lens=commit_lens,
         )

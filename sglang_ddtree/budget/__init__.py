@@ -12,14 +12,23 @@ Design and SGLang constraints: docs/online-budget.md.
 
 from .calibration import DepthCalibration, reach_counts
 from .controller import OnlineBudget
-from .online import RoundCostTable, WidthChooser, WidthScore, score_widths
+from .online import (
+    ProbedCostTable,
+    RoundCostTable,
+    WidthChooser,
+    WidthScore,
+    candidate_widths,
+    score_widths,
+)
 
 __all__ = [
     "DepthCalibration",
     "OnlineBudget",
+    "ProbedCostTable",
     "RoundCostTable",
     "WidthChooser",
     "WidthScore",
+    "candidate_widths",
     "reach_counts",
     "score_widths",
 ]

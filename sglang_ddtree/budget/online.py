@@ -57,12 +57,18 @@ class RoundCostTable:
 
     def observe(self, bs: int, width: int, ms: float) -> None:
         """Fold one measured round into the cell that served it (exponentially weighted)."""
+        cell = self._cell(bs, width, ms)
+        if cell is not None:
+            row, column, ms = cell
+            self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+
+    def _cell(self, bs: int, width: int, ms: float) -> tuple[int, int, float] | None:
+        """Where a measured round belongs, and its cost as that cell counts it (``None``
+        for a measurement that is not a positive finite time)."""
         if not (ms > 0 and math.isfinite(ms)):
-            return
-        row, column = self._row(bs), self._column(width)
+            return None
         largest = self.batch_sizes[-1]
-        ms = ms * largest / bs if bs > largest else ms
-        self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+        return self._row(bs), self._column(width), ms * largest / bs if bs > largest else ms
 
     def _row(self, bs: int) -> int:
         if bs < 1:
@@ -74,6 +80,51 @@ class RoundCostTable:
             return self.widths.index(int(width))
         except ValueError:
             raise ValueError(f"width {width} has no measured cost (widths {self.widths})") from None
+
+
+class ProbedCostTable(RoundCostTable):
+    """A table measured while serving, for servers with no graphs to time at start-up (the
+    eager path): every cell starts unknown; :meth:`unprobed` names the width a batch of
+    ``bs`` should run next until each of its row's cells has been measured ``probes``
+    times. A probed cell keeps the fastest of its probes (a width's first round can carry
+    one-time work), then follows the rounds it serves like the base table."""
+
+    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], probes: int = 2, **kw):
+        super().__init__(batch_sizes, widths, np.ones((len(batch_sizes), len(widths))), **kw)
+        if probes < 1:
+            raise ValueError("probes must be >= 1")
+        self.probes = probes
+        self.counts = np.zeros(self.ms.shape, dtype=np.int64)
+
+    def unprobed(self, bs: int) -> int | None:
+        """The smallest width whose cost at ``bs`` is not measured yet (None: all are)."""
+        row = self._row(bs)
+        for column, width in enumerate(self.widths):
+            if self.counts[row, column] < self.probes:
+                return width
+        return None
+
+    def observe(self, bs: int, width: int, ms: float) -> None:
+        cell = self._cell(bs, width, ms)
+        if cell is None:
+            return
+        row, column, ms = cell
+        seen = self.counts[row, column]
+        if seen >= self.probes:
+            self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+            return
+        self.ms[row, column] = ms if seen == 0 else min(self.ms[row, column], ms)
+        self.counts[row, column] = seen + 1
+
+
+def candidate_widths(max_budget: int) -> tuple[int, ...]:
+    """The verify widths an online budget chooses from, for a server whose largest tree has
+    ``max_budget`` nodes: no speculation (width 1), trees of 1, 2, 4, ... nodes below the
+    largest, and the largest (``width = nodes + 1``)."""
+    if max_budget < 1:
+        raise ValueError("max_budget must be >= 1")
+    budgets = [0] + [1 << i for i in range(max_budget.bit_length()) if (1 << i) < max_budget] + [max_budget]
+    return tuple(b + 1 for b in budgets)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,15 @@ ARMS: dict[str, list[str]] = {
     "plain_bf16_graphs": BF16 + GRAPHS,
     "ddtree_bf16_graphs": BF16 + GRAPHS + DDTREE,
     "dflash_bf16_graphs": BF16 + GRAPHS + DFLASH,
+    # the online budget (eager only): a width per step up to the suite's budget
+    "ddtree_fp32_eager_auto": FP32
+    + EAGER
+    + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(PAIR / "drafter")]
+    + ["--speculative-ddtree-budget", "auto", "--speculative-num-draft-tokens", str(BUDGET + 1)]
+    + ["--speculative-ddtree-stats-interval", "20"],
 }
+# Started only when GPU_SERVER_ARMS names them (gpu/jobs/online_budget.sh), not in the default suite.
+OPT_IN_ARMS = ("ddtree_fp32_eager_auto",)
 # The first wave compiles the kernels (float32 and bf16, plain and speculative) that
 # the second reuses from the cache.
 WAVES = [
@@ -74,7 +82,7 @@ def selected_waves() -> list[list[str]]:
     unknown = set(wanted) - set(ARMS)
     if unknown:
         raise ValueError(f"GPU_SERVER_ARMS: unknown arms {sorted(unknown)}; known: {sorted(ARMS)}")
-    waves = [[a for a in wave if not wanted or a in wanted] for wave in WAVES]
+    waves = [[a for a in wave if a in wanted or (not wanted and a not in OPT_IN_ARMS)] for wave in WAVES]
     if os.environ.get("GPU_SERVER_ONE_WAVE") == "1":
         waves = [[a for wave in waves for a in wave]]
     return [w for w in waves if w]

@@ -5,6 +5,7 @@ tree kernels in the round."""
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import json
 import re
@@ -195,3 +196,28 @@ def test_fp32_requests_ending_at_the_context_limit(fleet, prompts, results, arm)
     results[f"{arm}_context_limit"] = {"context": context, "identical": alone == want and together == want}
     assert alone == want
     assert together == want
+
+
+def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, results):
+    """``--speculative-ddtree-budget auto`` on the eager GPU path: token-identical to plain at
+    bs 1 and in the suite's batches whatever width each step ran; the stats line shows the
+    widths chosen per batch size, the calibration and the measured round costs."""
+    arm = "ddtree_fp32_eager_auto"
+    if arm not in fleet.servers:
+        pytest.skip(
+            "opt-in arm: GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto (gpu/jobs/online_budget.sh)"
+        )
+    server = fleet[arm]
+    outputs = [greedy(server, p, N_TOKENS) for p in prompts]
+    diffs = _record_identity(results, f"{arm}/bs1", outputs, plain_outputs(arm), prompts)
+    failures = [(1, i, d) for i, d in enumerate(diffs) if d is not None]
+    for size, lengths in BATCHES:
+        outputs = greedy_batch(server, prompts[:size], lengths or [N_TOKENS] * size)
+        diffs = _record_identity(results, f"{arm}/batch{size}", outputs, plain_outputs(arm), prompts)
+        failures += [(size, i, d) for i, d in enumerate(diffs) if d is not None]
+    lines = re.findall(r"DDTREE stats: (\{.*\})", fleet.log_text(arm))
+    assert lines, "no stats line in the online-budget arm's log"
+    stats = ast.literal_eval(lines[-1])
+    results[f"{arm}/widths"] = {**stats, "accept_length": server.accept_length()}
+    assert not failures, f"(batch, request, first differing token): {failures}"
+    assert len(stats["width_steps"]) > 1  # the probes alone run every width

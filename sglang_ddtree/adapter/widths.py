@@ -1,0 +1,215 @@
+"""The online budget in the eager round: the verify width of every decode step
+(``--speculative-ddtree-budget auto``, docs/online-budget.md).
+
+The server keeps its largest verify width ``W`` (``speculative_num_draft_tokens``: the KV
+reservation, the round's write window); each step builds a tree of ``width - 1 <= W - 1``
+nodes and verifies exactly ``width`` slots per request, in the first ``width`` columns of
+the window. Width 1 verifies the root alone: a plain decoding step through the verify path.
+Every width is exact (the accept walk and the commit plan only ever see the tree that ran).
+
+Per step, two calls from the worker:
+
+    width = widths.start(bs)          # before drafting: from what earlier steps showed
+    ...draft (the proposals are watched), build, verify, accept, commit at `width`...
+    widths.finish(accept_lens)        # after: what this step predicted, accepted and cost
+
+``start`` must not wait for the device, so it chooses from the previous step's prediction
+(the drafter's per-request reach at every candidate width, ``tree/expected_accept.py``)
+scaled to this step's batch size: acceptance moves slowly, the batch size is known on the
+host. ``finish`` starts copying this step's prediction and its accepted depths to the host;
+a later ``start`` folds them into the per-depth calibration once the copy has landed.
+
+The round cost ``T(bs, width)`` is measured (host wall time of the round; on a CPU server the
+round's real cost, on a GPU eager server an upper bound while the host waits on the device):
+each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
+follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
+table (tests, debugging), which the measured rounds do not change.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..budget import (
+    DepthCalibration,
+    ProbedCostTable,
+    RoundCostTable,
+    WidthChooser,
+    candidate_widths,
+    reach_counts,
+)
+from ..config import DDTreeConfigError, budget_cost_table
+from ..tree.expected_accept import reach_at_widths, reach_by_depth
+
+logger = logging.getLogger("sglang_ddtree")
+
+# Rows of the measured cost table: a batch costs what its row (the next power of two) cost.
+COST_BATCH_SIZES = tuple(1 << i for i in range(9))
+
+
+@dataclass
+class _Observed:
+    """One finished step, its device values on their way to the host."""
+
+    bs: int
+    width: int
+    round_ms: float
+    values: torch.Tensor  # [n_widths + 1, depth] float64: predicted reach per width, then measured
+    ready: torch.cuda.Event | None  # None: already on the host
+
+    def landed(self) -> bool:
+        return self.ready is None or self.ready.query()
+
+
+class StepWidths:
+    def __init__(self, widths, cost: RoundCostTable, depth: int, make_head: Callable[[int], object]):
+        self.widths = tuple(widths)
+        self.cost = cost
+        self.depth = depth
+        self.chooser = WidthChooser(self.widths, cost)
+        self.calibration = DepthCalibration(depth)
+        self.heads = {width: make_head(width) for width in self.widths}
+        self.history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
+        self._per_request: np.ndarray | None = None  # [n_widths, depth] reach per request
+        self._pending: list[_Observed] = []
+        self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
+        self._log_probs: torch.Tensor | None = None
+
+    @classmethod
+    def for_server(cls, max_budget: int, depth: int, make_head) -> StepWidths:
+        widths = candidate_widths(max_budget)
+        return cls(widths, cost_table(widths), depth, make_head)
+
+    @classmethod
+    def like(cls, head, max_budget: int, depth: int) -> StepWidths:
+        """One tree head per candidate width, each keeping ``head``'s top-k (a best-first
+        tree of fewer nodes is the same from more candidates)."""
+
+        def make_head(width: int):
+            return type(head)(
+                trees_backend=head.backend,
+                budget=width - 1,
+                width=width,
+                block=head.block,
+                k=head.k,
+                last_position=head.last_position,
+            )
+
+        return cls.for_server(max_budget, depth, make_head)
+
+    @property
+    def measured(self) -> bool:
+        return isinstance(self.cost, ProbedCostTable)
+
+    # --- the step ----------------------------------------------------------------------
+
+    def start(self, bs: int) -> int:
+        """The verify width of this step for a batch of ``bs`` requests."""
+        self._absorb_landed()
+        width = self.cost.unprobed(bs) if self.measured else None
+        if width is None:
+            width = self.chooser.choose(bs, self._expected_accepted(bs))
+        self.history[bs, width] += 1
+        self._step = (bs, width, time.perf_counter())
+        return width
+
+    def watch(self, propose):
+        """``propose`` that also keeps the step's draft log-probs ``[bs * depth, k]``."""
+
+        def watched(hidden, k):
+            log_probs, token_ids = propose(hidden, k)
+            self._log_probs = log_probs
+            return log_probs, token_ids
+
+        return watched
+
+    def finish(self, accept_lens: torch.Tensor) -> None:
+        """After the step's accept: start bringing its prediction and outcome to the host."""
+        if self._step is None or self._log_probs is None:
+            raise RuntimeError("DDTREE online budget: finish() without start() and a draft")
+        bs, width, started = self._step
+        log_probs = self._log_probs.view(bs, self.depth, -1)
+        self._step = self._log_probs = None
+        max_budget = self.widths[-1] - 1
+        predicted = reach_at_widths(reach_by_depth(log_probs, max_budget), self.widths)  # [n_widths, depth]
+        measured = reach_counts(accept_lens, self.depth).to(torch.float64)
+        host, ready = _to_host(torch.cat([predicted, measured[None]]))
+        self._pending.append(_Observed(bs, width, (time.perf_counter() - started) * 1e3, host, ready))
+
+    def _expected_accepted(self, bs: int) -> np.ndarray:
+        """``[n_widths]``: the batch's calibrated expected accepted drafts per width. Before
+        any step has landed there is no prediction: nothing is expected (the smallest wins)."""
+        if self._per_request is None:
+            return np.zeros(len(self.widths))
+        return self.calibration.calibrated(self._per_request * bs)
+
+    def _absorb_landed(self) -> None:
+        while self._pending and self._pending[0].landed():
+            step = self._pending.pop(0)
+            values = step.values.numpy()
+            predicted, measured = values[:-1], values[-1]
+            self.calibration.update(measured, predicted[self.widths.index(step.width)])
+            self._per_request = predicted / step.bs
+            if self.measured:
+                self.cost.observe(step.bs, step.width, step.round_ms)
+
+    # --- what the server shows ---------------------------------------------------------
+
+    def summary(self) -> dict:
+        """For the stats log line: the steps each width served (in all, and per batch size),
+        and the per-depth calibration."""
+        per_width: Counter[int] = Counter()
+        by_bs: dict[int, dict[int, int]] = {}
+        for (bs, width), steps in sorted(self.history.items()):
+            per_width[width] += steps
+            by_bs.setdefault(bs, {})[width] = steps
+        summary = {
+            "width_steps": dict(sorted(per_width.items())),
+            "width_steps_by_bs": by_bs,
+            "depth_scale": [round(float(s), 3) for s in self.calibration.scale],
+        }
+        if self.measured:
+            summary["round_ms"] = self._measured_costs()
+        return summary
+
+    def _measured_costs(self) -> dict[int, dict[int, float]]:
+        """The measured cost table's rows that have been probed: batch size -> width -> ms."""
+        table = self.cost
+        return {
+            bs: {w: round(float(ms), 2) for w, ms, seen in zip(table.widths, row, counts) if seen}
+            for bs, row, counts in zip(table.batch_sizes, table.ms, table.counts)
+            if counts.any()
+        }
+
+
+def cost_table(widths) -> RoundCostTable:
+    """The injected fixed table when one is set (its widths must be the candidates), else
+    one measured while serving."""
+    table = budget_cost_table()
+    if table is None:
+        return ProbedCostTable(COST_BATCH_SIZES, widths)
+    if tuple(table["widths"]) != tuple(widths):
+        raise DDTreeConfigError(
+            f"DDTREE: the injected cost table's widths {table['widths']} are not the server's "
+            f"candidate widths {list(widths)}."
+        )
+    return RoundCostTable(table["batch_sizes"], widths, table["ms"])
+
+
+def _to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A host copy of ``values`` that does not wait for the device (pinned, non-blocking,
+    with an event saying when it has landed)."""
+    if not values.is_cuda:
+        return values.clone(), None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event

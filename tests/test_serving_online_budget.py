@@ -1,0 +1,111 @@
+"""The online budget (``--speculative-ddtree-budget auto``) through the real CPU server.
+
+The drafter is the tests' oracle (``tests/oracle_plugin.py``: the right token at rank 0 or 1
+per depth), so acceptance is controlled and every width has something to accept. Every
+output must equal the non-speculative server's, whatever width each step ran.
+
+* measured costs: each batch size first probes every candidate width (so the widths change
+  from step to step), then chooses from the measured round times;
+* an injected cost table (``SGLANG_DDTREE_BUDGET_COST_TABLE``) whose arithmetic leaves no
+  choice: at batch size 1 every width costs the same, so the largest tree (the most
+  expected tokens) must win; from batch size 2 a round costs ``w^2``, so no tree can pay
+  for itself (``E_w <= 2 (w - 1) bs`` even at the calibration's largest scale, below the
+  ``(w^2 - 1) bs`` it would need) and every step must verify the root alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import pytest
+from serving import (
+    ddtree_args,
+    last_tree_stats,
+    oracle_env,
+    output_ids,
+    plain_args,
+    run_all,
+    run_server,
+    token_requests,
+    write_oracle,
+)
+from transformers import AutoTokenizer
+
+from sglang_ddtree.budget import candidate_widths
+
+pytestmark = pytest.mark.server
+
+MAX_BUDGET = 16
+WIDTHS = list(candidate_widths(MAX_BUDGET))  # [1, 2, 3, 5, 9, 17]
+
+
+def run_batch(server, requests) -> list[list[int]]:
+    """All requests in flight at once (the scheduler batches them)."""
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        return [f.result()["output_ids"] for f in [pool.submit(server.generate, r) for r in requests]]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("online-budget")
+    requests = token_requests(AutoTokenizer.from_pretrained(tiny.target))
+    with run_server(plain_args(tiny), name="plain") as server:
+        greedy = output_ids(run_all(server, requests))
+    return {
+        "requests": requests,
+        "greedy": greedy,
+        "oracle": write_oracle(tmp / "oracle.json", requests, greedy),
+        "tmp": tmp,
+    }
+
+
+def _serve(tiny, plain, name, env_extra=None):
+    args = ddtree_args(
+        tiny,
+        budget="auto",
+        extra=["--speculative-num-draft-tokens", str(MAX_BUDGET + 1), "--log-level", "info"],
+    )
+    env = {**oracle_env(plain["oracle"]), **(env_extra or {})}
+    return run_server(args, env=env, name=name, tmp=plain["tmp"]), plain["tmp"] / f"{name}.log"
+
+
+def test_auto_with_measured_costs_is_identical_to_plain(tiny, plain):
+    server, log = _serve(tiny, plain, "auto-measured")
+    with server:
+        info = server.server_info()["ddtree"]
+        assert info["budget"] == "auto"
+        assert info["online_budget"] == {"max_budget": MAX_BUDGET, "widths": WIDTHS, "cost_table": "measured"}
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]  # batch size 1
+        assert run_batch(server, plain["requests"]) == plain["greedy"]  # batch sizes up to 8
+    stats = last_tree_stats(log)
+    # the probes ran every width at batch size 1, each at least twice
+    assert set(stats["width_steps_by_bs"][1]) == set(WIDTHS), stats
+    assert min(stats["width_steps_by_bs"][1].values()) >= 2, stats
+    assert len(stats["width_steps_by_bs"]) > 1, stats  # and the batch ran at other sizes
+
+
+def test_injected_costs_flip_the_width_where_the_arithmetic_says(tiny, plain):
+    batch_sizes = [1, 2, 4, 8]
+    table = {
+        "batch_sizes": batch_sizes,
+        "widths": WIDTHS,
+        "ms": [[10.0] * len(WIDTHS)] + [[10.0 * w * w for w in WIDTHS] for _ in batch_sizes[1:]],
+    }
+    path = plain["tmp"] / "cost_table.json"
+    path.write_text(json.dumps(table))
+    server, log = _serve(tiny, plain, "auto-injected", {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(path)})
+    with server:
+        assert server.server_info()["ddtree"]["online_budget"]["cost_table"] == "fixed"
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
+        sequential = last_tree_stats(log)
+        assert run_batch(server, plain["requests"]) == plain["greedy"]
+    # batch size 1: the largest tree, after the very first step (no prediction yet: width 1)
+    alone = sequential["width_steps_by_bs"]
+    assert list(alone) == [1] and set(alone[1]) <= {1, WIDTHS[-1]} and alone[1].get(1, 0) <= 1, alone
+    assert alone[1][WIDTHS[-1]] > 20
+    # in a batch: the root alone, every step
+    batched = last_tree_stats(log)["width_steps_by_bs"]
+    shared = {bs: steps for bs, steps in batched.items() if bs > 1}
+    assert shared and all(set(steps) == {1} for steps in shared.values()), batched
+    assert sum(steps[1] for steps in shared.values()) > 10, batched
