@@ -6,6 +6,7 @@ started still runs (each carries the run's tag in its environment)."""
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import pytest
@@ -19,6 +20,20 @@ LEFTOVER_GRACE_S = 60.0
 
 def pytest_configure(config):
     os.environ[RUN_TAG_ENV] = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    signal.signal(signal.SIGTERM, _stop_the_run)
+
+
+def _stop_the_run(signum, frame):
+    """SIGTERM (a CI runner's stop) ends the whole run as Ctrl-C does: fixtures tear down,
+    servers stop, and no further test starts."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_stops_the_run():
+    # Imported libraries may take SIGTERM over; take it back before every test.
+    if signal.getsignal(signal.SIGTERM) is not _stop_the_run:
+        signal.signal(signal.SIGTERM, _stop_the_run)
 
 
 def pytest_collection_modifyitems(config, items):
