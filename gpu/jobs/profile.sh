@@ -3,7 +3,8 @@
 # plain vs stock DFLASH vs DDTREE budgets, a +phases arm (host time per round phase) and
 # torch-profiler profiles of DFLASH and DDTREE at bs 1 / 8 / 32. The benchmark's servers
 # start with the suite's (start-up is mostly compilation) and measure once the suite is done;
-# at --mem-fraction-static 0.04 they did not fit beside the suite (the default 0.08 does).
+# at --mem-fraction-static 0.04 they did not fit beside the suite. With sixteen servers up at
+# once an arm may still fail to start: gpu_rounds records it and measures the others.
 # Run through the device command: bash gpu/device.sh bash gpu/jobs/profile.sh
 set -o pipefail
 LABEL=${LABEL:-gpu_rounds_profile_pycode-4l_h200}
