@@ -15,14 +15,14 @@ from sglang_ddtree.tree.topk import full_vocab_topk
 BLOCK, HIDDEN, VOCAB, BUDGET, WIDTH, K = 5, 16, 50, 9, 12, 6
 
 
-def _head() -> DraftTreeHead:
+def _head(last_position: int = 10_000) -> DraftTreeHead:
     return DraftTreeHead(
         trees_backend=get_tree_backend("python"),
         budget=BUDGET,
         width=WIDTH,
         block=BLOCK,
         k=K,
-        last_position=10_000,
+        last_position=last_position,
     )
 
 
@@ -78,15 +78,7 @@ def test_positions_stay_inside_the_context():
     weight = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(6))
     hidden, roots, _, _ = _inputs(2, 7)
     prefix_lens = torch.tensor([95, 10])
-    head = DraftTreeHead(
-        trees_backend=get_tree_backend("python"),
-        budget=BUDGET,
-        width=WIDTH,
-        block=BLOCK,
-        k=K,
-        last_position=97,
-    )
-    trees, _ = head.run(hidden, roots, prefix_lens, _propose(weight))
+    trees, _ = _head(last_position=97).run(hidden, roots, prefix_lens, _propose(weight))
     want = (prefix_lens[:, None] + trees.depths).clamp(max=97)
     assert torch.equal(trees.positions, want)
     assert trees.positions[0].max() == 97 and trees.depths[0].max() > 2  # clamped where it had to be

@@ -83,11 +83,6 @@ class StepWidths:
         self._log_probs: torch.Tensor | None = None
 
     @classmethod
-    def for_server(cls, max_budget: int, depth: int, make_head) -> StepWidths:
-        widths = candidate_widths(max_budget)
-        return cls(widths, cost_table(widths), depth, make_head)
-
-    @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
         """One tree head per candidate width, each keeping ``head``'s top-k (a best-first
         tree of fewer nodes is the same from more candidates)."""
@@ -102,7 +97,8 @@ class StepWidths:
                 last_position=head.last_position,
             )
 
-        return cls.for_server(max_budget, depth, make_head)
+        widths = candidate_widths(max_budget)
+        return cls(widths, cost_table(widths), depth, make_head)
 
     @property
     def measured(self) -> bool:
