@@ -49,6 +49,9 @@ COMMON = [
     "--mem-fraction-static", "0.08",
     "--max-running-requests", "64",
     "--log-level", "warning",
+    # Every arm's server stays up through the run: idle schedulers that poll would take
+    # the CPU the measured server's host work needs.
+    "--sleep-on-idle",
 ]  # fmt: skip
 
 
@@ -141,14 +144,22 @@ def last_phase_times(log_path: Path) -> dict | None:
     return ast.literal_eval(lines[-1].split(PHASE_LINE, 1)[1].strip()) if lines else None
 
 
+PROFILE_OUTPUT_LEN = 2048  # tokens per profiled request (the pairs' context is 4096)
+
+
 def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> dict:
     """Keep ``bs`` requests decoding while SGLang's profiler records ``--profile-steps`` steps."""
     out = trace_dir / f"{arm.replace('@', '_')}_bs{bs}"
     out.mkdir(parents=True, exist_ok=True)
-    long_len = max(args.output_len, 512)
+    # Long enough to outlast the profiled steps: on the H200 a 512-token request of the
+    # trained pair finished before the profiler started, and SGLang stops its profiler (and
+    # writes the trace) only from a later batch, so no trace came.
+    long_len = max(args.output_len, PROFILE_OUTPUT_LEN)
     with concurrent.futures.ThreadPoolExecutor(bs + 1) as pool:
         running = [pool.submit(_request, server, prompts[i % len(prompts)], long_len) for i in range(bs)]
-        time.sleep(1.0)  # past prefill, into steady decode
+        time.sleep(0.3)  # past prefill, into steady decode
+        if any(f.done() for f in running):
+            return {"bs": bs, "error": "a request finished before the profiler started"}
         http_text(  # answers in plain text
             f"{server.url}/start_profile",
             # No Python stacks: the summary does not read them, and they make the trace
