@@ -57,7 +57,8 @@ class TpTreeCheck:
         if differing:
             self._fail(differing, local.tolist())
         if self.rank == 0 and (self.rounds == 1 or self.rounds % LOG_EVERY_ROUNDS == 0):
-            logger.info(
+            # Warning level: a check run for debugging must show in a --log-level warning log.
+            logger.warning(
                 "TP tree check: %d rounds, trees and accepted paths agree across %d ranks",
                 self.rounds,
                 self.world_size,

@@ -144,7 +144,8 @@ def test_tree_kernels_serve_the_round(fleet):
     for arm in ("ddtree_fp32_graphs", "ddtree_bf16_graphs"):
         assert "tree builder=cuda" in fleet.log_text(arm), arm
         assert "tree step folded into the drafter's CUDA graphs" in fleet.log_text(arm), arm
-    assert "tree step folded" not in fleet.log_text("ddtree_fp32_eager")
+    if "ddtree_fp32_eager" in fleet.servers:  # not among the TP-2 job's arms
+        assert "tree step folded" not in fleet.log_text("ddtree_fp32_eager")
 
 
 def test_graph_arms_decode_on_graphs(fleet):
