@@ -45,7 +45,7 @@ REPLAY_PLUGIN = "sglang_ddtree.bench.replay_drafter"
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     """``plain``, ``chain`` or ``ddtree@B`` -> server flags (the same graphs in every arm)."""
-    graphs = ["--cuda-graph-max-bs", str(graph_max_bs)]
+    graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)]
     if arm == "plain":
         return graphs
     spec = graphs + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter]
