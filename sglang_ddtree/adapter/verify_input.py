@@ -25,3 +25,19 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 @dataclass
 class DDTreeVerifyInput(DFlashVerifyInput):
     tree_visibility: torch.Tensor | None = None  # [bs, width, width] bool
+
+
+def prefix_lens_bound_cpu(batch, draft_input, context_len: int):
+    """Each request's prefix length on the host, or an upper bound of it; None when neither
+    is known there. Under the overlap scheduler a backend that opts out of host lengths
+    (triton: ``needs_cpu_seq_lens``) leaves ``seq_lens_cpu`` unset, and reading the device
+    lengths would stall the host every round. The round's KV reservation
+    (``nxt_kv_lens_cpu``) holds every verify slot, so it is at least the prefix; a prefix
+    never reaches the context length, so the bound is clamped there (the CUDA-graph mask
+    buffer is sized for it)."""
+    if batch.seq_lens_cpu is not None:
+        return batch.seq_lens_cpu
+    reserved = draft_input.nxt_kv_lens_cpu
+    if reserved is None:
+        return None
+    return reserved[: len(batch.seq_lens)].clamp(max=context_len)

@@ -55,7 +55,7 @@ from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
-from .verify_input import DDTreeVerifyInput
+from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
 from .widths import StepWidths
 
 logger = logging.getLogger("sglang_ddtree")
@@ -351,7 +351,10 @@ class DDTreeWorker(DFlashWorkerV2):
     def _verify(self, batch, draft_input, trees, window, plan):
         custom = self._uses_custom_mask
         with self.phase("mask"):
-            mask = self.trees.flat_mask(trees, batch.seq_lens, batch.seq_lens_cpu) if custom else None
+            mask = None
+            if custom:
+                host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
+                mask = self.trees.flat_mask(trees, batch.seq_lens, host_lens)
         with self.phase("verify prepare"):
             forward_batch = self._verify_forward_batch(batch, draft_input, trees, window, plan, mask)
         with self.phase("verify forward"):

@@ -15,7 +15,7 @@ returns them there (the CPU backends copy to the host and back, as a worker woul
 * ``build(log_probs, token_ids [bs, depth, k], root_tokens [bs], prefix_lens [bs], budget,
   width, out=None)`` -> :class:`~sglang_ddtree.tree.types.Trees` (written into ``out`` when
   given: the CUDA build then allocates nothing and can be captured in a CUDA graph);
-* ``flat_mask(trees, prefix_lens, prefix_lens_cpu=None)`` -> SGLang's flat verify mask;
+* ``flat_mask(trees, prefix_lens, host_lens=None)`` -> SGLang's flat verify mask;
 * ``accept(trees, posterior [bs, width], prefix_lens, max_depth)`` ->
   :class:`~sglang_ddtree.tree.types.Acceptance` with the commit plan (``new_seq_lens``,
   ``sources``: the verify slot per final position, ``emitted``: int32 accept length + 1);
@@ -107,7 +107,7 @@ class TorchSteps:
         return full_vocab_topk(logits, k)
 
     def flat_mask(
-        self, trees: Trees, prefix_lens: torch.Tensor, prefix_lens_cpu: torch.Tensor | None = None
+        self, trees: Trees, prefix_lens: torch.Tensor, host_lens: torch.Tensor | None = None
     ) -> torch.Tensor:
         from ..tree.layout import flat_custom_mask_torch
 
@@ -156,12 +156,13 @@ class CudaBackend(TorchSteps):
             out=out,
         )
 
-    def flat_mask(self, trees, prefix_lens, prefix_lens_cpu=None):
-        """Its size depends on the prefix lengths: taken from the scheduler's host copy
-        when it keeps one (no synchronisation), read back from the device otherwise."""
+    def flat_mask(self, trees, prefix_lens, host_lens=None):
+        """Sized from host prefix lengths or an upper bound of them (no synchronisation;
+        the backends read the mask at offsets computed from the device lengths, so the
+        elements past it are never read); read back from the device without either."""
         from . import gpu
 
-        host_lens = prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens
+        host_lens = host_lens if host_lens is not None else prefix_lens
         numel = gpu.flat_mask_numel(host_lens.tolist(), trees.width)
         out = torch.empty(numel, dtype=torch.bool, device=trees.mask_words.device)
         return gpu.flat_custom_mask(trees.mask_words, prefix_lens.to(torch.int64), out)
