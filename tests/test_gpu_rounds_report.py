@@ -179,3 +179,45 @@ def test_text_endpoint_is_read_as_text():
         assert http_json(f"{url}/other", {}) == {"ok": 1}
     finally:
         server.shutdown()
+
+
+class _ClockServer:
+    """Answers every request with 8 tokens in 4 rounds and logs which arm ran when."""
+
+    def __init__(self, name, calls, log_path):
+        self.name, self.calls, self.log_path = name, calls, log_path
+
+    def generate(self, payload):
+        self.calls.append(self.name)
+        return {"meta_info": {"completion_tokens": 8, "spec_verify_ct": 4}}
+
+
+def test_levels_interleave_the_arms(tmp_path):
+    """At a level every arm warms up, then each repeat runs one pass of every arm in a
+    rotated order: no arm's passes are all early or all late."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.bench.gpu_rounds import measure_level
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    calls = []
+    servers = {arm: _ClockServer(arm, calls, log) for arm in ("plain", "dflash", "ddtree@7")}
+    args = SimpleNamespace(prompts_per_level=2, output_len=8, repeats=3)
+    rows = measure_level(servers, [[1, 2, 3]], args, concurrency=1)
+    # warm-up: one request per arm; then per repeat every arm's pass (2 requests each)
+    assert calls[:3] == ["plain", "dflash", "ddtree@7"]
+    passes = [calls[i] for i in range(3, len(calls), 2)]
+    assert passes == [
+        "plain",
+        "dflash",
+        "ddtree@7",
+        "dflash",
+        "ddtree@7",
+        "plain",
+        "ddtree@7",
+        "plain",
+        "dflash",
+    ]
+    for arm, row in rows.items():
+        assert row["accept_length"] == 2.0 and len(row["tok_per_s_passes"]) == 3, arm

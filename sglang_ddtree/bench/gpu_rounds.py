@@ -124,14 +124,32 @@ def timed_pass(server: ServerProcess, prompts: list[list[int]], output_len: int,
     }
 
 
-def measure_level(server, prompts, args, concurrency: int) -> dict:
+def measure_level(servers: dict, prompts, args, concurrency: int) -> dict[str, dict]:
+    """One concurrency level of every arm, interleaved: a warm-up pass per arm, then
+    ``--repeats`` rounds in which every arm runs one timed pass (in a rotated order), so the
+    arms' passes lie close in time and a slow spell of the host hits them alike; the median
+    pass per arm, with every pass's tok/s kept to show the spread."""
     n = max(args.prompts_per_level, 2 * concurrency)
     batch = [prompts[i % len(prompts)] for i in range(n)]
-    timed_pass(server, batch[:concurrency], args.output_len, concurrency)  # warm-up: same shapes
-    passes = [timed_pass(server, batch, args.output_len, concurrency) for _ in range(args.repeats)]
-    row = {k: statistics.median(p[k] for p in passes) for k in passes[0]}
-    phases = last_phase_times(server.log_path)  # None: not a +phases arm
-    return {"concurrency": concurrency, "requests": n, **row, **({"phase_host_us": phases} if phases else {})}
+    arms = list(servers)
+    for arm in arms:
+        timed_pass(servers[arm], batch[:concurrency], args.output_len, concurrency)  # same shapes
+    passes: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for r in range(args.repeats):
+        for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+            passes[arm].append(timed_pass(servers[arm], batch, args.output_len, concurrency))
+    rows = {}
+    for arm in arms:
+        row = {k: statistics.median(p[k] for p in passes[arm]) for k in passes[arm][0]}
+        row["tok_per_s_passes"] = [round(p["tok_per_s"], 1) for p in passes[arm]]
+        phases = last_phase_times(servers[arm].log_path)  # None: not a +phases arm
+        rows[arm] = {
+            "concurrency": concurrency,
+            "requests": n,
+            **row,
+            **({"phase_host_us": phases} if phases else {}),
+        }
+    return rows
 
 
 PHASE_LINE = "DDTREE phase host us/round:"
@@ -202,30 +220,31 @@ def _time_left(args) -> float:
     return args.deadline_s - (time.monotonic() - args.t0)
 
 
-def run_arm(server, prompts, args, arm: str, trace_dir: Path, arms_left: int) -> dict:
-    """Every level, then the profiles, within this arm's share of the time left."""
-    record = {"arm": arm, "levels": [], "profiles": [], "skipped": []}
-    arm_deadline = time.monotonic() + _time_left(args) / arms_left
+def run_levels(servers: dict, prompts, args, records: dict[str, dict]) -> None:
+    """Every concurrency level, all arms interleaved within a level, while time is left
+    (a level is skipped when less than its predecessor took remains)."""
+    took = 0.0
     for concurrency in args.concurrency:
-        if time.monotonic() > arm_deadline:
-            record["skipped"].append(f"c={concurrency}: deadline")
+        if _time_left(args) < took:
+            for record in records.values():
+                record["skipped"].append(f"c={concurrency}: deadline")
             continue
-        record["levels"].append(measure_level(server, prompts, args, concurrency))
-        print(f"[gpu_rounds] {arm} c={concurrency}: {record['levels'][-1]}", flush=True)
-    if arm != "plain" and arm in args.profile_arms:
-        for bs in args.profile_bs:
-            if time.monotonic() > arm_deadline:
-                record["skipped"].append(f"profile bs={bs}: deadline")
-                continue
-            try:
-                record["profiles"].append(profile_level(server, prompts, args, arm, bs, trace_dir))
-            except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
-                record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
-    try:
-        record["server_info_accept_length"] = server.accept_length()
-    except (urllib.error.URLError, OSError):
-        pass
-    return record
+        began = time.monotonic()
+        for arm, row in measure_level(servers, prompts, args, concurrency).items():
+            records[arm]["levels"].append(row)
+            print(f"[gpu_rounds] {arm} c={concurrency}: {row}", flush=True)
+        took = time.monotonic() - began
+
+
+def run_profiles(server, prompts, args, record: dict, trace_dir: Path) -> None:
+    for bs in args.profile_bs:
+        if _time_left(args) < 0:
+            record["skipped"].append(f"profile bs={bs}: deadline")
+            continue
+        try:
+            record["profiles"].append(profile_level(server, prompts, args, record["arm"], bs, trace_dir))
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+            record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerProcess], dict[str, str]]:
@@ -299,7 +318,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", default=str(PAIR / "heldout_prompts.json"))
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--prompts-per-level", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=4, help="timed passes per arm and level (interleaved)")
     p.add_argument("--graph-max-bs", type=int, default=32)
     p.add_argument("--start-timeout", type=float, default=420.0)
     p.add_argument("--common", default=" ".join(COMMON), help="flags of every arm (default: the GPU set)")
@@ -336,10 +355,19 @@ def main(argv=None) -> int:
         if len(failed) == len(arms):
             return 2
         _wait_for(args.wait_file)
-        live = [a for a in arms if a not in failed]
-        for i, arm in enumerate(live):
-            results["arms"].append(run_arm(servers[arm], prompts, args, arm, work / "traces", len(live) - i))
+        live = {a: servers[a] for a in arms if a not in failed}
+        records = {arm: {"arm": arm, "levels": [], "profiles": [], "skipped": []} for arm in live}
+        results["arms"] = list(records.values())
+        run_levels(live, prompts, args, records)
+        _stamp.write_json(out / f"{args.label}.json", results)
+        for arm in [a for a in live if a != "plain" and a in args.profile_arms]:
+            run_profiles(live[arm], prompts, args, records[arm], work / "traces")
             _stamp.write_json(out / f"{args.label}.json", results)
+        for arm, server in live.items():
+            try:
+                records[arm]["server_info_accept_length"] = server.accept_length()
+            except (urllib.error.URLError, OSError):
+                pass
     finally:
         for server in servers.values():
             server.stop()

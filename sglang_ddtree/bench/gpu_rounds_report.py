@@ -57,7 +57,9 @@ def to_markdown(results: dict) -> str:
             else ""
         )
         + f"; greedy, {results['args']['output_len']} output tokens per request; medians of "
-        f"{results['args']['repeats']} timed passes after a warm-up pass of the same shape.",
+        f"{results['args']['repeats']} timed passes after a warm-up pass of the same shape"
+        " (at a level, each repeat runs one pass of every arm, in a rotated order; `spread` is"
+        " the fastest pass over the slowest).",
         "",
         "## Targets",
         "",
@@ -75,9 +77,15 @@ def to_markdown(results: dict) -> str:
             vs_plain = (
                 lv["tok_per_s"] / levels["plain"][c]["tok_per_s"] if c in levels.get("plain", {}) else None
             )
-            rows.append([arm, c, lv["tok_per_s"], lv["accept_length"], lv["round_ms"], vs_dflash, vs_plain])
+            passes = lv.get("tok_per_s_passes") or [lv["tok_per_s"]]
+            spread = max(passes) / min(passes)
+            rows.append(
+                [arm, c, lv["tok_per_s"], spread, lv["accept_length"], lv["round_ms"], vs_dflash, vs_plain]
+            )
     lines.append(
-        _stamp.md_table(["arm", "conc", "tok/s", "accept len", "round ms", "x DFLASH", "x plain"], rows)
+        _stamp.md_table(
+            ["arm", "conc", "tok/s", "spread", "accept len", "round ms", "x DFLASH", "x plain"], rows
+        )
     )
     lines += phase_section(results)
     lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
