@@ -247,6 +247,23 @@ def run_profiles(server, prompts, args, record: dict, trace_dir: Path) -> None:
             record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
 
 
+def measure_all(live: dict, prompts, args, results: dict, save) -> None:
+    """The levels (arms interleaved), then each profiled arm's profiles; saved as it goes."""
+    records = {arm: {"arm": arm, "levels": [], "profiles": [], "skipped": []} for arm in live}
+    results["arms"] = list(records.values())
+    run_levels(live, prompts, args, records)
+    save()
+    trace_dir = Path(args.out) / f"{args.label}_work" / "traces"
+    for arm in [a for a in live if a != "plain" and a in args.profile_arms]:
+        run_profiles(live[arm], prompts, args, records[arm], trace_dir)
+        save()
+    for arm, server in live.items():
+        try:
+            records[arm]["server_info_accept_length"] = server.accept_length()
+        except (urllib.error.URLError, OSError):
+            pass
+
+
 def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerProcess], dict[str, str]]:
     """Every arm's server, started together; returns them and the start-up error per failed arm."""
     ports = {
@@ -356,18 +373,9 @@ def main(argv=None) -> int:
             return 2
         _wait_for(args.wait_file)
         live = {a: servers[a] for a in arms if a not in failed}
-        records = {arm: {"arm": arm, "levels": [], "profiles": [], "skipped": []} for arm in live}
-        results["arms"] = list(records.values())
-        run_levels(live, prompts, args, records)
-        _stamp.write_json(out / f"{args.label}.json", results)
-        for arm in [a for a in live if a != "plain" and a in args.profile_arms]:
-            run_profiles(live[arm], prompts, args, records[arm], work / "traces")
-            _stamp.write_json(out / f"{args.label}.json", results)
-        for arm, server in live.items():
-            try:
-                records[arm]["server_info_accept_length"] = server.accept_length()
-            except (urllib.error.URLError, OSError):
-                pass
+        measure_all(
+            live, prompts, args, results, lambda: _stamp.write_json(out / f"{args.label}.json", results)
+        )
     finally:
         for server in servers.values():
             server.stop()

@@ -43,6 +43,26 @@ def targets(results: dict) -> list[list]:
     return rows
 
 
+def throughput_table(levels: dict) -> str:
+    rows = []
+    for arm, by_c in levels.items():
+        for c, lv in sorted(by_c.items()):
+            vs_dflash = (
+                lv["tok_per_s"] / levels["dflash"][c]["tok_per_s"] if c in levels.get("dflash", {}) else None
+            )
+            vs_plain = (
+                lv["tok_per_s"] / levels["plain"][c]["tok_per_s"] if c in levels.get("plain", {}) else None
+            )
+            passes = lv.get("tok_per_s_passes") or [lv["tok_per_s"]]
+            spread = max(passes) / min(passes)
+            rows.append(
+                [arm, c, lv["tok_per_s"], spread, lv["accept_length"], lv["round_ms"], vs_dflash, vs_plain]
+            )
+    return _stamp.md_table(
+        ["arm", "conc", "tok/s", "spread", "accept len", "round ms", "x DFLASH", "x plain"], rows
+    )
+
+
 def to_markdown(results: dict) -> str:
     levels = _levels(results)
     lines = [
@@ -68,25 +88,7 @@ def to_markdown(results: dict) -> str:
         "## Throughput and round time",
         "",
     ]
-    rows = []
-    for arm, by_c in levels.items():
-        for c, lv in sorted(by_c.items()):
-            vs_dflash = (
-                lv["tok_per_s"] / levels["dflash"][c]["tok_per_s"] if c in levels.get("dflash", {}) else None
-            )
-            vs_plain = (
-                lv["tok_per_s"] / levels["plain"][c]["tok_per_s"] if c in levels.get("plain", {}) else None
-            )
-            passes = lv.get("tok_per_s_passes") or [lv["tok_per_s"]]
-            spread = max(passes) / min(passes)
-            rows.append(
-                [arm, c, lv["tok_per_s"], spread, lv["accept_length"], lv["round_ms"], vs_dflash, vs_plain]
-            )
-    lines.append(
-        _stamp.md_table(
-            ["arm", "conc", "tok/s", "spread", "accept len", "round ms", "x DFLASH", "x plain"], rows
-        )
-    )
+    lines.append(throughput_table(levels))
     lines += phase_section(results)
     lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
     prof_rows = []
