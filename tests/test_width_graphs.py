@@ -192,3 +192,44 @@ def test_each_step_verifies_with_its_widths_backend_and_graphs_and_then_the_larg
         assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == widest
     with pytest.raises(KeyError):
         runners.use(5)
+
+
+def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
+    """Per step: ``start`` points the target at the chosen width's pair before the verify,
+    the drafter graph's widest tree is cut to that width with the log-probs the graph kept,
+    and ``finish`` points the target back at the start-up pair."""
+    import math
+
+    from sglang_ddtree.adapter.width_graphs import WidthRunners
+    from sglang_ddtree.adapter.widths import StepWidths
+    from sglang_ddtree.budget import RoundCostTable
+
+    depth, k, widths = 3, 4, (1, 2, 3, 5)
+    cost = RoundCostTable((1, 8), widths, [[1.0, 1.0, 1.0, 1.0], [1.0, 9.0, 9.0, 9.0]])
+    steps = StepWidths(widths, cost, depth, make_head=lambda w: SimpleNamespace(k=k))
+    startup = (SimpleNamespace(width=5), SimpleNamespace(width=5))
+    model_runner = SimpleNamespace(attn_backend=startup[0], decode_cuda_graph_runner=startup[1])
+    pairs = {w: (SimpleNamespace(width=w), SimpleNamespace(width=w)) for w in widths[:-1]}
+    steps.runners = WidthRunners(model_runner, pairs, largest=5)
+
+    def propose(hidden, k):  # a confident drafter: top-1 at 0.9 on every depth
+        log_probs = torch.full((hidden.shape[0], k), math.log(1e-9))
+        log_probs[:, 0] = math.log(0.9)
+        return log_probs, torch.arange(k).repeat(hidden.shape[0], 1)
+
+    kept = steps.keep_log_probs(propose, max_bs=8, device="cpu")  # what the drafter's graph runs
+    lp, ids, roots, prefix = _inputs(0, 8, depth, 50, 4, k, "none")
+    widest = _backend_build(PythonBackend())(lp, ids, roots, prefix, 4, 5)
+    seen = []
+    for bs in (1, 1, 8):
+        width = steps.start(bs)
+        assert model_runner.attn_backend.width == width == model_runner.decode_cuda_graph_runner.width
+        kept(torch.zeros(bs * depth, 16), k)  # the graph's replay writes the kept log-probs
+        trees, _ = steps.from_graph((widest.rows(bs), None), width)
+        assert trees.width == width and trees.tokens.shape[0] == bs
+        steps.finish(torch.zeros(bs, dtype=torch.int64))
+        assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == startup
+        seen.append(width)
+    # nothing predicted yet: the root alone; then the largest tree at bs 1 (flat costs) and the
+    # root alone at bs 8 (trees cost 9x): the choice reads the log-probs the graph kept
+    assert seen == [1, 5, 1]
