@@ -84,7 +84,8 @@ def _install_cli_hooks() -> None:
         algorithm = str(getattr(server_args_obj, "speculative_algorithm", None) or "").upper()
         if algorithm == ALGORITHM_NAME and isinstance(result, dict):
             result["ddtree"] = server_args.server_info_section(
-                int(server_args_obj.speculative_num_draft_tokens)
+                int(server_args_obj.speculative_num_draft_tokens),
+                cuda_graphs=server_args.serves_cuda_graphs(server_args_obj),
             )
         return result
 

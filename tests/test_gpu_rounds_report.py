@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
+
 from sglang_ddtree.bench import gpu_rounds_report
 from sglang_ddtree.bench.gpu_rounds import arm_args, parallel_args
 from sglang_ddtree.bench.round_profile import categorise, summarise_trace
@@ -104,6 +106,14 @@ def test_arm_variants_share_flags_and_set_one_variable():
 
 def test_arm_flags():
     assert "--speculative-ddtree-budget" in arm_args("ddtree@16", "D", 32)
+    auto = arm_args("ddtree@auto", "D", 32)
+    assert auto[auto.index("--speculative-ddtree-budget") + 1] == "auto"
+    assert auto[auto.index("--speculative-num-draft-tokens") + 1] == "33"
+    auto64 = arm_args("ddtree@auto64+phases", "D", 32)
+    assert auto64[auto64.index("--speculative-num-draft-tokens") + 1] == "65"
+    for bad in ("ddtree@autox", "ddtree@", "ddtree@x"):
+        with pytest.raises(ValueError):
+            arm_args(bad, "D", 32)
     assert "DFLASH" in arm_args("dflash", "D", 32)
     assert not any(a.startswith("--speculative") for a in arm_args("plain", "D", 32))
 
@@ -150,6 +160,29 @@ def test_report_targets_and_files(tmp_path):
     assert "| ddtree@32 | 1 | 820" in report
     assert "| all-reduce us |" in report
     assert "| ddtree@32 | 8 | 4500 | 3000 | 1500 | 40.0 | 2 | 0.0 | 321.5 | gemm 900" in report
+
+
+def test_report_judges_the_online_budget_against_the_best_fixed_budget_and_plain():
+    def level(c, tps):
+        return {"concurrency": c, "tok_per_s": tps, "accept_length": 3.0, "round_ms": 1.0, "requests": 8}
+
+    levels = {
+        "plain": {1: level(1, 400), 32: level(32, 6000)},
+        "ddtree@7": {1: level(1, 690), 32: level(32, 5000)},
+        "ddtree@32": {1: level(1, 820), 32: level(32, 4000)},
+        "ddtree@auto": {1: level(1, 800), 32: level(32, 5600)},
+        "ddtree@auto+phases": {1: level(1, 10)},  # a debugging variant is not judged
+    }
+    rows = {r[0]: r for r in gpu_rounds_report.online_budget_targets(levels)}
+    assert set(rows) == {
+        "ddtree@auto tok/s / best fixed (ddtree@32) tok/s, c=1",
+        "ddtree@auto tok/s / plain tok/s, c=1",
+        "ddtree@auto tok/s / best fixed (ddtree@7) tok/s, c=32",
+        "ddtree@auto tok/s / plain tok/s, c=32",
+    }
+    assert rows["ddtree@auto tok/s / best fixed (ddtree@32) tok/s, c=1"][3] is True  # 800 / 820 = 0.976
+    assert rows["ddtree@auto tok/s / plain tok/s, c=32"][3] is False  # 5600 / 6000 = 0.933
+    assert rows["ddtree@auto tok/s / best fixed (ddtree@7) tok/s, c=32"][1] == f"{5600 / 5000:.3f}"
 
 
 def test_text_endpoint_is_read_as_text():

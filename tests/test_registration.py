@@ -97,16 +97,20 @@ def _auto_args(**overrides):
     return SimpleNamespace(**{**fields, **overrides})
 
 
-def test_budget_auto_is_served_eagerly_and_refused_with_graphs(monkeypatch, tmp_path):
+def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
     """``auto`` keeps the largest tree as the verify width (the flag's default unless
     --speculative-num-draft-tokens says otherwise) and reaches the scheduler processes through
-    the environment; CUDA graphs and tensor parallelism are refused with one line each."""
+    the environment; tensor parallelism is refused, and with CUDA graphs what cannot swap the
+    target's backend per step (SGLang's own list for EAGLE's adaptive mode), one line each."""
     monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET", "")  # teardown removes what the flag writes
     monkeypatch.delenv("SGLANG_DDTREE_BUDGET_COST_TABLE", raising=False)
     for refused, message in (
-        ({"device": "cuda"}, "per-width CUDA graph runners are not built yet"),
-        ({"device": None}, "--disable-cuda-graph"),
         ({"device": "cuda", "disable_cuda_graph": True, "tp_size": 2}, "needs --tp-size 1"),
+        ({"device": "cuda", "tp_size": 2}, "needs --tp-size 1"),
+        ({"device": "cuda", "enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
+        ({"device": None, "enable_pdmux": True}, "--enable-pdmux"),
+        ({"device": "cuda", "enable_dp_attention": True}, "--enable-dp-attention"),
+        ({"device": "cuda", "attn_dp_size": 2}, "--attn-dp-size > 1"),
     ):
         args = _auto_args(**refused)
         with pytest.raises(DDTreeConfigError, match=message):
@@ -115,16 +119,27 @@ def test_budget_auto_is_served_eagerly_and_refused_with_graphs(monkeypatch, tmp_
     args = _auto_args()
     ddtree_args.apply_budget_flag(args)
     assert args.speculative_num_draft_tokens == 33 and os.environ["SGLANG_DDTREE_ONLINE_BUDGET"] == "1"
-    args = _auto_args(device="cuda", disable_cuda_graph=True, speculative_num_draft_tokens=17)
+    # two-batch overlap does not matter where nothing is swapped (eager)
+    args = _auto_args(device="cuda", disable_cuda_graph=True, enable_two_batch_overlap=True)
+    args.speculative_num_draft_tokens = 17
     ddtree_args.apply_budget_flag(args)
-    assert args.speculative_num_draft_tokens == 17
+    assert args.speculative_num_draft_tokens == 17 and not ddtree_args.serves_cuda_graphs(args)
     info = ddtree_args.server_info_section(17)
     assert info["budget"] == "auto"
     assert info["online_budget"] == {
         "max_budget": 16,
         "widths": [1, 2, 3, 5, 9, 17],
+        "verify_graphs": "none (eager)",
         "cost_table": "measured",
     }
+    args = _auto_args(device="cuda", speculative_num_draft_tokens=17)
+    ddtree_args.apply_budget_flag(args)  # CUDA graphs: served
+    assert ddtree_args.serves_cuda_graphs(args)
+    assert not ddtree_args.serves_cuda_graphs(
+        SimpleNamespace(device="cuda", cuda_graph_backend_decode="disabled")
+    )
+    info = ddtree_args.server_info_section(17, cuda_graphs=True)["online_budget"]
+    assert info["verify_graphs"] == "per width" and info["cost_table"].startswith("timed at start-up")
     # a fixed budget next to the variable set by hand is a contradiction
     with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_ONLINE_BUDGET"):
         ddtree_args.apply_budget_flag(
@@ -366,18 +381,26 @@ def test_verify_graphs_are_captured_with_a_tree_mask():
     class TritonAttnBackend:  # noqa: N801 - SGLang decides by the class name
         pass
 
-    def graph_runner(is_draft_worker):
+    def graph_runner(is_draft_worker, width=17, custom_mask=mask):
         return SimpleNamespace(
             model_runner=SimpleNamespace(
                 spec_algorithm=ddtree, is_draft_worker=is_draft_worker, attn_backend=TritonAttnBackend()
             ),
-            buffers=SimpleNamespace(custom_mask=mask),
-            captured_req_width=17,
+            buffers=SimpleNamespace(custom_mask=custom_mask),
+            captured_req_width=width,
             _capture_ragged_verify_layout=lambda num_tokens: None,
         )
 
     target = DecodeCudaGraphRunner.get_spec_info(graph_runner(False), 17)
     assert target.custom_mask is mask and target.draft_token_num == 17
+    # --speculative-ddtree-budget auto captures a runner per width (adapter/width_graphs.py) on one
+    # model runner: each is captured with its own width and a tree mask from its own buffers
+    for width in (1, 2, 5, 9):
+        own_mask = torch.ones(8 * width, dtype=torch.bool)
+        narrow = DecodeCudaGraphRunner.get_spec_info(graph_runner(False, width, own_mask), 4 * width)
+        assert narrow.custom_mask is own_mask and narrow.draft_token_num == width
+        dummy = base_runner.create_dummy_verify_input(ddtree, own_mask, width, False)
+        assert dummy.custom_mask is own_mask and dummy.draft_token_num == width
     drafter = DecodeCudaGraphRunner.get_spec_info(graph_runner(True), 17)
     assert drafter.custom_mask is None  # the drafter's block is causal
     dflash = graph_runner(False)

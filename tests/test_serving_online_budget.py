@@ -75,7 +75,12 @@ def test_auto_with_measured_costs_is_identical_to_plain(tiny, plain):
     with server:
         info = server.server_info()["ddtree"]
         assert info["budget"] == "auto"
-        assert info["online_budget"] == {"max_budget": MAX_BUDGET, "widths": WIDTHS, "cost_table": "measured"}
+        assert info["online_budget"] == {
+            "max_budget": MAX_BUDGET,
+            "widths": WIDTHS,
+            "verify_graphs": "none (eager)",
+            "cost_table": "measured",
+        }
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]  # batch size 1
         assert run_batch(server, plain["requests"]) == plain["greedy"]  # batch sizes up to 8
     stats = last_tree_stats(log)

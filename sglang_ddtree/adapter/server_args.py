@@ -59,7 +59,7 @@ def add_cli_args(parser) -> None:
             "--speculative-num-draft-tokens, which must not also be given differently. "
             f"'{AUTO_BUDGET}' chooses the width every step, up to --speculative-num-draft-tokens "
             f"(default {DEFAULT_BUDGET + 1}), from the drafter's predicted acceptance and measured round "
-            "costs (docs/online-budget.md; eager servers only: CPU, or --disable-cuda-graph)."
+            "costs (docs/online-budget.md; --tp-size 1; with CUDA graphs one verify graph set per width)."
         ),
     )
     _add_option_flags(parser)
@@ -153,15 +153,11 @@ def apply_budget_flag(args) -> None:
 def apply_online_budget(args) -> None:
     """``--speculative-ddtree-budget auto``: the largest tree stays the server's verify width
     (``--speculative-num-draft-tokens``, default budget + 1); each step runs a width up to it
-    (``adapter/widths.py``). Served on the eager round only."""
+    (``adapter/widths.py``; under CUDA graphs in that width's own verify graphs,
+    ``adapter/width_graphs.py``)."""
     cpu = str(getattr(args, "device", None) or "") == "cpu"
     if not cpu and not getattr(args, "disable_cuda_graph", False):
-        _fail(
-            f"{BUDGET_FLAG} {AUTO_BUDGET} runs on eager servers only (CPU, or --disable-cuda-graph): "
-            "with CUDA graphs every verify width needs its own target graph runner, and per-width "
-            "CUDA graph runners are not built yet. Add --disable-cuda-graph, or pass a fixed budget "
-            f"(default {DEFAULT_BUDGET})."
-        )
+        _refuse_graph_swaps(args)
     if int(getattr(args, "tp_size", 1) or 1) > 1:
         _fail(
             f"{BUDGET_FLAG} {AUTO_BUDGET} needs --tp-size 1: the ranks would time their rounds apart "
@@ -173,6 +169,31 @@ def apply_online_budget(args) -> None:
     args.speculative_num_draft_tokens = width
     os.environ[ENV_ONLINE_BUDGET] = "1"
     _check_cost_table(width - 1)
+
+
+# What cannot run with a target attention backend and verify graph runner swapped per step:
+# the reasons SGLang 0.5.23 gives for EAGLE's --speculative-adaptive, which swaps them the same
+# way (speculative/adaptive_spec_params.py: adaptive_unsupported_reason).
+GRAPH_SWAP_CONFLICTS = (
+    (
+        "enable_two_batch_overlap",
+        "--enable-two-batch-overlap",
+        "the swap would discard the TboAttnBackend wrapper",
+    ),
+    ("enable_pdmux", "--enable-pdmux", "the swap does not update the PD-multiplexing backend group"),
+    ("enable_dp_attention", "--enable-dp-attention", "the width would not be synchronised across DP ranks"),
+)
+
+
+def _refuse_graph_swaps(args) -> None:
+    for attr, flag, why in GRAPH_SWAP_CONFLICTS:
+        if getattr(args, attr, False):
+            _fail(f"{BUDGET_FLAG} {AUTO_BUDGET} with CUDA graphs does not run with {flag}: {why}.")
+    if int(getattr(args, "attn_dp_size", None) or 1) > 1:
+        _fail(
+            f"{BUDGET_FLAG} {AUTO_BUDGET} with CUDA graphs does not run with --attn-dp-size > 1: "
+            "the width would not be synchronised across DP ranks."
+        )
 
 
 def _check_cost_table(max_budget: int) -> None:
@@ -361,10 +382,18 @@ def _is_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
-def server_info_section(verify_width: int) -> dict:
+def serves_cuda_graphs(cfg) -> bool:
+    """Whether the target's decode (verify) steps run in CUDA graphs."""
+    if str(getattr(cfg, "device", None) or "") == "cpu" or getattr(cfg, "disable_cuda_graph", False):
+        return False
+    return str(getattr(cfg, "cuda_graph_backend_decode", None) or "").lower() != "disabled"
+
+
+def server_info_section(verify_width: int, cuda_graphs: bool = False) -> dict:
     """DDTREE's settings as ``/server_info`` shows them (key ``ddtree``). With the online
-    budget: its candidate widths and where its round costs come from (the per-step choices
-    live in the scheduler process; its stats log line counts them)."""
+    budget: its candidate widths, whether each runs in its own verify graphs, and where its
+    round costs come from (the per-step choices live in the scheduler process; its stats log
+    line counts them)."""
     section = {
         "budget": int(verify_width) - 1,
         "budget_flag": BUDGET_FLAG,
@@ -379,9 +408,16 @@ def server_info_section(verify_width: int) -> dict:
         section["online_budget"] = {
             "max_budget": int(verify_width) - 1,
             "widths": list(candidate_widths(int(verify_width) - 1)),
-            "cost_table": "fixed" if budget_cost_table() is not None else "measured",
+            "verify_graphs": "per width" if cuda_graphs else "none (eager)",
+            "cost_table": _cost_source(cuda_graphs),
         }
     return section
+
+
+def _cost_source(cuda_graphs: bool) -> str:
+    if budget_cost_table() is not None:
+        return "fixed"
+    return "timed at start-up, refined by the rounds served" if cuda_graphs else "measured"
 
 
 def resolve_server_args(cfg) -> None:

@@ -41,6 +41,7 @@ from ..budget import (
     DepthCalibration,
     ProbedCostTable,
     RoundCostTable,
+    TimedCostTable,
     WidthChooser,
     candidate_widths,
     reach_counts,
@@ -60,12 +61,19 @@ class _Observed:
 
     bs: int
     width: int
-    round_ms: float
+    host_ms: float
     values: torch.Tensor  # [n_widths + 1, depth] float64: predicted reach per width, then measured
     ready: torch.cuda.Event | None  # None: already on the host
+    device_span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # under graphs: device time
 
     def landed(self) -> bool:
         return self.ready is None or self.ready.query()
+
+    @property
+    def round_ms(self) -> float:
+        if self.device_span is None:
+            return self.host_ms
+        return self.device_span[0].elapsed_time(self.device_span[1])
 
 
 class StepWidths:
@@ -81,6 +89,11 @@ class StepWidths:
         self._pending: list[_Observed] = []
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
         self._log_probs: torch.Tensor | None = None
+        # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
+        # the drafter graph's kept log-probs, and the device start of the step.
+        self.runners = None
+        self.kept = None
+        self._device_start: torch.cuda.Event | None = None
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -102,18 +115,25 @@ class StepWidths:
 
     @property
     def measured(self) -> bool:
-        return isinstance(self.cost, ProbedCostTable)
+        """Costs from this server's own rounds (probed, or timed at start-up), not injected."""
+        return isinstance(self.cost, (ProbedCostTable, TimedCostTable))
+
+    def use_cost_table(self, table: RoundCostTable) -> None:
+        self.cost = self.chooser.cost = table
 
     # --- the step ----------------------------------------------------------------------
 
     def start(self, bs: int) -> int:
         """The verify width of this step for a batch of ``bs`` requests."""
         self._absorb_landed()
-        width = self.cost.unprobed(bs) if self.measured else None
+        width = self.cost.unprobed(bs) if isinstance(self.cost, ProbedCostTable) else None
         if width is None:
             width = self.chooser.choose(bs, self._expected_accepted(bs))
         self.history[bs, width] += 1
         self._step = (bs, width, time.perf_counter())
+        if self.runners is not None:
+            self.runners.use(width)  # the verify of this step runs in this width's graphs
+            self._device_start = _device_event()
         return width
 
     def watch(self, propose):
@@ -126,6 +146,20 @@ class StepWidths:
 
         return watched
 
+    def keep_log_probs(self, propose, max_bs: int, device):
+        """``propose`` for the drafter's graph: it also keeps the log-probs the choice reads."""
+        from .width_graphs import KeptLogProbs
+
+        self.kept = KeptLogProbs(max_bs, self.depth, self.heads[self.widths[-1]].k, device)
+        return self.kept.keeping(propose)
+
+    def from_graph(self, replayed, width: int):
+        """The drafter graph's widest trees (and top-1 ids) cut to this step's ``width``; the
+        step's log-probs are the ones the graph kept."""
+        trees, top1 = replayed
+        self._log_probs = self.kept.rows(trees.tokens.shape[0])
+        return trees.narrowed(width), top1
+
     def finish(self, accept_lens: torch.Tensor) -> None:
         """After the step's accept: start bringing its prediction and outcome to the host."""
         if self._step is None or self._log_probs is None:
@@ -133,11 +167,17 @@ class StepWidths:
         bs, width, started = self._step
         log_probs = self._log_probs.view(bs, self.depth, -1)
         self._step = self._log_probs = None
+        span = None
+        if self.runners is not None:
+            self.runners.restore()  # prefill and the rest run with the start-up pair
+            if self._device_start is not None:
+                span, self._device_start = (self._device_start, _device_event()), None
         max_budget = self.widths[-1] - 1
         predicted = reach_at_widths(reach_by_depth(log_probs, max_budget), self.widths)  # [n_widths, depth]
         measured = reach_counts(accept_lens, self.depth).to(torch.float64)
         host, ready = _to_host(torch.cat([predicted, measured[None]]))
-        self._pending.append(_Observed(bs, width, (time.perf_counter() - started) * 1e3, host, ready))
+        host_ms = (time.perf_counter() - started) * 1e3
+        self._pending.append(_Observed(bs, width, host_ms, host, ready, span))
 
     def _expected_accepted(self, bs: int) -> np.ndarray:
         """``[n_widths]``: the batch's calibrated expected accepted drafts per width. Before
@@ -176,13 +216,20 @@ class StepWidths:
         return summary
 
     def _measured_costs(self) -> dict[int, dict[int, float]]:
-        """The measured cost table's rows that have been probed: batch size -> width -> ms."""
+        """The measured cost table's rows that rounds have reached: batch size -> width -> ms
+        (probed cells; under graphs every width of a served row, as the chooser sees it)."""
         table = self.cost
+        probed = isinstance(table, ProbedCostTable)
+        reached = table.counts > 0 if probed else table.served
         return {
-            bs: {w: round(float(ms), 2) for w, ms, seen in zip(table.widths, row, counts) if seen}
-            for bs, row, counts in zip(table.batch_sizes, table.ms, table.counts)
-            if counts.any()
+            bs: {w: round(table(bs, w), 2) for w, cell in zip(table.widths, cells) if cell or not probed}
+            for bs, cells in zip(table.batch_sizes, reached)
+            if cells.any()
         }
+
+    def cost_rows(self) -> dict[int, dict[int, float]]:
+        """Every row of the cost table: batch size -> width -> ms."""
+        return {bs: {w: round(self.cost(bs, w), 3) for w in self.cost.widths} for bs in self.cost.batch_sizes}
 
 
 def cost_table(widths) -> RoundCostTable:
@@ -197,6 +244,15 @@ def cost_table(widths) -> RoundCostTable:
             f"candidate widths {list(widths)}."
         )
     return RoundCostTable(table["batch_sizes"], widths, table["ms"])
+
+
+def _device_event() -> torch.cuda.Event | None:
+    """A timing event recorded on the current CUDA stream (None without CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def _to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:

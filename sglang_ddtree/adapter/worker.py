@@ -138,19 +138,24 @@ class DDTreeWorker(DFlashWorkerV2):
             self.trees.name == "cuda"
             and DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD
             and not eager_tree_step_requested()
-            and self.widths is None
         ):
-            self.head.fold_into_graph(
-                self.draft_model_runner,
-                self._lm_head_topk,
-                max_bs=max(get_exec().graph.cuda_graph_config.decode.bs),
-                device=self.device,
-            )
+            max_bs = max(get_exec().graph.cuda_graph_config.decode.bs)
+            propose = self._lm_head_topk
+            if self.widths is not None:  # the graph builds the widest tree; a step takes its width
+                propose = self.widths.keep_log_probs(propose, max_bs, self.device)
+            self.head.fold_into_graph(self.draft_model_runner, propose, max_bs=max_bs, device=self.device)
         elif get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE tree step kept eager (tree builder %s, a test drafter or asked)", self.trees.name
             )
         return None
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        if self.widths is not None:
+            from .width_graphs import install
+
+            install(self.widths, self.model_runner, self.draft_model_runner)
 
     @property
     def _uses_custom_mask(self) -> bool:
@@ -288,7 +293,8 @@ class DDTreeWorker(DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
         with self.phase("tree step"):
             if out.can_run_graph and self.head.in_graph:
-                return self.head.replayed(len(prefix_lens))
+                replayed = self.head.replayed(len(prefix_lens))
+                return replayed if self.widths is None else self.widths.from_graph(replayed, width)
             propose = lambda hidden, k: self._propose(batch, hidden, prefix_lens, k)  # noqa: E731
             if self.widths is None:
                 return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)

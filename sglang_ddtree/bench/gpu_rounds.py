@@ -86,8 +86,9 @@ def arm_env(arm: str, phase_times: int) -> dict | None:
 
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
-    """``plain``, ``dflash`` or ``ddtree@B`` (optionally with a :data:`VARIANTS` suffix) ->
-    server flags (``graph_max_bs`` 0: no graph flag)."""
+    """``plain``, ``dflash``, ``ddtree@B`` or ``ddtree@auto`` / ``ddtree@autoB`` (the online
+    budget, trees of at most ``B`` nodes, default 32; it logs its widths every 100 rounds),
+    optionally with a :data:`VARIANTS` suffix -> server flags (``graph_max_bs`` 0: no graph flag)."""
     arm = split_variant(arm)[0]
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)] if graph_max_bs else []
     if arm == "plain":
@@ -96,9 +97,14 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     if arm == "dflash":
         return graphs + spec + ["--speculative-algorithm", "DFLASH"]
     name, _, budget = arm.partition("@")
+    ddtree = graphs + spec + ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget"]
+    largest = budget.removeprefix("auto") or "32"
+    if name == "ddtree" and budget.startswith("auto") and largest.isdigit():
+        online = ["--speculative-num-draft-tokens", str(int(largest) + 1)]
+        return ddtree + ["auto", *online, "--speculative-ddtree-stats-interval", "100"]
     if name != "ddtree" or not budget.isdigit():
-        raise ValueError(f"unknown arm {arm!r}: expected plain, dflash or ddtree@BUDGET")
-    return graphs + spec + ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", budget]
+        raise ValueError(f"unknown arm {arm!r}: expected plain, dflash, ddtree@BUDGET or ddtree@auto[BUDGET]")
+    return ddtree + [budget]
 
 
 def _request(server: ServerProcess, prompt: list[int], output_len: int) -> dict:

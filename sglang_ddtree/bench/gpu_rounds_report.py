@@ -40,6 +40,22 @@ def targets(results: dict) -> list[list]:
         rows.append(
             [f"best DDTREE ({best}) tok/s / DFLASH tok/s, c={c}", f"{ratio:.3f}", f">= {goal}", ratio >= goal]
         )
+    return rows + online_budget_targets(levels)
+
+
+def online_budget_targets(levels: dict) -> list[list]:
+    """Issue 18's goals for ``ddtree@auto`` arms: at every concurrency within 5% of the best
+    fixed budget and of plain decoding (or faster)."""
+    fixed = [a for a in levels if a.startswith("ddtree@") and a.removeprefix("ddtree@").isdigit()]
+    rows = []
+    for auto in (a for a in levels if a.startswith("ddtree@auto") and "+" not in a):
+        for c, level in sorted(levels[auto].items()):
+            best = max(fixed, key=lambda a: levels[a].get(c, {}).get("tok_per_s", 0), default=None)
+            for name, other in ((f"best fixed ({best})", best), ("plain", "plain")):
+                if other is None or c not in levels.get(other, {}):
+                    continue
+                ratio = level["tok_per_s"] / levels[other][c]["tok_per_s"]
+                rows.append([f"{auto} tok/s / {name} tok/s, c={c}", f"{ratio:.3f}", ">= 0.95", ratio >= 0.95])
     return rows
 
 

@@ -15,6 +15,7 @@ from .controller import OnlineBudget
 from .online import (
     ProbedCostTable,
     RoundCostTable,
+    TimedCostTable,
     WidthChooser,
     WidthScore,
     candidate_widths,
@@ -26,6 +27,7 @@ __all__ = [
     "OnlineBudget",
     "ProbedCostTable",
     "RoundCostTable",
+    "TimedCostTable",
     "WidthChooser",
     "WidthScore",
     "candidate_widths",

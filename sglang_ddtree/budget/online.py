@@ -117,6 +117,41 @@ class ProbedCostTable(RoundCostTable):
         self.counts[row, column] = seen + 1
 
 
+class TimedCostTable(RoundCostTable):
+    """A table timed at start-up (graph replays of the forwards, ``adapter/width_graphs.py``),
+    refined by the rounds the server runs. A replay times the forwards only; a round adds its
+    own work (the tree step, mask, accept, commit), about the same at every width of a batch
+    size. So each row also learns its measured excess over the replays (exponentially
+    weighted, from any width it serves), and a cell not served yet costs its replay plus that
+    excess: an unserved width does not look cheaper than the served ones for lack of data."""
+
+    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], ms, **kw):
+        super().__init__(batch_sizes, widths, ms, **kw)
+        self.startup = self.ms.copy()
+        self.excess = np.zeros(len(self.batch_sizes))
+        self.served = np.zeros(self.ms.shape, dtype=bool)
+
+    def __call__(self, bs: int, width: int) -> float:
+        row, column = self._row(bs), self._column(width)
+        cost = (
+            self.ms[row, column] if self.served[row, column] else self.startup[row, column] + self.excess[row]
+        )
+        largest = self.batch_sizes[-1]
+        return float(cost) * bs / largest if bs > largest else float(cost)
+
+    def observe(self, bs: int, width: int, ms: float) -> None:
+        cell = self._cell(bs, width, ms)
+        if cell is None:
+            return
+        row, column, ms = cell
+        if not self.served[row, column]:
+            self.ms[row, column] = self.startup[row, column] + self.excess[row]
+            self.served[row, column] = True
+        self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+        excess = ms - self.startup[row, column]
+        self.excess[row] += self.refine_decay * (excess - self.excess[row])
+
+
 def candidate_widths(max_budget: int) -> tuple[int, ...]:
     """The verify widths an online budget chooses from, for a server whose largest tree has
     ``max_budget`` nodes: no speculation (width 1), trees of 1, 2, 4, ... nodes below the

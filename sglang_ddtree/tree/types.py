@@ -53,6 +53,27 @@ class Trees:
             mask_words=self.mask_words[:n],
         )
 
+    def narrowed(self, width: int) -> Trees:
+        """The tree of ``width - 1`` nodes that a build at ``width`` would give, from this
+        wider one (contiguous copies). Exact because the builders emit nodes in best-first
+        pop order with a budget-independent order of ties: a budget-``b`` tree is the first
+        ``b`` pops of any larger one (``tests/test_width_graphs.py`` checks every builder).
+        A node's ancestors come before it, so its mask bits all lie in the first ``width``
+        columns; padding slots repeat the root either way."""
+        if not 1 <= width <= self.width:
+            raise ValueError(f"cannot narrow trees of width {self.width} to {width}")
+        if width == self.width:
+            return self
+        words = (width + 31) // 32
+        return Trees(
+            tokens=self.tokens[:, :width].contiguous(),
+            depths=self.depths[:, :width].contiguous(),
+            parents=self.parents[:, :width].contiguous(),
+            positions=self.positions[:, :width].contiguous(),
+            tree_sizes=self.tree_sizes.clamp(max=width),
+            mask_words=self.mask_words[:, :width, :words].contiguous(),
+        )
+
     def visibility(self) -> torch.Tensor:
         """``[bs, width, width]`` bool, unpacked from ``mask_words``."""
         bits = torch.arange(32, device=self.mask_words.device, dtype=torch.int32)

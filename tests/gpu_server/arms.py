@@ -41,6 +41,11 @@ def _spec(algorithm: str) -> list[str]:
 DDTREE, DFLASH = _spec("DDTREE"), _spec("DFLASH")
 
 PAGE16_CHUNKED = ["--page-size", "16", "--chunked-prefill-size", "64"]
+ONLINE_BUDGET = (
+    ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(PAIR / "drafter")]
+    + ["--speculative-ddtree-budget", "auto", "--speculative-num-draft-tokens", str(BUDGET + 1)]
+    + ["--speculative-ddtree-stats-interval", "20"]
+)
 
 ARMS: dict[str, list[str]] = {
     "plain_fp32": FP32 + EAGER,
@@ -57,15 +62,13 @@ ARMS: dict[str, list[str]] = {
     "plain_bf16_graphs": BF16 + GRAPHS,
     "ddtree_bf16_graphs": BF16 + GRAPHS + DDTREE,
     "dflash_bf16_graphs": BF16 + GRAPHS + DFLASH,
-    # the online budget (eager only): a width per step up to the suite's budget
-    "ddtree_fp32_eager_auto": FP32
-    + EAGER
-    + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(PAIR / "drafter")]
-    + ["--speculative-ddtree-budget", "auto", "--speculative-num-draft-tokens", str(BUDGET + 1)]
-    + ["--speculative-ddtree-stats-interval", "20"],
+    # the online budget: a width per step up to the suite's budget, eager and in per-width graphs
+    "ddtree_fp32_eager_auto": FP32 + EAGER + ONLINE_BUDGET,
+    "ddtree_fp32_graphs_auto": FP32 + GRAPHS + ONLINE_BUDGET,
 }
 # Started only when GPU_SERVER_ARMS names them (gpu/jobs/online_budget.sh), not in the default suite.
-OPT_IN_ARMS = ("ddtree_fp32_eager_auto",)
+OPT_IN_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto")
+ONLINE_BUDGET_ARMS = OPT_IN_ARMS
 # The first wave compiles the kernels (float32 and bf16, plain and speculative) that
 # the second reuses from the cache.
 WAVES = [

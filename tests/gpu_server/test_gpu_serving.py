@@ -199,15 +199,14 @@ def test_fp32_requests_ending_at_the_context_limit(fleet, prompts, results, arm)
     assert together == want
 
 
-def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, results):
-    """``--speculative-ddtree-budget auto`` on the eager GPU path: token-identical to plain at
-    bs 1 and in the suite's batches whatever width each step ran; the stats line shows the
-    widths chosen per batch size, the calibration and the measured round costs."""
-    arm = "ddtree_fp32_eager_auto"
+@pytest.mark.parametrize("arm", ["ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto"])
+def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, results, arm):
+    """``--speculative-ddtree-budget auto``, eager and with a verify graph set per width:
+    token-identical to plain at bs 1 and in the suite's batches whatever width each step ran;
+    the stats line shows the widths chosen per batch size, the calibration and the round costs
+    (under graphs timed at start-up, then refined)."""
     if arm not in fleet.servers:
-        pytest.skip(
-            "opt-in arm: GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto (gpu/jobs/online_budget.sh)"
-        )
+        pytest.skip(f"opt-in arm: GPU_SERVER_ARMS=plain_fp32,{arm} (gpu/jobs/online_budget.sh)")
     server = fleet[arm]
     outputs = [greedy(server, p, N_TOKENS) for p in prompts]
     diffs = _record_identity(results, f"{arm}/bs1", outputs, plain_outputs(arm), prompts)
@@ -221,4 +220,11 @@ def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, re
     stats = ast.literal_eval(lines[-1])
     results[f"{arm}/widths"] = {**stats, "accept_length": server.accept_length()}
     assert not failures, f"(batch, request, first differing token): {failures}"
-    assert len(stats["width_steps"]) > 1  # the probes alone run every width
+    assert len(stats["width_steps"]) > 1  # the first step runs the root alone, later ones trees
+    if arm == "ddtree_fp32_graphs_auto":
+        log = fleet.log_text(arm)
+        captured = {int(w) for w in re.findall(r"verify graphs of width (\d+) captured", log)}
+        results[f"{arm}/startup"] = re.findall(r"start-up round costs .*", log)[-1:]
+        assert captured == {1, 2, 3, 5, 9, 17}, captured  # every candidate below the largest (33)
+        assert results[f"{arm}/startup"], "no start-up cost table in the log"
+        assert "round_ms" in stats

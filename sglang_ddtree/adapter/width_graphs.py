@@ -1,0 +1,218 @@
+"""``--speculative-ddtree-budget auto`` under CUDA graphs: one target verify graph runner per
+candidate width, swapped in per step (docs/online-budget.md, "How SGLang 0.5.23 can run more
+than one verify width", option 1).
+
+SGLang fixes a verify width twice: ``DecodeCudaGraphRunner`` captures at one
+``captured_req_width`` (and refuses other widths: ``can_run_graph``), and the attention backend
+sizes its verify state from ``get_spec().speculative_num_draft_tokens`` when built. EAGLE's
+``--speculative-adaptive`` answers both the way this module does
+(``EAGLEWorkerV2.build_adaptive_runtime_state`` / ``apply_runtime_state``): at start-up, for
+every candidate width below the largest, a fresh target attention backend
+(``_get_attention_backend(init_new_workspace=True)``) and a ``DecodeCudaGraphRunner``
+captured while the runtime context says ``speculative_num_draft_tokens = width``; per step,
+the model runner's ``attn_backend`` and ``decode_cuda_graph_runner`` point at the chosen
+width's pair for the verify (:class:`WidthRunners`), and back at the start-up pair (the
+largest width) after it, so prefill and everything else runs exactly as on a fixed server.
+The largest width stays the server's ``speculative_num_draft_tokens``: the KV reservation, the
+shared logits buffer and the start-up graphs follow it.
+
+DDTREE's capture hooks (``attention/gpu_backends.py``) take the tree mask from the runner
+being captured, so every width's graphs are captured with the masked verify kernel.
+
+The drafter's forward is the same at every width: its graph builds the largest tree, and a
+narrower step takes that tree's first slots (``Trees.narrowed``, exact for a best-first
+build). Its top-k log-probs, which the width choice reads, are kept in a buffer the graph
+writes (:class:`KeptLogProbs`).
+
+Start-up timing: every captured ``(bs, width)`` verify graph and the drafter's graph per
+``bs`` are replayed with CUDA events on the inputs capture left in their buffers, which fills
+a :class:`~sglang_ddtree.budget.TimedCostTable` before the first request; the rounds served
+refine it (device time, ``adapter/widths.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import time
+
+import torch
+
+from ..budget import TimedCostTable
+
+logger = logging.getLogger("sglang_ddtree")
+
+TIMED_REPLAYS = 3
+
+
+class WidthRunners:
+    """The target's ``(attention backend, verify graph runner)`` per width; :meth:`use` points
+    the model runner at one width's pair, :meth:`restore` back at the start-up pair."""
+
+    def __init__(self, model_runner, pairs: dict, largest: int):
+        self.model_runner = model_runner
+        self.startup = (model_runner.attn_backend, model_runner.decode_cuda_graph_runner)
+        self.pairs = {**pairs, int(largest): self.startup}
+        self.widths = tuple(sorted(self.pairs))
+
+    def use(self, width: int) -> None:
+        backend, graphs = self.pairs[int(width)]
+        self.model_runner.attn_backend = backend
+        self.model_runner.decode_cuda_graph_runner = graphs
+
+    def restore(self) -> None:
+        self.model_runner.attn_backend, self.model_runner.decode_cuda_graph_runner = self.startup
+
+
+class KeptLogProbs:
+    """A buffer the drafter's graph writes the step's top-k log-probs into (``[max_bs * depth,
+    k]``), for the width choice after a replay."""
+
+    def __init__(self, max_bs: int, depth: int, k: int, device):
+        self.depth = depth
+        self.buffer = torch.empty((max_bs * depth, k), dtype=torch.float32, device=device)
+
+    def keeping(self, propose):
+        """``propose`` that also copies its log-probs into the buffer (capturable)."""
+
+        def kept(hidden, k):
+            log_probs, token_ids = propose(hidden, k)
+            self.buffer[: log_probs.shape[0]].copy_(log_probs)
+            return log_probs, token_ids
+
+        return kept
+
+    def rows(self, bs: int) -> torch.Tensor:
+        return self.buffer[: bs * self.depth]
+
+
+# --- start-up ----------------------------------------------------------------------------------
+
+
+def captured_verify_graphs(model_runner) -> bool:
+    graphs = getattr(model_runner, "decode_cuda_graph_runner", None)
+    return graphs is not None and graphs is not getattr(model_runner, "eager_runner", None)
+
+
+def build_width_runners(model_runner, widths) -> WidthRunners:
+    """Capture a verify graph runner (with its own attention backend) for every width below
+    the largest; the largest is the model runner's own, captured at start-up."""
+    pairs = {int(width): _capture_width(model_runner, int(width)) for width in widths[:-1]}
+    return WidthRunners(model_runner, pairs, largest=widths[-1])
+
+
+@contextlib.contextmanager
+def verify_width_context(width: int):
+    """The runtime context's ``speculative_num_draft_tokens`` set to ``width`` (everything
+    sized from ``get_spec()`` during a capture sees it), restored after."""
+    from sglang.srt.runtime_context import get_context, get_spec
+
+    saved = get_spec().speculative_num_draft_tokens
+    get_context().override("ddtree.width_capture", speculative_num_draft_tokens=int(width))
+    try:
+        yield
+    finally:
+        get_context().override("ddtree.width_restore", speculative_num_draft_tokens=saved)
+
+
+def _capture_width(model_runner, width: int):
+    from sglang.srt.utils import get_available_gpu_memory
+
+    started, before = time.perf_counter(), get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    with verify_width_context(width):
+        workspace = model_runner.init_new_workspace
+        try:
+            backend = model_runner._get_attention_backend(init_new_workspace=True)
+        finally:
+            model_runner.init_new_workspace = workspace
+        runner_cls = model_runner._decode_cuda_graph_runner_cls()
+        graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
+    after = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    logger.info(
+        "DDTREE online budget: verify graphs of width %d captured (bs %s) in %.1f s, %.2f GB",
+        width,
+        list(graphs.capture_bs),
+        time.perf_counter() - started,
+        before - after,
+    )
+    return backend, graphs
+
+
+def time_graph_replays(graph_runner, repeats: int = TIMED_REPLAYS) -> dict[int, float]:
+    """``{captured bs: ms}`` of one replay of each of ``graph_runner``'s default graphs (no
+    LoRA, PD-multiplexing or attention variant), on what capture left in its buffers. Empty
+    where the graphs cannot be replayed on their own (another graph backend, ragged verify):
+    the rounds served then measure the costs."""
+    backend = getattr(graph_runner, "backend", None)
+    graphs = getattr(backend, "_graphs", None)
+    if not graphs or getattr(graph_runner, "ragged_verify_mode", False):
+        return {}
+    timed = {}
+    with torch.inference_mode():
+        for key in list(graphs):
+            if key.stream_idx is not None or key.attention_variant is not None:
+                continue
+            if key.variant_label not in (None, "nolora"):
+                continue
+            timed[int(key.size)] = _replay_ms(lambda key=key: backend.replay(key, None), repeats)
+    return timed
+
+
+def _replay_ms(replay, repeats: int) -> float:
+    replay()  # the first replay after capture may carry one-time work
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def startup_cost_table(widths, verify_ms: dict[int, dict[int, float]], draft_ms: dict[int, float]):
+    """``T(bs, width)`` from timed replays: rows at every batch size some width captured; a cell
+    costs the width's verify graph that holds the batch (its smallest captured size >= bs;
+    past its largest, linear in bs: the eager forward) plus the drafter's graph likewise (no
+    drafter graph: nothing added, the rounds served will show it)."""
+    missing = [w for w in widths if not verify_ms.get(w)]
+    if missing:
+        raise ValueError(f"no timed graph for widths {missing}")
+    rows = sorted({bs for timed in verify_ms.values() for bs in timed})
+    ms = [[_served_by(verify_ms[w], bs) + _served_by(draft_ms, bs) for w in widths] for bs in rows]
+    return TimedCostTable(rows, widths, ms)
+
+
+def _served_by(timed: dict[int, float], bs: int) -> float:
+    """The time of the graph that serves a batch of ``bs``: the smallest captured size that
+    holds it, past the largest scaled linearly; 0 when nothing was timed."""
+    if not timed:
+        return 0.0
+    sizes = sorted(timed)
+    index = bisect.bisect_left(sizes, bs)
+    if index == len(sizes):
+        return timed[sizes[-1]] * bs / sizes[-1]
+    return timed[sizes[index]]
+
+
+def install(widths, target_runner, draft_runner) -> None:
+    """After the server's own graph capture: the per-width verify graphs that ``widths`` (a
+    ``StepWidths``) swaps per step, and its start-up cost table (a fixed table injected for
+    testing is kept). Nothing where the target captured no verify graphs (CPU, eager servers):
+    the eager round verifies any width with the one backend."""
+    if not captured_verify_graphs(target_runner):
+        return
+    runners = build_width_runners(target_runner, widths.widths)
+    widths.runners = runners
+    if widths.measured:
+        verify_ms = {w: time_graph_replays(graphs) for w, (_, graphs) in runners.pairs.items()}
+        drafter = getattr(draft_runner, "decode_cuda_graph_runner", None)
+        draft_ms = time_graph_replays(drafter) if drafter is not None else {}
+        try:
+            widths.use_cost_table(startup_cost_table(widths.widths, verify_ms, draft_ms))
+        except ValueError as why:
+            logger.warning("DDTREE online budget: no start-up cost table (%s); measuring while serving", why)
+        else:
+            logger.info(
+                "DDTREE online budget: start-up round costs (bs -> width -> ms) %s", widths.cost_rows()
+            )

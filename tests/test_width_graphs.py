@@ -1,0 +1,235 @@
+"""``--speculative-ddtree-budget auto`` under CUDA graphs (``adapter/width_graphs.py``), the
+parts that run on the CPU:
+
+* the prefix property the drafter's graph relies on: it builds the largest tree, a narrower
+  step takes its first ``width`` slots (``Trees.narrowed``), which must be exactly the tree a
+  build at that width gives - for the reference builder, the C++ builder and the CUDA build
+  kernel (emulated on the CPU), on random inputs with ties;
+* the start-up cost table from timed graph replays (which graph serves a batch) and its
+  refinement by measured rounds;
+* the per-step swap of the target's attention backend and verify graph runner.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from kernel_cases import TIES, random_topk
+
+from sglang_ddtree.budget import TimedCostTable, candidate_widths
+from sglang_ddtree.kernels import cpp
+from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
+from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
+from sglang_ddtree.tree.types import Trees
+
+ROOT = Path(__file__).resolve().parents[1]
+EMU = ROOT / "tests" / "cuda_emu"
+FIELDS = ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words")
+
+# (bs, depth, vocab, largest budget, k): k below the budget as --speculative-ddtree-max-topk
+# makes it, equal to it, and trees that run out of prefixes before the budget (depth x k small).
+CASES = [
+    (3, 7, 111, 32, 32),
+    (2, 7, 3000, 32, 4),
+    (4, 3, 50, 16, 2),  # at most 2 + 4 + 8 = 14 nodes: padding at the largest widths
+    (2, 15, 3000, 63, 63),  # width 64: two mask words, narrowed to one
+    (1, 5, 3000, 100, 100),
+]
+
+
+def _inputs(seed, bs, depth, vocab, budget, k, ties):
+    rng = np.random.default_rng(seed)
+    lp, ids = random_topk(rng, bs, depth, vocab, k, ties)
+    roots = rng.integers(0, vocab, size=bs).astype(np.int64)
+    prefix = rng.integers(0, 9000, size=bs).astype(np.int64)
+    return lp, ids, roots, prefix
+
+
+def _as_trees(arrays: dict) -> Trees:
+    return Trees(**{f: torch.as_tensor(np.ascontiguousarray(arrays[f])) for f in FIELDS})
+
+
+def _assert_same_trees(got: Trees, want: Trees, context: str) -> None:
+    for field in FIELDS:
+        have, expected = getattr(got, field), getattr(want, field)
+        assert have.shape == expected.shape, (
+            f"{context} {field}: {tuple(have.shape)} != {tuple(expected.shape)}"
+        )
+        assert torch.equal(have, expected), f"{context} {field} differs"
+        assert have.is_contiguous(), f"{context} {field} not contiguous (the CUDA kernels need it)"
+
+
+def _check_prefix(build, seed, bs, depth, vocab, budget, k, ties):
+    lp, ids, roots, prefix = _inputs(seed, bs, depth, vocab, budget, k, ties)
+    widest = build(lp, ids, roots, prefix, budget, budget + 1)
+    for width in candidate_widths(budget):
+        direct = build(lp, ids, roots, prefix, width - 1, width)
+        _assert_same_trees(widest.narrowed(width), direct, f"seed {seed} ties {ties} width {width}")
+
+
+def _backend_build(backend):
+    def build(lp, ids, roots, prefix, budget, width):
+        t = torch.as_tensor
+        return backend.build(t(lp), t(ids), t(roots), t(prefix), budget, width)
+
+    return build
+
+
+@pytest.mark.parametrize("ties", TIES)
+@pytest.mark.parametrize("case", CASES)
+def test_a_narrower_tree_is_the_first_slots_of_the_widest_reference(case, ties):
+    for seed in range(4 if case[3] <= 32 else 2):
+        _check_prefix(_backend_build(PythonBackend()), seed, *case, ties)
+
+
+@pytest.mark.skipif(not cpp.available(), reason="no C++ compiler")
+@pytest.mark.parametrize("ties", TIES)
+@pytest.mark.parametrize("case", CASES)
+def test_a_narrower_tree_is_the_first_slots_of_the_widest_cpp(case, ties):
+    for seed in range(10):
+        _check_prefix(_backend_build(CppBackend()), 100 + seed, *case, ties)
+
+
+@pytest.fixture(scope="module")
+def emu():
+    return cpp.compile_extension(
+        "_ddtree_emu",
+        [EMU / "emu_kernels.cpp"],
+        include_dirs=[ROOT / "cuda", EMU],
+        extra_flags=["-O1", "-w"],
+        depends=[*sorted((ROOT / "cuda").glob("*.cu*")), EMU / "emu.h"],
+    )
+
+
+def _emulated_build(emu):
+    """The CUDA build kernel's logic (cuda/*.cu on the emulator), as the drafter's graph runs it."""
+
+    def build(lp, ids, roots, prefix, budget, width):
+        smem, lp_in = build_smem_bytes(width, lp.shape[1], lp.shape[2])
+        name = build_kernel_name(width, lp_in)
+        slots = int(name.rsplit("_r", 1)[1]) if "_r" in name else 0
+        out = emu.build_tree(lp, ids, roots, prefix, budget, width, int(lp_in), 256, smem, slots)
+        return _as_trees(
+            dict(zip(("tokens", "depths", "parents", "tree_sizes", "positions", "mask_words"), out))
+        )
+
+    return build
+
+
+@pytest.mark.skipif(not cpp.available(), reason="no C++ compiler")
+@pytest.mark.parametrize("ties", TIES)
+def test_a_narrower_tree_is_the_first_slots_of_the_widest_cuda_kernel(emu, ties):
+    for case in CASES:
+        for seed in range(3):
+            _check_prefix(_emulated_build(emu), 200 + seed, *case, ties)
+
+
+def test_narrowing_refuses_a_wider_tree():
+    trees = Trees.allocate(2, 5, "cpu")
+    assert trees.narrowed(5) is trees
+    with pytest.raises(ValueError):
+        trees.narrowed(6)
+    with pytest.raises(ValueError):
+        trees.narrowed(0)
+
+
+# --- the start-up cost table ----------------------------------------------------------------
+
+
+def test_timed_table_costs_a_batch_as_the_graph_that_serves_it():
+    """Rows: every captured batch size; a width's cell is its own graph that holds the batch
+    (its smallest captured size >= the row) plus the drafter's graph at that row."""
+    from sglang_ddtree.adapter.width_graphs import startup_cost_table
+
+    verify_ms = {1: {1: 1.0, 4: 2.0, 8: 3.0}, 3: {1: 1.5, 8: 5.0}}  # width 3 captured no bs 4
+    draft_ms = {1: 0.5, 8: 1.0}
+    table = startup_cost_table((1, 3), verify_ms, draft_ms)
+    assert table.batch_sizes == (1, 4, 8)
+    assert table(1, 1) == pytest.approx(1.5) and table(1, 3) == pytest.approx(2.0)
+    assert table(3, 1) == pytest.approx(2.0 + 1.0)  # bs 3 runs in the bs-4 graph; drafter's bs 8
+    assert table(4, 3) == pytest.approx(5.0 + 1.0)  # width 3's smallest graph holding 4 is bs 8
+    assert table(16, 3) == pytest.approx(6.0 * 2)  # past every graph: eager, linear in bs
+    with pytest.raises(ValueError, match="no timed graph"):
+        startup_cost_table((1, 3), {1: {1: 1.0}}, draft_ms)
+
+
+def test_timed_table_learns_the_round_overhead_of_a_row_from_any_width():
+    """Replays time the forwards only; a measured round adds the round's own work. Measured
+    cells follow their rounds; the cells of the same row not yet served carry the row's
+    measured excess, so an unserved width does not look cheaper than it is."""
+    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], refine_decay=0.5)
+    assert table(1, 5) == 3.0
+    table.observe(1, 3, 4.0)  # 2 ms above its replay
+    assert table(1, 3) == pytest.approx(3.0)  # half-way (decay 0.5)
+    assert table(1, 1) == pytest.approx(1.0 + 1.0) and table(1, 5) == pytest.approx(3.0 + 1.0)
+    assert table(8, 5) == 6.0  # another row is not touched
+    table.observe(1, 3, 4.0)
+    assert table(1, 3) == pytest.approx(3.5) and table(1, 1) == pytest.approx(2.5)
+    table.observe(1, 1, float("inf"))
+    assert table(1, 1) == pytest.approx(2.5)
+
+
+# --- the swap per step ------------------------------------------------------------------------
+
+
+def test_each_step_verifies_with_its_widths_backend_and_graphs_and_then_the_largest_again():
+    from sglang_ddtree.adapter.width_graphs import WidthRunners
+
+    widest = (SimpleNamespace(name="backend 9"), SimpleNamespace(name="graphs 9"))
+    model_runner = SimpleNamespace(attn_backend=widest[0], decode_cuda_graph_runner=widest[1])
+    pairs = {w: (SimpleNamespace(name=f"backend {w}"), SimpleNamespace(name=f"graphs {w}")) for w in (1, 3)}
+    runners = WidthRunners(model_runner, pairs, largest=9)
+    assert runners.widths == (1, 3, 9)
+    for width in (3, 1, 9, 3):
+        runners.use(width)
+        assert model_runner.attn_backend.name == f"backend {width}"
+        assert model_runner.decode_cuda_graph_runner.name == f"graphs {width}"
+        runners.restore()
+        assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == widest
+    with pytest.raises(KeyError):
+        runners.use(5)
+
+
+def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
+    """Per step: ``start`` points the target at the chosen width's pair before the verify,
+    the drafter graph's widest tree is cut to that width with the log-probs the graph kept,
+    and ``finish`` points the target back at the start-up pair."""
+    import math
+
+    from sglang_ddtree.adapter.width_graphs import WidthRunners
+    from sglang_ddtree.adapter.widths import StepWidths
+    from sglang_ddtree.budget import RoundCostTable
+
+    depth, k, widths = 3, 4, (1, 2, 3, 5)
+    cost = RoundCostTable((1, 8), widths, [[1.0, 1.0, 1.0, 1.0], [1.0, 9.0, 9.0, 9.0]])
+    steps = StepWidths(widths, cost, depth, make_head=lambda w: SimpleNamespace(k=k))
+    startup = (SimpleNamespace(width=5), SimpleNamespace(width=5))
+    model_runner = SimpleNamespace(attn_backend=startup[0], decode_cuda_graph_runner=startup[1])
+    pairs = {w: (SimpleNamespace(width=w), SimpleNamespace(width=w)) for w in widths[:-1]}
+    steps.runners = WidthRunners(model_runner, pairs, largest=5)
+
+    def propose(hidden, k):  # a confident drafter: top-1 at 0.9 on every depth
+        log_probs = torch.full((hidden.shape[0], k), math.log(1e-9))
+        log_probs[:, 0] = math.log(0.9)
+        return log_probs, torch.arange(k).repeat(hidden.shape[0], 1)
+
+    kept = steps.keep_log_probs(propose, max_bs=8, device="cpu")  # what the drafter's graph runs
+    lp, ids, roots, prefix = _inputs(0, 8, depth, 50, 4, k, "none")
+    widest = _backend_build(PythonBackend())(lp, ids, roots, prefix, 4, 5)
+    seen = []
+    for bs in (1, 1, 8):
+        width = steps.start(bs)
+        assert model_runner.attn_backend.width == width == model_runner.decode_cuda_graph_runner.width
+        kept(torch.zeros(bs * depth, 16), k)  # the graph's replay writes the kept log-probs
+        trees, _ = steps.from_graph((widest.rows(bs), None), width)
+        assert trees.width == width and trees.tokens.shape[0] == bs
+        steps.finish(torch.zeros(bs, dtype=torch.int64))
+        assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == startup
+        seen.append(width)
+    # nothing predicted yet: the root alone; then the largest tree at bs 1 (flat costs) and the
+    # root alone at bs 8 (trees cost 9x): the choice reads the log-probs the graph kept
+    assert seen == [1, 5, 1]
