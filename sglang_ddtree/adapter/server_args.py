@@ -175,11 +175,7 @@ def apply_online_budget(args) -> None:
 # the reasons SGLang 0.5.23 gives for EAGLE's --speculative-adaptive, which swaps them the same
 # way (speculative/adaptive_spec_params.py: adaptive_unsupported_reason).
 GRAPH_SWAP_CONFLICTS = (
-    (
-        "enable_two_batch_overlap",
-        "--enable-two-batch-overlap",
-        "the swap would discard the TboAttnBackend wrapper",
-    ),
+    ("enable_two_batch_overlap", "--enable-two-batch-overlap", "the swap would drop the TBO wrapper"),
     ("enable_pdmux", "--enable-pdmux", "the swap does not update the PD-multiplexing backend group"),
     ("enable_dp_attention", "--enable-dp-attention", "the width would not be synchronised across DP ranks"),
 )

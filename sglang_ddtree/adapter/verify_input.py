@@ -41,3 +41,12 @@ def prefix_lens_bound_cpu(batch, draft_input, context_len: int):
     if reserved is None:
         return None
     return reserved[: len(batch.seq_lens)].clamp(max=context_len)
+
+
+def draft_seq_lens_cpu(batch, draft_input, bs: int, block_size: int):
+    """Host upper bound of each request's KV length during the draft forward."""
+    if batch.seq_lens_cpu is not None:
+        return batch.seq_lens_cpu[:bs].to(torch.int32) + block_size
+    if draft_input.nxt_kv_lens_cpu is not None:
+        return draft_input.nxt_kv_lens_cpu[:bs].to(torch.int32)
+    return torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int32)

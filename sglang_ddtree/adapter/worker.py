@@ -55,7 +55,7 @@ from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
-from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
+from .verify_input import DDTreeVerifyInput, draft_seq_lens_cpu, prefix_lens_bound_cpu
 from .widths import StepWidths
 
 logger = logging.getLogger("sglang_ddtree")
@@ -312,7 +312,7 @@ class DDTreeWorker(DFlashWorkerV2):
         embeds = embed(block_ids)
         if self._noise_embed_scale != 1.0:
             embeds = embeds * self._noise_embed_scale
-        seq_lens_cpu = self._draft_seq_lens_cpu(batch, draft_input, bs)
+        seq_lens_cpu = draft_seq_lens_cpu(batch, draft_input, bs, self.block_size)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -345,14 +345,6 @@ class DDTreeWorker(DFlashWorkerV2):
         # The head's own group: the attention-TP group under --enable-dp-lm-head, none unsharded.
         tp_group = lm_head.tp_group if int(getattr(lm_head, "tp_size", 1)) > 1 else None
         return draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
-
-    def _draft_seq_lens_cpu(self, batch, draft_input, bs):
-        """Host upper bound of each request's KV length during the draft forward."""
-        if batch.seq_lens_cpu is not None:
-            return batch.seq_lens_cpu[:bs].to(torch.int32) + self.block_size
-        if draft_input.nxt_kv_lens_cpu is not None:
-            return draft_input.nxt_kv_lens_cpu[:bs].to(torch.int32)
-        return torch.tensor([req.kv.kv_allocated_len for req in batch.reqs], dtype=torch.int32)
 
     def _verify(self, batch, draft_input, trees, window, plan):
         custom = self._uses_custom_mask
