@@ -1,6 +1,7 @@
 """The online budget's per-step width as the eager round drives it (``adapter/widths.py``),
-without a server: the candidate widths, the probed cost table, and the step loop's use of
-the previous step's prediction, its calibration and its costs (CPU, torch)."""
+without a server: the candidate widths, the probed cost table, the step loop's use of
+the previous step's prediction, its calibration and its costs, and width-1 steps that skip
+the drafter (the root-only trees, the kept prediction, the tree coming back) (CPU, torch)."""
 
 import math
 
@@ -10,6 +11,9 @@ import torch
 
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, candidate_widths
+from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
+from sglang_ddtree.tree.layout import build_tree_batch_ref, pack_mask_words
+from sglang_ddtree.tree.types import Trees
 
 DEPTH = 4
 
@@ -52,14 +56,16 @@ def confident_drafter(top1):
 
 
 def run_step(widths: StepWidths, bs: int, accept_len: int, top1: float = 0.9) -> int:
+    """One step as the worker runs it: the drafter proposes unless the step skips it."""
     width = widths.start(bs)
-    widths.watch(confident_drafter(top1))(torch.zeros(bs * DEPTH, 8), 4)
+    if not widths.skips_draft:
+        widths.watch(confident_drafter(top1))(torch.zeros(bs * DEPTH, 8), 4)
     widths.finish(torch.full((bs,), min(accept_len, width - 1), dtype=torch.int64))
     return width
 
 
-def step_widths(cost) -> StepWidths:
-    return StepWidths((1, 2, 3, 5), cost, DEPTH, make_head=lambda width: width)
+def step_widths(cost, **kw) -> StepWidths:
+    return StepWidths((1, 2, 3, 5), cost, DEPTH, make_head=lambda width: width, **kw)
 
 
 def test_without_a_prediction_the_root_alone_then_the_best_width():
@@ -110,9 +116,102 @@ def test_calibration_learns_what_the_target_accepts():
 
 def test_measured_costs_probe_every_width_twice_before_choosing():
     widths = step_widths(ProbedCostTable((1, 2, 4), (1, 2, 3, 5), probes=2))
+    assert run_step(widths, bs=1, accept_len=4) == 1 and not widths.skips_draft  # nothing predicted
+    assert widths.cost.counts[0].tolist() == [0, 0, 0, 0]  # a width-1 round with a draft: not width 1's cost
     probes = [run_step(widths, bs=1, accept_len=4) for _ in range(8)]
     assert probes == [1, 1, 2, 2, 3, 3, 5, 5]
     assert run_step(widths, bs=1, accept_len=4) in (1, 2, 3, 5)
     assert run_step(widths, bs=3, accept_len=4) == 1  # a new batch-size row is probed again
     assert widths.cost.counts[0].tolist() == [2, 2, 2, 2]
     assert np.all(widths.cost.ms[0] > 0)
+
+
+# --- width 1 without the drafter --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", [PythonBackend(), CppBackend()], ids=["python", "cpp"])
+def test_root_only_trees_are_what_a_build_at_budget_zero_gives(backend):
+    rng = np.random.default_rng(7)
+    bs, depth, k, vocab = 5, 4, 3, 100
+    log_probs = np.sort(np.log(rng.dirichlet(np.ones(k), size=(bs, depth))), axis=-1)[..., ::-1].copy()
+    token_ids = rng.integers(0, vocab, size=(bs, depth, k)).astype(np.int64)
+    roots = rng.integers(0, vocab, size=bs).astype(np.int64)
+    prefix = rng.integers(0, 5000, size=bs).astype(np.int64)
+    ref = build_tree_batch_ref(log_probs.astype(np.float32), token_ids, roots, 0, 1)
+    t = torch.as_tensor
+    built = backend.build(t(log_probs).float(), t(token_ids), t(roots), t(prefix), 0, 1)
+    roots_in, prefix_in = t(roots).clone(), t(prefix).clone()
+    root_only = Trees.root_only(roots_in, prefix_in)
+    want = {
+        "tokens": ref.tokens,
+        "depths": ref.depths,
+        "parents": ref.parents,
+        "positions": ref.positions(prefix),
+        "tree_sizes": ref.tree_sizes,
+        "mask_words": pack_mask_words(ref.visibility),
+    }
+    for field, expected in want.items():
+        got = getattr(root_only, field)
+        assert got.dtype == getattr(built, field).dtype, field
+        assert torch.equal(got, t(expected).to(got.dtype)), field
+        assert torch.equal(got, getattr(built, field)), field
+    root_only.positions += 1  # copies: the round clamps positions in place
+    root_only.tokens += 1
+    assert torch.equal(prefix_in, t(prefix)) and torch.equal(roots_in, t(roots))
+
+
+def test_a_step_without_the_drafter_gets_root_only_trees_clamped_to_the_last_position():
+    widths = step_widths(RoundCostTable((1,), (1, 2, 3, 5), [[1.0] * 4]))
+    trees, top1 = widths.root_only(torch.tensor([7, 8]), torch.tensor([3, 40]), last_position=31)
+    assert trees.width == 1 and trees.positions.tolist() == [[3], [31]]
+    assert top1.shape == (2, DEPTH)
+
+
+def batch_heavy_cost(bs, width):
+    """Flat at batch size 1 (the largest tree wins); above it a tree costs ``10 w^2``."""
+    return 10.0 if bs == 1 else 10.0 * width * width
+
+
+def test_width_one_skips_the_drafter_keeps_the_prediction_and_the_tree_comes_back():
+    table = RoundCostTable.from_function((1, 2, 4, 8), (1, 2, 3, 5), batch_heavy_cost)
+    widths = step_widths(table)
+    assert run_step(widths, bs=1, accept_len=4) == 1 and not widths.skips_draft  # nothing predicted yet
+    assert run_step(widths, bs=1, accept_len=4) == 5 and not widths.skips_draft
+    widths._absorb_landed()
+    scale, kept = widths.calibration.scale.copy(), widths._per_request.copy()
+    loaded = [(run_step(widths, bs=8, accept_len=0), widths.skips_draft) for _ in range(20)]
+    assert loaded == [(1, True)] * 20  # under load: the root alone, no drafter
+    assert widths.summary()["width1_steps_without_draft"] == 20
+    widths._absorb_landed()
+    np.testing.assert_array_equal(widths.calibration.scale, scale)  # no evidence about any depth
+    np.testing.assert_array_equal(widths._per_request, kept)  # the last prediction, kept as it was
+    assert run_step(widths, bs=1, accept_len=4) == 5  # the batch shrank: the tree is back
+    assert not widths.skips_draft
+    scores = {s.width: s.expected_accepted for s in widths.chooser.last_scores}
+    assert scores[5] == pytest.approx(widths.calibration.calibrated(kept)[3])
+    assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft  # and gone again under load
+
+
+def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_prediction():
+    table = RoundCostTable.from_function((1, 8), (1, 2, 3, 5), batch_heavy_cost)
+    widths = step_widths(table, refresh_every=3)
+    drafted = []
+    for _ in range(9):
+        assert run_step(widths, bs=8, accept_len=0) == 1
+        drafted.append(not widths.skips_draft)
+    # the first (nothing predicted), then one after every 3 steps without a draft
+    assert drafted == [True, False, False, False, True, False, False, False, True]
+    assert widths.summary()["width1_steps_without_draft"] == 6
+    run_step(widths, bs=8, accept_len=0)
+    widths._absorb_landed()
+    assert widths._per_request[-1].sum() == pytest.approx(chain_expected(0.9, 5))  # refreshed, per request
+
+
+def test_only_width_one_rounds_without_a_draft_cost_width_one():
+    widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
+    run_step(widths, bs=8, accept_len=0)  # width 1 with a draft: nothing predicted yet
+    widths._absorb_landed()
+    assert widths.cost.counts[1].tolist() == [0, 0, 0, 0]
+    assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft
+    widths._absorb_landed()
+    assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]

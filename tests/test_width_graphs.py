@@ -142,16 +142,19 @@ def test_narrowing_refuses_a_wider_tree():
 
 def test_timed_table_costs_a_batch_as_the_graph_that_serves_it():
     """Rows: every captured batch size; a width's cell is its own graph that holds the batch
-    (its smallest captured size >= the row) plus the drafter's graph at that row."""
+    (its smallest captured size >= the row) plus, for a tree, the drafter's graph at that row
+    (width 1 runs no drafter)."""
     from sglang_ddtree.adapter.width_graphs import startup_cost_table
 
     verify_ms = {1: {1: 1.0, 4: 2.0, 8: 3.0}, 3: {1: 1.5, 8: 5.0}}  # width 3 captured no bs 4
     draft_ms = {1: 0.5, 8: 1.0}
     table = startup_cost_table((1, 3), verify_ms, draft_ms)
     assert table.batch_sizes == (1, 4, 8)
-    assert table(1, 1) == pytest.approx(1.5) and table(1, 3) == pytest.approx(2.0)
-    assert table(3, 1) == pytest.approx(2.0 + 1.0)  # bs 3 runs in the bs-4 graph; drafter's bs 8
-    assert table(4, 3) == pytest.approx(5.0 + 1.0)  # width 3's smallest graph holding 4 is bs 8
+    assert table(1, 1) == pytest.approx(1.0) and table(1, 3) == pytest.approx(2.0)
+    assert table(3, 1) == pytest.approx(2.0)  # bs 3 runs in the bs-4 graph
+    assert table(3, 3) == pytest.approx(
+        5.0 + 1.0
+    )  # width 3's smallest graph holding 3 is bs 8; drafter's too
     assert table(16, 3) == pytest.approx(6.0 * 2)  # past every graph: eager, linear in bs
     with pytest.raises(ValueError, match="no timed graph"):
         startup_cost_table((1, 3), {1: {1: 1.0}}, draft_ms)
@@ -171,6 +174,8 @@ def test_timed_table_learns_the_round_overhead_of_a_row_from_any_width():
     assert table(1, 3) == pytest.approx(3.5) and table(1, 1) == pytest.approx(2.5)
     table.observe(1, 1, float("inf"))
     assert table(1, 1) == pytest.approx(2.5)
+    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own cell only
+    assert table(1, 1) == pytest.approx(2.0) and table(1, 5) == pytest.approx(3.0 + 1.5)
 
 
 # --- the swap per step ------------------------------------------------------------------------
@@ -221,15 +226,19 @@ def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
     lp, ids, roots, prefix = _inputs(0, 8, depth, 50, 4, k, "none")
     widest = _backend_build(PythonBackend())(lp, ids, roots, prefix, 4, 5)
     seen = []
-    for bs in (1, 1, 8):
+    for bs in (1, 1, 8, 8, 1):
         width = steps.start(bs)
         assert model_runner.attn_backend.width == width == model_runner.decode_cuda_graph_runner.width
-        kept(torch.zeros(bs * depth, 16), k)  # the graph's replay writes the kept log-probs
-        trees, _ = steps.from_graph((widest.rows(bs), None), width)
+        if steps.skips_draft:  # width 1: no drafter graph replay, the root-only trees
+            trees, _ = steps.root_only(torch.as_tensor(roots[:bs]), torch.as_tensor(prefix[:bs]), 10**6)
+        else:
+            kept(torch.zeros(bs * depth, 16), k)  # the graph's replay writes the kept log-probs
+            trees, _ = steps.from_graph((widest.rows(bs), None), width)
         assert trees.width == width and trees.tokens.shape[0] == bs
         steps.finish(torch.zeros(bs, dtype=torch.int64))
         assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == startup
-        seen.append(width)
-    # nothing predicted yet: the root alone; then the largest tree at bs 1 (flat costs) and the
-    # root alone at bs 8 (trees cost 9x): the choice reads the log-probs the graph kept
-    assert seen == [1, 5, 1]
+        seen.append((width, steps.skips_draft))
+    # nothing predicted yet: the root alone, drafted; then the largest tree at bs 1 (flat costs),
+    # the root alone at bs 8 (trees cost 9x) in width 1's graphs with no drafter replay, and
+    # the tree again at bs 1 from the kept prediction: the choice reads the log-probs the graph kept
+    assert seen == [(1, False), (5, False), (1, True), (1, True), (5, False)]

@@ -173,13 +173,17 @@ def _replay_ms(replay, repeats: int) -> float:
 def startup_cost_table(widths, verify_ms: dict[int, dict[int, float]], draft_ms: dict[int, float]):
     """``T(bs, width)`` from timed replays: rows at every batch size some width captured; a cell
     costs the width's verify graph that holds the batch (its smallest captured size >= bs;
-    past its largest, linear in bs: the eager forward) plus the drafter's graph likewise (no
-    drafter graph: nothing added, the rounds served will show it)."""
+    past its largest, linear in bs: the eager forward) plus, for a tree (width > 1), the
+    drafter's graph likewise (no drafter graph: nothing added, the rounds served will show
+    it). Width 1 runs no drafter (``StepWidths.skips_draft``)."""
     missing = [w for w in widths if not verify_ms.get(w)]
     if missing:
         raise ValueError(f"no timed graph for widths {missing}")
     rows = sorted({bs for timed in verify_ms.values() for bs in timed})
-    ms = [[_served_by(verify_ms[w], bs) + _served_by(draft_ms, bs) for w in widths] for bs in rows]
+    ms = [
+        [_served_by(verify_ms[w], bs) + (_served_by(draft_ms, bs) if w > 1 else 0.0) for w in widths]
+        for bs in rows
+    ]
     return TimedCostTable(rows, widths, ms)
 
 

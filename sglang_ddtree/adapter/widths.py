@@ -4,8 +4,10 @@
 The server keeps its largest verify width ``W`` (``speculative_num_draft_tokens``: the KV
 reservation, the round's write window); each step builds a tree of ``width - 1 <= W - 1``
 nodes and verifies exactly ``width`` slots per request, in the first ``width`` columns of
-the window. Width 1 verifies the root alone: a plain decoding step through the verify path.
-Every width is exact (the accept walk and the commit plan only ever see the tree that ran).
+the window. Width 1 verifies the root alone: a plain decoding step through the verify path,
+with no drafter forward and no tree step (the root-only trees are made directly,
+:meth:`StepWidths.root_only`). Every width is exact (the accept walk and the commit plan only
+ever see the tree that ran).
 
 Per step, two calls from the worker:
 
@@ -18,6 +20,15 @@ Per step, two calls from the worker:
 scaled to this step's batch size: acceptance moves slowly, the batch size is known on the
 host. ``finish`` starts copying this step's prediction and its accepted depths to the host;
 a later ``start`` folds them into the per-depth calibration once the copy has landed.
+
+A width-1 step without the drafter predicts nothing: the last prediction is kept as it was
+(the drafter's confidence on the running text, which a step that did not draft says nothing
+new about; decaying it toward zero would make width 1 confirm itself), the calibration is not
+touched (the step predicted no depth), and the next choice scales the kept prediction to the
+batch size of that step, so a batch that shrinks brings the tree back through the cost table.
+Two steps draft at width 1 anyway: the first (nothing predicted yet) and one after every
+``refresh_every`` steps without a draft, so the kept prediction follows the requests that
+come and go; neither counts as a width-1 round cost.
 
 The round cost ``T(bs, width)`` is measured (host wall time of the round; on a CPU server the
 round's real cost, on a GPU eager server an upper bound while the host waits on the device):
@@ -48,11 +59,14 @@ from ..budget import (
 )
 from ..config import DDTreeConfigError, budget_cost_table
 from ..tree.expected_accept import reach_at_widths, reach_by_depth
+from ..tree.types import Trees
 
 logger = logging.getLogger("sglang_ddtree")
 
 # Rows of the measured cost table: a batch costs what its row (the next power of two) cost.
 COST_BATCH_SIZES = tuple(1 << i for i in range(9))
+# Consecutive width-1 steps without the drafter before one drafts to refresh the prediction.
+REFRESH_EVERY = 64
 
 
 @dataclass
@@ -62,12 +76,19 @@ class _Observed:
     bs: int
     width: int
     host_ms: float
-    values: torch.Tensor  # [n_widths + 1, depth] float64: predicted reach per width, then measured
+    values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
+    # measured; None for a step without a draft (nothing predicted)
     ready: torch.cuda.Event | None  # None: already on the host
     device_span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # under graphs: device time
 
     def landed(self) -> bool:
-        return self.ready is None or self.ready.query()
+        span_done = self.device_span is None or self.device_span[1].query()
+        return span_done and (self.ready is None or self.ready.query())
+
+    @property
+    def costs_its_width(self) -> bool:
+        """Ran as its width is costed: width 1 without the drafter, a tree with it."""
+        return (self.values is None) == (self.width == 1)
 
     @property
     def round_ms(self) -> float:
@@ -77,7 +98,14 @@ class _Observed:
 
 
 class StepWidths:
-    def __init__(self, widths, cost: RoundCostTable, depth: int, make_head: Callable[[int], object]):
+    def __init__(
+        self,
+        widths,
+        cost: RoundCostTable,
+        depth: int,
+        make_head: Callable[[int], object],
+        refresh_every: int = REFRESH_EVERY,
+    ):
         self.widths = tuple(widths)
         self.cost = cost
         self.depth = depth
@@ -89,6 +117,11 @@ class StepWidths:
         self._pending: list[_Observed] = []
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
         self._log_probs: torch.Tensor | None = None
+        self.refresh_every = refresh_every
+        self.skips_draft = False  # this step: width 1, no drafter forward, no tree step
+        self.steps_without_draft = 0
+        self._predicting = False  # a drafted step's prediction is kept or on its way to the host
+        self._undrafted_run = 0  # width-1 steps without a draft since the last step that drafted
         # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
         # the drafter graph's kept log-probs, and the device start of the step.
         self.runners = None
@@ -130,6 +163,9 @@ class StepWidths:
         if width is None:
             width = self.chooser.choose(bs, self._expected_accepted(bs))
         self.history[bs, width] += 1
+        self.skips_draft = width == 1 and self._predicting and self._undrafted_run < self.refresh_every
+        self._undrafted_run = self._undrafted_run + 1 if self.skips_draft else 0
+        self.steps_without_draft += self.skips_draft
         self._step = (bs, width, time.perf_counter())
         if self.runners is not None:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
@@ -160,18 +196,30 @@ class StepWidths:
         self._log_probs = self.kept.rows(trees.tokens.shape[0])
         return trees.narrowed(width), top1
 
+    def root_only(self, roots: torch.Tensor, prefix_lens: torch.Tensor, last_position: int):
+        """A step that skips the drafter: (the root-only :class:`Trees`, a top-1 per depth that
+        no accepted node reads), as ``_draft`` returns them."""
+        trees = Trees.root_only(roots, prefix_lens)
+        trees.positions.clamp_(max=last_position)
+        return trees, trees.tokens.expand(-1, self.depth)
+
     def finish(self, accept_lens: torch.Tensor) -> None:
         """After the step's accept: start bringing its prediction and outcome to the host."""
-        if self._step is None or self._log_probs is None:
+        if self._step is None or (self._log_probs is None and not self.skips_draft):
             raise RuntimeError("DDTREE online budget: finish() without start() and a draft")
         bs, width, started = self._step
-        log_probs = self._log_probs.view(bs, self.depth, -1)
-        self._step = self._log_probs = None
+        log_probs, self._step, self._log_probs = self._log_probs, None, None
         span = None
         if self.runners is not None:
             self.runners.restore()  # prefill and the rest run with the start-up pair
             if self._device_start is not None:
                 span, self._device_start = (self._device_start, _device_event()), None
+        if self.skips_draft:  # nothing predicted: only the round's cost to record
+            host_ms = (time.perf_counter() - started) * 1e3
+            self._pending.append(_Observed(bs, width, host_ms, None, None, span))
+            return
+        log_probs = log_probs.view(bs, self.depth, -1)
+        self._predicting = True
         max_budget = self.widths[-1] - 1
         predicted = reach_at_widths(reach_by_depth(log_probs, max_budget), self.widths)  # [n_widths, depth]
         measured = reach_counts(accept_lens, self.depth).to(torch.float64)
@@ -189,11 +237,12 @@ class StepWidths:
     def _absorb_landed(self) -> None:
         while self._pending and self._pending[0].landed():
             step = self._pending.pop(0)
-            values = step.values.numpy()
-            predicted, measured = values[:-1], values[-1]
-            self.calibration.update(measured, predicted[self.widths.index(step.width)])
-            self._per_request = predicted / step.bs
-            if self.measured:
+            if step.values is not None:  # a step without a draft keeps the last prediction
+                values = step.values.numpy()
+                predicted, measured = values[:-1], values[-1]
+                self.calibration.update(measured, predicted[self.widths.index(step.width)])
+                self._per_request = predicted / step.bs
+            if self.measured and step.costs_its_width:
                 self.cost.observe(step.bs, step.width, step.round_ms)
 
     # --- what the server shows ---------------------------------------------------------
@@ -209,6 +258,7 @@ class StepWidths:
         summary = {
             "width_steps": dict(sorted(per_width.items())),
             "width_steps_by_bs": by_bs,
+            "width1_steps_without_draft": self.steps_without_draft,
             "depth_scale": [round(float(s), 3) for s in self.calibration.scale],
         }
         if self.measured:

@@ -286,7 +286,9 @@ class DDTreeWorker(DFlashWorkerV2):
     def _draft(self, batch, draft_input, roots, prefix_lens, plan, width):
         """One drafter block and the tree step for a verify ``width``: (:class:`Trees`, the
         drafter's top-1 per depth ``[bs, depth]``). On a graph replay the tree step ran
-        inside the graph."""
+        inside the graph. An online-budget step at width 1 runs neither (root-only trees)."""
+        if self.widths is not None and self.widths.skips_draft:
+            return self.widths.root_only(roots, prefix_lens, self._last_position)
         with self.phase("draft prepare"):
             forward_batch = self._draft_forward_batch(batch, draft_input, roots, prefix_lens, plan)
         with self.phase("draft forward"), torch.inference_mode():

@@ -122,8 +122,11 @@ class TimedCostTable(RoundCostTable):
     refined by the rounds the server runs. A replay times the forwards only; a round adds its
     own work (the tree step, mask, accept, commit), about the same at every width of a batch
     size. So each row also learns its measured excess over the replays (exponentially
-    weighted, from any width it serves), and a cell not served yet costs its replay plus that
-    excess: an unserved width does not look cheaper than the served ones for lack of data."""
+    weighted, from any tree width it serves), and a cell not served yet costs its replay plus
+    that excess: an unserved width does not look cheaper than the served ones for lack of data.
+    Width 1 runs no drafter and no tree step (``adapter/widths.py``): its rounds teach only
+    their own cell, not the trees' excess; before it is served it carries the trees' excess,
+    an upper bound of its own."""
 
     def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], ms, **kw):
         super().__init__(batch_sizes, widths, ms, **kw)
@@ -148,6 +151,8 @@ class TimedCostTable(RoundCostTable):
             self.ms[row, column] = self.startup[row, column] + self.excess[row]
             self.served[row, column] = True
         self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+        if width == 1:
+            return
         excess = ms - self.startup[row, column]
         self.excess[row] += self.refine_decay * (excess - self.excess[row])
 

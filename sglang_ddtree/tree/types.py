@@ -53,6 +53,22 @@ class Trees:
             mask_words=self.mask_words[:n],
         )
 
+    @classmethod
+    def root_only(cls, roots: torch.Tensor, prefix_lens: torch.Tensor) -> Trees:
+        """Width 1: every request's tree is its root alone (the token the target emitted
+        last round, at position ``prefix_len``), what a build at budget 0 gives, made without
+        any draft (device ops only, no host sync; copies, never views of the inputs)."""
+        roots = roots.reshape(-1, 1).to(torch.int64, copy=True)
+        bs = roots.shape[0]
+        return cls(
+            tokens=roots,
+            depths=torch.zeros_like(roots),
+            parents=torch.full_like(roots, -1),
+            positions=prefix_lens.reshape(bs, 1).to(torch.int64, copy=True),
+            tree_sizes=torch.ones(bs, dtype=torch.int64, device=roots.device),
+            mask_words=torch.ones((bs, 1, 1), dtype=torch.int32, device=roots.device),  # sees itself
+        )
+
     def narrowed(self, width: int) -> Trees:
         """The tree of ``width - 1`` nodes that a build at ``width`` would give, from this
         wider one (contiguous copies). Exact because the builders emit nodes in best-first
