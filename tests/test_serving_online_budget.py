@@ -10,13 +10,18 @@ output must equal the non-speculative server's, whatever width each step ran.
   choice: at batch size 1 every width costs the same, so the largest tree (the most
   expected tokens) must win; from batch size 2 a round costs ``w^2``, so no tree can pay
   for itself (``E_w <= 2 (w - 1) bs`` even at the calibration's largest scale, below the
-  ``(w^2 - 1) bs`` it would need) and every step must verify the root alone.
+  ``(w^2 - 1) bs`` it would need) and every step must verify the root alone, without running
+  the drafter (the phase timer, on for this server, logs one line per round: a round that
+  ran the drafter has a ``draft forward`` phase); when the batch is gone, the tree must come
+  back at batch size 1.
 """
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import json
+import re
 
 import pytest
 from serving import (
@@ -90,6 +95,12 @@ def test_auto_with_measured_costs_is_identical_to_plain(tiny, plain):
     assert len(stats["width_steps_by_bs"]) > 1, stats  # and the batch ran at other sizes
 
 
+def drafter_rounds(log) -> list[bool]:
+    """Per decode round, from the phase timer's line of that round: did the drafter run."""
+    lines = [line for line in log.read_text().splitlines() if "DDTREE phase host us/round:" in line]
+    return ["draft forward" in ast.literal_eval(re.sub(r"^.*us/round: ", "", line)) for line in lines]
+
+
 def test_injected_costs_flip_the_width_where_the_arithmetic_says(tiny, plain):
     batch_sizes = [1, 2, 4, 8]
     table = {
@@ -99,12 +110,16 @@ def test_injected_costs_flip_the_width_where_the_arithmetic_says(tiny, plain):
     }
     path = plain["tmp"] / "cost_table.json"
     path.write_text(json.dumps(table))
-    server, log = _serve(tiny, plain, "auto-injected", {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(path)})
+    env = {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(path), "SGLANG_DDTREE_PHASE_TIMES": "1"}
+    server, log = _serve(tiny, plain, "auto-injected", env)
     with server:
         assert server.server_info()["ddtree"]["online_budget"]["cost_table"] == "fixed"
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         sequential = last_tree_stats(log)
         assert run_batch(server, plain["requests"]) == plain["greedy"]
+        after_batch = last_tree_stats(log)
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]  # batch size 1 again
+        final = last_tree_stats(log)
     # batch size 1: the largest tree, after the very first step (no prediction yet: width 1)
     alone = sequential["width_steps_by_bs"]
     assert list(alone) == [1] and set(alone[1]) <= {1, WIDTHS[-1]} and alone[1].get(1, 0) <= 1, alone
@@ -113,4 +128,17 @@ def test_injected_costs_flip_the_width_where_the_arithmetic_says(tiny, plain):
     batched = last_tree_stats(log)["width_steps_by_bs"]
     shared = {bs: steps for bs, steps in batched.items() if bs > 1}
     assert shared and all(set(steps) == {1} for steps in shared.values()), batched
-    assert sum(steps[1] for steps in shared.values()) > 10, batched
+    width1 = sum(steps[1] for steps in shared.values())
+    assert width1 > 10, batched
+    # the root alone without the drafter: every width-1 step but the very first (nothing
+    # predicted yet) and one refresh in every 65; the phase lines say the same, round by round
+    assert sequential["width1_steps_without_draft"] == 0, sequential
+    without = after_batch["width1_steps_without_draft"]
+    assert without >= width1 - width1 // 65 - 1, after_batch
+    drafted = drafter_rounds(log)
+    assert len(drafted) == final["rounds"], (len(drafted), final["rounds"])
+    assert drafted.count(False) == final["width1_steps_without_draft"] == without
+    # the batch is gone: back to the largest tree at batch size 1, drafting every step
+    alone_again = final["width_steps_by_bs"][1]
+    assert alone_again[WIDTHS[-1]] - after_batch["width_steps_by_bs"][1][WIDTHS[-1]] > 20, final
+    assert alone_again.get(1, 0) == after_batch["width_steps_by_bs"][1].get(1, 0), final
