@@ -65,9 +65,12 @@ ARMS: dict[str, list[str]] = {
     # the online budget: a width per step up to the suite's budget, eager and in per-width graphs
     "ddtree_fp32_eager_auto": FP32 + EAGER + ONLINE_BUDGET,
     "ddtree_fp32_graphs_auto": FP32 + GRAPHS + ONLINE_BUDGET,
+    # the same with an injected cost table (WIDTH1_COST_TABLE) that makes every batched step
+    # verify the root alone in width 1's graphs (no drafter replay) and bs 1 run the largest tree
+    "ddtree_fp32_graphs_auto_width1": FP32 + GRAPHS + ONLINE_BUDGET,
 }
 # Started only when GPU_SERVER_ARMS names them (gpu/jobs/online_budget.sh), not in the default suite.
-OPT_IN_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto")
+OPT_IN_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto", "ddtree_fp32_graphs_auto_width1")
 ONLINE_BUDGET_ARMS = OPT_IN_ARMS
 # The first wave compiles the kernels (float32 and bf16, plain and speculative) that
 # the second reuses from the cache.
@@ -114,9 +117,17 @@ def parallel_args(arm: str) -> list[str]:
 def arm_env(arm: str) -> dict[str, str]:
     """Above TP-1 the DDTREE arms compare every round's trees and paths across ranks
     (``SGLANG_DDTREE_CHECK_TP_TREES``): a divergence kills the server, failing its tests."""
+    env = {}
     if tp_size() > 1 and "DDTREE" in ARMS[arm]:
-        return {"SGLANG_DDTREE_CHECK_TP_TREES": "1"}
-    return {}
+        env["SGLANG_DDTREE_CHECK_TP_TREES"] = "1"
+    if arm == "ddtree_fp32_graphs_auto_width1":
+        env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
+    return env
+
+
+# Flat at bs 1 (the largest tree expects the most: it wins); above, a round of width w costs
+# 10 w^2 ms, so no tree can pay for itself and every batched step verifies the root alone.
+WIDTH1_COST_TABLE = Path(__file__).parent / "width1_cost_table.json"
 
 
 # Which plain server each speculative float32 arm must match token for token.

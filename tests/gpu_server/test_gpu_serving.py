@@ -173,6 +173,18 @@ def test_tp_ranks_build_the_same_trees(fleet, results):
     results["tp_tree_check"] = {"tp_size": tp_size(), "rounds_logged": checked}
 
 
+def _check_width1_steps(server, prompt, want, stats, log_text):
+    """Injected costs: every batched step verified the root alone, and a request alone after
+    the batches runs the largest tree again (from the prediction kept through them)."""
+    batched = {bs: steps for bs, steps in stats["width_steps_by_bs"].items() if bs > 1}
+    assert batched and all(set(steps) == {1} for steps in batched.values()), stats
+    largest = max(stats["width_steps"])
+    before = stats["width_steps_by_bs"][1].get(largest, 0)
+    assert greedy(server, prompt, N_TOKENS) == want
+    final = ast.literal_eval(re.findall(r"DDTREE stats: (\{.*\})", log_text())[-1])
+    assert final["width_steps_by_bs"][1].get(largest, 0) > before, final
+
+
 def _near_limit_requests(prompts, context: int, new_tokens: int, budget: int):
     """Prompts that, with ``new_tokens`` more, end exactly at the context limit, one below it
     and one verify budget below it (the tree slots of their last rounds sit past it)."""
@@ -199,12 +211,16 @@ def test_fp32_requests_ending_at_the_context_limit(fleet, prompts, results, arm)
     assert together == want
 
 
-@pytest.mark.parametrize("arm", ["ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto"])
+@pytest.mark.parametrize(
+    "arm", ["ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto", "ddtree_fp32_graphs_auto_width1"]
+)
 def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, results, arm):
     """``--speculative-ddtree-budget auto``, eager and with a verify graph set per width:
     token-identical to plain at bs 1 and in the suite's batches whatever width each step ran;
     the stats line shows the widths chosen per batch size, the calibration and the round costs
-    (under graphs timed at start-up, then refined)."""
+    (under graphs timed at start-up, then refined). Width-1 steps run no drafter (but the
+    first and one refresh in every 65); with the injected table of ``..._width1`` every
+    batched step is one, in width 1's verify graphs, and the tree comes back at bs 1 after."""
     if arm not in fleet.servers:
         pytest.skip(f"opt-in arm: GPU_SERVER_ARMS=plain_fp32,{arm} (gpu/jobs/online_budget.sh)")
     server = fleet[arm]
@@ -221,6 +237,10 @@ def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, re
     results[f"{arm}/widths"] = {**stats, "accept_length": server.accept_length()}
     assert not failures, f"(batch, request, first differing token): {failures}"
     assert len(stats["width_steps"]) > 1  # the first step runs the root alone, later ones trees
+    width1 = stats["width_steps"].get(1, 0)
+    assert width1 - 1 - width1 // 65 <= stats["width1_steps_without_draft"] < max(width1, 1), stats
+    if arm == "ddtree_fp32_graphs_auto_width1":
+        _check_width1_steps(server, prompts[0], plain_outputs(arm)[1][0], stats, lambda: fleet.log_text(arm))
     if arm == "ddtree_fp32_graphs_auto":
         log = fleet.log_text(arm)
         captured = {int(w) for w in re.findall(r"verify graphs of width (\d+) captured", log)}
