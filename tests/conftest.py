@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 from processes import RUN_TAG_ENV, kill_all, wait_none_left
+from serving import SHARED_SERVERS
 
 from sglang_ddtree.models.tiny import build_tiny_models
 
@@ -46,6 +47,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    # The session fixtures may not be torn down yet (an interrupted run tears them
+    # down after this hook): the shared servers stop here first.
+    SHARED_SERVERS.stop_all()
     left = wait_none_left(os.environ[RUN_TAG_ENV], LEFTOVER_GRACE_S)
     if not left:
         return
@@ -61,3 +65,10 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="session")
 def tiny():
     return build_tiny_models()
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """Servers shared across test modules (tests/serving.py, ServerRegistry)."""
+    yield SHARED_SERVERS
+    SHARED_SERVERS.stop_all()

@@ -7,9 +7,11 @@ import concurrent.futures
 import json
 import os
 import re
+import tempfile
+import urllib.error
 from pathlib import Path
 
-from sglang_ddtree.launch import ServerProcess, cpu_server_args
+from sglang_ddtree.launch import ServerProcess, cpu_server_args, http_text
 
 PROMPTS = [
     "The",
@@ -26,6 +28,17 @@ GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "ignore_eos": Tr
 # float32: greedy comparisons must not hinge on bf16 rounding differences between
 # a batched verify and a one-token decode (patches/0001-input-embeds-dtype.md).
 COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "warning"]
+# The non-speculative reference every module compares with, one process for the whole run:
+# the sync scheduler (with overlap on, SGLang 0.5.23's plain server counts penalties one
+# token late: docs/features.md), per-request sampling seeds honoured, custom logit
+# processors allowed. Greedy output does not depend on these options.
+REFERENCE_OPTIONS = [
+    "--disable-overlap-schedule",
+    "--enable-deterministic-inference",
+    "--enable-custom-logit-processor",
+]
+# A server start (imports, model load, warm-up) can take minutes on a loaded 2-core machine.
+START_TIMEOUT_S = 900.0
 
 
 def ddtree_args(models, budget: int = 16, extra: list[str] | None = None) -> list[str]:
@@ -61,7 +74,85 @@ def generate_batch(server: ServerProcess, prompts=PROMPTS, params=GREEDY) -> lis
 
 def run_server(args, env=None, name="server", tmp: Path | None = None) -> ServerProcess:
     log = None if tmp is None else tmp / f"{name}.log"
-    return ServerProcess(args, env=env, name=name, log_path=log)
+    return ServerProcess(args, env=env, name=name, log_path=log, start_timeout=START_TIMEOUT_S)
+
+
+class ServerRegistry:
+    """Servers shared by the test modules of one run, keyed by launch arguments and
+    environment: two modules asking for the same server get one process. A server
+    start costs about a minute of imports and warm-up; a shared one is paid once.
+
+    At most ``max_alive`` servers run at once (the least recently used one stops to
+    make room). Every server stops at the end of the run, on Ctrl-C and on SIGTERM
+    (conftest.py); each also dies with the test process (launch.ProcessGroup)."""
+
+    def __init__(self, max_alive: int = 2):
+        self.max_alive = max_alive
+        self._servers: dict[tuple, ServerProcess] = {}  # least recently used first
+        self._log_dir: Path | None = None
+
+    def get(self, args: list[str], env: dict[str, str] | None = None, name: str = "shared") -> ServerProcess:
+        key = (tuple(args), tuple(sorted((env or {}).items())))
+        server = self._servers.pop(key, None)
+        if server is not None and server.process.poll() is not None:
+            server.stop()  # it died: the module that asks now gets a fresh one
+            server = None
+        if server is None:
+            self._make_room()
+            server = ServerProcess(
+                args, env=env, name=name, log_path=self._log_path(name), start_timeout=START_TIMEOUT_S
+            )
+            self._servers[key] = server
+            server.start()
+        else:
+            self._servers[key] = server
+            flush_cache(server)  # each module starts from an empty prefix cache, as on its own server
+        return server
+
+    def stop_all(self) -> None:
+        while self._servers:
+            self._servers.pop(next(iter(self._servers))).stop()
+
+    def _make_room(self) -> None:
+        while len(self._servers) >= self.max_alive:
+            self._servers.pop(next(iter(self._servers))).stop()
+
+    def _log_path(self, name: str) -> Path:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="sglang-ddtree-shared-servers-"))
+        return self._log_dir / f"{name}-{len(list(self._log_dir.iterdir()))}.log"
+
+
+SHARED_SERVERS = ServerRegistry()
+
+
+def reference_server(servers: ServerRegistry, models) -> ServerProcess:
+    """The shared non-speculative float32 server on ``models`` (REFERENCE_OPTIONS)."""
+    return servers.get(plain_args(models, REFERENCE_OPTIONS), name="reference")
+
+
+def flush_cache(server: ServerProcess) -> None:
+    try:
+        http_text(f"{server.url}/flush_cache", {}, timeout=120)
+    except urllib.error.HTTPError:
+        pass  # refused while requests run: none do between modules
+
+
+def oracle_reference(server: ServerProcess, models, tmp: Path) -> dict:
+    """The plain server's greedy answers to ``token_requests`` on ``models``, and the
+    scripted drafter's file built from them (tests/oracle_plugin.py)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(models.target)
+    requests = token_requests(tokenizer)
+    greedy = output_ids(run_all(server, requests))
+    return {
+        "tokenizer": tokenizer,
+        "requests": requests,
+        "greedy": greedy,
+        "oracle": write_oracle(tmp / "oracle.json", requests, greedy),
+        "tmp": tmp,
+    }
 
 
 def write_json(path: Path, obj) -> Path:

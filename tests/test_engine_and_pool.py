@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serving import GREEDY, PROMPTS, ddtree_args, run_server
+from serving import GREEDY, PROMPTS, ddtree_args, generate_batch, reference_server, run_server
 
 from sglang_ddtree.launch import http_json
 
@@ -29,12 +29,8 @@ def _engine(tiny, **spec):
     )
 
 
-def test_engine_greedy_identical_to_plain(tiny):
-    engine = _engine(tiny)
-    try:
-        expected = [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
-    finally:
-        engine.shutdown()
+def test_engine_greedy_identical_to_plain(tiny, servers):
+    expected = generate_batch(reference_server(servers, tiny))  # the shared plain server, batch of 8
     engine = _engine(
         tiny,
         speculative_algorithm="DDTREE",

@@ -4,13 +4,14 @@ The scheduler reserves two verify windows past each request's committed length
 every round (patches/0004-req-to-token-row-width.md). A request ending within one
 verify width of the context length used to push that reservation past its
 ``req_to_token`` row and kill the scheduler. Here such requests run alone and
-batched with short ones; greedy output must equal the plain server's.
+batched with short ones; greedy output must equal the plain server's (the shared
+reference: the context length does not change what it answers).
 """
 
 from __future__ import annotations
 
 import pytest
-from serving import GREEDY, PROMPTS, ddtree_args, output_ids, plain_args, run_server
+from serving import GREEDY, PROMPTS, ddtree_args, output_ids, reference_server, run_server
 from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.server
@@ -61,9 +62,8 @@ def workload(tiny):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, workload):
-    with run_server(plain_args(tiny, LIMIT_ARGS), name="plain") as server:
-        alone, batched = _answers(server, workload)
+def plain(tiny, servers, workload):
+    alone, batched = _answers(reference_server(servers, tiny), workload)
     assert alone == batched, "the plain server itself is not batch-invariant"
     assert all(len(out) > 0 for out in alone)
     return alone

@@ -21,7 +21,15 @@ import json
 import re
 
 import pytest
-from serving import PROMPTS, ddtree_args, last_tree_stats, oracle_env, plain_args, run_server, write_json
+from serving import (
+    PROMPTS,
+    ddtree_args,
+    last_tree_stats,
+    oracle_env,
+    reference_server,
+    run_server,
+    write_json,
+)
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from transformers import AutoTokenizer
 
@@ -99,16 +107,16 @@ def _oracle(path, requests, outputs, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny, tmp_path_factory):
+def reference(tiny, servers, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("features")
     tokenizer = AutoTokenizer.from_pretrained(tiny.target)
     requests = _feature_requests(tokenizer)
-    with run_server(plain_args(tiny, ["--disable-overlap-schedule", *PLAIN_OPTIONS]), name="plain") as server:
-        unconstrained = {
-            p: server.generate({"text": p, "sampling_params": GREEDY})["output_ids"] for p in PROMPTS[:3]
-        }
-        requests += _dependent_requests(tokenizer, unconstrained)
-        results = _send_all(server, requests)
+    server = reference_server(servers, tiny)  # sync scheduler, PLAIN_OPTIONS
+    unconstrained = {
+        p: server.generate({"text": p, "sampling_params": GREEDY})["output_ids"] for p in PROMPTS[:3]
+    }
+    requests += _dependent_requests(tokenizer, unconstrained)
+    results = _send_all(server, requests)
     outputs = [r["output_ids"] for r in results]
     return {
         "tokenizer": tokenizer,

@@ -4,16 +4,16 @@ token-identical to the same server without speculation."""
 from __future__ import annotations
 
 import pytest
-from serving import PROMPTS, ddtree_args, generate_batch, generate_sequential, plain_args, run_server
+from serving import PROMPTS, ddtree_args, generate_batch, generate_sequential, reference_server, run_server
 
 pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def baseline(tiny):
-    with run_server(plain_args(tiny), name="plain") as server:
-        sequential = generate_sequential(server)
-        batched = generate_batch(server)
+def baseline(tiny, servers):
+    server = reference_server(servers, tiny)
+    sequential = generate_sequential(server)
+    batched = generate_batch(server)
     assert sequential == batched, "the plain server itself is not batch-invariant"
     assert len({len(p) for p in PROMPTS}) == len(PROMPTS)
     return sequential

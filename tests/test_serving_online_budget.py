@@ -23,14 +23,12 @@ from serving import (
     ddtree_args,
     last_tree_stats,
     oracle_env,
+    oracle_reference,
     output_ids,
-    plain_args,
+    reference_server,
     run_all,
     run_server,
-    token_requests,
-    write_oracle,
 )
-from transformers import AutoTokenizer
 
 from sglang_ddtree.budget import candidate_widths
 
@@ -47,17 +45,8 @@ def run_batch(server, requests) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("online-budget")
-    requests = token_requests(AutoTokenizer.from_pretrained(tiny.target))
-    with run_server(plain_args(tiny), name="plain") as server:
-        greedy = output_ids(run_all(server, requests))
-    return {
-        "requests": requests,
-        "greedy": greedy,
-        "oracle": write_oracle(tmp / "oracle.json", requests, greedy),
-        "tmp": tmp,
-    }
+def plain(tiny, servers, tmp_path_factory):
+    return oracle_reference(reference_server(servers, tiny), tiny, tmp_path_factory.mktemp("online-budget"))
 
 
 def _serve(tiny, plain, name, env_extra=None):

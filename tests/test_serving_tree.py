@@ -18,14 +18,13 @@ from serving import (
     ddtree_args,
     last_tree_stats,
     oracle_env,
+    oracle_reference,
     output_ids,
-    plain_args,
+    reference_server,
     run_all,
     run_server,
     token_requests,
-    write_oracle,
 )
-from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.server
 
@@ -71,29 +70,19 @@ def _logprobs(results):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, tmp_path_factory):
-    """Everything the non-speculative server answers, and the oracle built from it."""
-    tmp = tmp_path_factory.mktemp("oracle")
-    tokenizer = AutoTokenizer.from_pretrained(tiny.target)
-    requests = token_requests(tokenizer)
-    # deterministic inference: per-request sampling seeds are honoured
-    with run_server(plain_args(tiny, ["--enable-deterministic-inference"]), name="plain") as server:
-        greedy = output_ids(run_all(server, requests))
-        stops = _stop_requests(tokenizer, greedy)
-        answers = {
-            "greedy": greedy,
-            "stop": output_ids(run_all(server, stops)),
-            "logprobs": _logprobs(run_all(server, _logprob_requests(tokenizer))),
-            "seeded": output_ids(run_all(server, token_requests(tokenizer, SEEDED))),
-        }
-    oracle = write_oracle(tmp / "oracle.json", requests, greedy)
+def plain(tiny, servers, tmp_path_factory):
+    """Everything the non-speculative server answers, and the oracle built from it.
+    Its deterministic inference honours per-request sampling seeds."""
+    server = reference_server(servers, tiny)
+    reference = oracle_reference(server, tiny, tmp_path_factory.mktemp("oracle"))
+    tokenizer = reference["tokenizer"]
+    stops = _stop_requests(tokenizer, reference["greedy"])
     return {
-        "tokenizer": tokenizer,
-        "requests": requests,
+        **reference,
         "stops": stops,
-        "oracle": oracle,
-        "tmp": tmp,
-        **answers,
+        "stop": output_ids(run_all(server, stops)),
+        "logprobs": _logprobs(run_all(server, _logprob_requests(tokenizer))),
+        "seeded": output_ids(run_all(server, token_requests(tokenizer, SEEDED))),
     }
 
 
