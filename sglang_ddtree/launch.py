@@ -276,7 +276,8 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
-        self.launch()
+        if self.group is None:  # not launched ahead
+            self.launch()
         return self.wait_until_ready()
 
     def launch(self) -> ServerProcess:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
@@ -77,14 +78,66 @@ def run_server(args, env=None, name="server", tmp: Path | None = None) -> Server
     return ServerProcess(args, env=env, name=name, log_path=log, start_timeout=START_TIMEOUT_S)
 
 
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """A server a test will start: launch arguments, environment and log file."""
+
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    name: str = "server"
+    log_path: Path | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.args, self.env)
+
+    def create(self) -> ServerProcess:
+        return ServerProcess(
+            list(self.args),
+            env=dict(self.env),
+            name=self.name,
+            log_path=self.log_path,
+            start_timeout=START_TIMEOUT_S,
+        )
+
+
+def server_spec(args, env=None, name="server", tmp: Path | None = None) -> ServerSpec:
+    log = None if tmp is None else tmp / f"{name}.log"
+    return ServerSpec(tuple(args), tuple(sorted((env or {}).items())), name, log)
+
+
+class TestSchedule:
+    """The tests still to run in this session (conftest.py keeps it current), so that a
+    server is launched ahead only for a test that will run."""
+
+    remaining: list[str] = []
+
+    @classmethod
+    def will_run(cls, fragment: str) -> bool:
+        return any(fragment in nodeid for nodeid in cls.remaining)
+
+
+def next_to_run(specs: dict[str, ServerSpec], after: str, test_of: dict[str, str]) -> ServerSpec | None:
+    """The first of ``specs`` after ``after`` whose test (``test_of[name]``, a part of its
+    node id) will still run: the server to launch ahead."""
+    names = list(specs)
+    for name in names[names.index(after) + 1 :]:
+        if TestSchedule.will_run(test_of[name]):
+            return specs[name]
+    return None
+
+
 class ServerRegistry:
     """Servers shared by the test modules of one run, keyed by launch arguments and
     environment: two modules asking for the same server get one process. A server
-    start costs about a minute of imports and warm-up; a shared one is paid once.
+    start costs about a minute of imports and warm-up, mostly on one core; a shared
+    one is paid once, and a test's next server starts on the other core while the
+    current one serves (:meth:`take` with ``ahead``).
 
-    At most ``max_alive`` servers run at once (the least recently used one stops to
-    make room). Every server stops at the end of the run, on Ctrl-C and on SIGTERM
-    (conftest.py); each also dies with the test process (launch.ProcessGroup)."""
+    At most ``max_alive`` servers wait here at once (the least recently used one
+    stops to make room), besides the one a test holds. Every server stops at the end
+    of the run, on Ctrl-C and on SIGTERM (conftest.py); each also dies with the test
+    process (launch.ProcessGroup)."""
 
     def __init__(self, max_alive: int = 2):
         self.max_alive = max_alive
@@ -108,6 +161,19 @@ class ServerRegistry:
             self._servers[key] = server
             flush_cache(server)  # each module starts from an empty prefix cache, as on its own server
         return server
+
+    def take(self, spec: ServerSpec, ahead: ServerSpec | None = None) -> ServerProcess:
+        """The server of ``spec`` for the caller to own (``with``: it waits until ready,
+        stops at the end), launched ahead if it was; then ``ahead`` is launched."""
+        server = self._servers.pop(spec.key, None) or spec.create()
+        if ahead is not None:
+            self.launch_ahead(ahead)
+        return server
+
+    def launch_ahead(self, spec: ServerSpec) -> None:
+        """Start ``spec``'s server without waiting, when there is room for it."""
+        if spec.key not in self._servers and len(self._servers) < self.max_alive:
+            self._servers[spec.key] = spec.create().launch()
 
     def stop_all(self) -> None:
         while self._servers:
