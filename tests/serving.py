@@ -117,11 +117,13 @@ class TestSchedule:
         return any(fragment in nodeid for nodeid in cls.remaining)
 
 
-def next_to_run(specs: dict[str, ServerSpec], after: str, test_of: dict[str, str]) -> ServerSpec | None:
-    """The first of ``specs`` after ``after`` whose test (``test_of[name]``, a part of its
-    node id) will still run: the server to launch ahead."""
+def next_to_run(
+    specs: dict[str, ServerSpec], after: str | None, test_of: dict[str, str]
+) -> ServerSpec | None:
+    """The first of ``specs`` after ``after`` (None: from the first) whose test
+    (``test_of[name]``, a part of its node id) will still run: the server to launch ahead."""
     names = list(specs)
-    for name in names[names.index(after) + 1 :]:
+    for name in names[0 if after is None else names.index(after) + 1 :]:
         if TestSchedule.will_run(test_of[name]):
             return specs[name]
     return None

@@ -30,7 +30,6 @@ def _engine(tiny, **spec):
 
 
 def test_engine_greedy_identical_to_plain(tiny, servers):
-    expected = generate_batch(reference_server(servers, tiny))  # the shared plain server, batch of 8
     engine = _engine(
         tiny,
         speculative_algorithm="DDTREE",
@@ -43,7 +42,9 @@ def test_engine_greedy_identical_to_plain(tiny, servers):
         single = [engine.generate(p, GREEDY)["output_ids"] for p in PROMPTS[:3]]
         info = engine.get_server_info()
     finally:
-        engine.shutdown()
+        engine.shutdown()  # it kills every child process of this one: shared servers too
+    # The shared plain server (started after the shutdown), a batch of 8.
+    expected = generate_batch(reference_server(servers, tiny))
     assert batched == expected
     assert single == expected[:3]
     assert info["speculative_algorithm"] == "DDTREE" and info["speculative_num_draft_tokens"] == 17

@@ -4,8 +4,7 @@ The scheduler reserves two verify windows past each request's committed length
 every round (patches/0004-req-to-token-row-width.md). A request ending within one
 verify width of the context length used to push that reservation past its
 ``req_to_token`` row and kill the scheduler. Here such requests run alone and
-batched with short ones; greedy output must equal the plain server's (the shared
-reference: the context length does not change what it answers).
+batched with short ones; greedy output must equal the plain server's.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from serving import (
     ddtree_args,
     next_to_run,
     output_ids,
-    reference_server,
+    plain_args,
     server_spec,
 )
 from transformers import AutoTokenizer
@@ -71,8 +70,11 @@ def workload(tiny):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, servers, workload):
-    alone, batched = _answers(reference_server(servers, tiny), workload)
+def plain(tiny, servers, arm_servers, workload):
+    # The same limit as the DDTREE servers: it decides how many tokens a request may get.
+    spec = server_spec(plain_args(tiny, LIMIT_ARGS), name="plain")
+    with servers.take(spec, next_to_run(arm_servers, None, TEST_OF)) as server:
+        alone, batched = _answers(server, workload)
     assert alone == batched, "the plain server itself is not batch-invariant"
     assert all(len(out) > 0 for out in alone)
     return alone
