@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 from processes import RUN_TAG_ENV, kill_all, wait_none_left
-from serving import SHARED_SERVERS, TestSchedule
+from serving import SHARED_SERVERS, RunSchedule
 
 from sglang_ddtree.models.tiny import build_tiny_models
 
@@ -47,14 +47,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    TestSchedule.remaining = [item.nodeid for item in session.items]
+    RunSchedule.remaining = [item.nodeid for item in session.items]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     # Tests before this one have run; this one runs now.
-    while TestSchedule.remaining and TestSchedule.remaining[0] != item.nodeid:
-        TestSchedule.remaining.pop(0)
+    while RunSchedule.remaining and RunSchedule.remaining[0] != item.nodeid:
+        RunSchedule.remaining.pop(0)
 
 
 def pytest_sessionfinish(session, exitstatus):

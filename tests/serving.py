@@ -106,7 +106,7 @@ def server_spec(args, env=None, name="server", tmp: Path | None = None) -> Serve
     return ServerSpec(tuple(args), tuple(sorted((env or {}).items())), name, log)
 
 
-class TestSchedule:
+class RunSchedule:
     """The tests still to run in this session (conftest.py keeps it current), so that a
     server is launched ahead only for a test that will run."""
 
@@ -124,7 +124,7 @@ def next_to_run(
     (``test_of[name]``, a part of its node id) will still run: the server to launch ahead."""
     names = list(specs)
     for name in names[0 if after is None else names.index(after) + 1 :]:
-        if TestSchedule.will_run(test_of[name]):
+        if RunSchedule.will_run(test_of[name]):
             return specs[name]
     return None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from processes import LOAD_GENERATOR_MARKS, RUN_TAG_ENV, kill_all, tagged_processes, wait_none_left
-from serving import TestSchedule
+from serving import RunSchedule
 
 from sglang_ddtree.launch import live_group_members
 
@@ -71,7 +71,7 @@ class AheadRuns:
         self._runs: dict[str, tuple[subprocess.Popen, Path]] = {}
 
     def launch(self, test: str, start) -> None:
-        if test not in self._runs and TestSchedule.will_run(f"::{test}"):
+        if test not in self._runs and RunSchedule.will_run(f"::{test}"):
             folder = self.tmp / test
             folder.mkdir()
             self._runs[test] = (start(folder), folder)

@@ -13,7 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from serving import TestSchedule
+from serving import RunSchedule
 
 from sglang_ddtree.adapter import server_args as ddtree_args
 from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError
@@ -300,7 +300,7 @@ def _launch_case(tiny, folder, case):
 def launches(tiny, tmp_path_factory):
     """Every launcher case that this run will test, two at a time: each is a minute of
     imports on one core, so two run side by side on a 2-core machine."""
-    cases = [c for c in LAUNCH_CASES if TestSchedule.will_run(f"test_launcher_fails_fast_with_one_line[{c}]")]
+    cases = [c for c in LAUNCH_CASES if RunSchedule.will_run(f"test_launcher_fails_fast_with_one_line[{c}]")]
     folders = {case: tmp_path_factory.mktemp(case) for case in cases}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = {case: pool.submit(_launch_case, tiny, folders[case], case) for case in cases}
