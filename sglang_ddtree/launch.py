@@ -276,11 +276,21 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
+        if self.group is None:  # not launched ahead
+            self.launch()
+        return self.wait_until_ready()
+
+    def launch(self) -> ServerProcess:
+        """Start the server's processes without waiting for it (its start-up can
+        overlap other work); :meth:`wait_until_ready` then waits."""
         with open(self.log_path, "w") as log:
             self.group = ProcessGroup(
                 [sys.executable, "-m", "sglang.launch_server", *self.args], stdout=log, env=self.env
             )
         self.process = self.group.process
+        return self
+
+    def wait_until_ready(self) -> ServerProcess:
         try:
             self._wait_ready()
         except BaseException:

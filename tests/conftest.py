@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 from processes import RUN_TAG_ENV, kill_all, wait_none_left
+from serving import SHARED_SERVERS, RunSchedule
 
 from sglang_ddtree.models.tiny import build_tiny_models
 
@@ -45,7 +46,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    RunSchedule.remaining = [item.nodeid for item in session.items]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    # Tests before this one have run; this one runs now.
+    while RunSchedule.remaining and RunSchedule.remaining[0] != item.nodeid:
+        RunSchedule.remaining.pop(0)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    # The session fixtures may not be torn down yet (an interrupted run tears them
+    # down after this hook): the shared servers stop here first.
+    SHARED_SERVERS.stop_all()
     left = wait_none_left(os.environ[RUN_TAG_ENV], LEFTOVER_GRACE_S)
     if not left:
         return
@@ -61,3 +76,10 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="session")
 def tiny():
     return build_tiny_models()
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """Servers shared across test modules (tests/serving.py, ServerRegistry)."""
+    yield SHARED_SERVERS
+    SHARED_SERVERS.stop_all()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
+import tempfile
+import urllib.error
 from pathlib import Path
 
-from sglang_ddtree.launch import ServerProcess, cpu_server_args
+from sglang_ddtree.launch import ServerProcess, cpu_server_args, http_text
 
 PROMPTS = [
     "The",
@@ -26,6 +29,17 @@ GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0, "ignore_eos": Tr
 # float32: greedy comparisons must not hinge on bf16 rounding differences between
 # a batched verify and a one-token decode (patches/0001-input-embeds-dtype.md).
 COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "warning"]
+# The non-speculative reference every module compares with, one process for the whole run:
+# the sync scheduler (with overlap on, SGLang 0.5.23's plain server counts penalties one
+# token late: docs/features.md), per-request sampling seeds honoured, custom logit
+# processors allowed. Greedy output does not depend on these options.
+REFERENCE_OPTIONS = [
+    "--disable-overlap-schedule",
+    "--enable-deterministic-inference",
+    "--enable-custom-logit-processor",
+]
+# A server start (imports, model load, warm-up) can take minutes on a loaded 2-core machine.
+START_TIMEOUT_S = 900.0
 
 
 def ddtree_args(models, budget: int = 16, extra: list[str] | None = None) -> list[str]:
@@ -61,7 +75,152 @@ def generate_batch(server: ServerProcess, prompts=PROMPTS, params=GREEDY) -> lis
 
 def run_server(args, env=None, name="server", tmp: Path | None = None) -> ServerProcess:
     log = None if tmp is None else tmp / f"{name}.log"
-    return ServerProcess(args, env=env, name=name, log_path=log)
+    return ServerProcess(args, env=env, name=name, log_path=log, start_timeout=START_TIMEOUT_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSpec:
+    """A server a test will start: launch arguments, environment and log file."""
+
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    name: str = "server"
+    log_path: Path | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.args, self.env)
+
+    def create(self) -> ServerProcess:
+        return ServerProcess(
+            list(self.args),
+            env=dict(self.env),
+            name=self.name,
+            log_path=self.log_path,
+            start_timeout=START_TIMEOUT_S,
+        )
+
+
+def server_spec(args, env=None, name="server", tmp: Path | None = None) -> ServerSpec:
+    log = None if tmp is None else tmp / f"{name}.log"
+    return ServerSpec(tuple(args), tuple(sorted((env or {}).items())), name, log)
+
+
+class RunSchedule:
+    """The tests still to run in this session (conftest.py keeps it current), so that a
+    server is launched ahead only for a test that will run."""
+
+    remaining: list[str] = []
+
+    @classmethod
+    def will_run(cls, fragment: str) -> bool:
+        return any(fragment in nodeid for nodeid in cls.remaining)
+
+
+def next_to_run(
+    specs: dict[str, ServerSpec], after: str | None, test_of: dict[str, str]
+) -> ServerSpec | None:
+    """The first of ``specs`` after ``after`` (None: from the first) whose test
+    (``test_of[name]``, a part of its node id) will still run: the server to launch ahead."""
+    names = list(specs)
+    for name in names[0 if after is None else names.index(after) + 1 :]:
+        if RunSchedule.will_run(test_of[name]):
+            return specs[name]
+    return None
+
+
+class ServerRegistry:
+    """Servers shared by the test modules of one run, keyed by launch arguments and
+    environment: two modules asking for the same server get one process. A server
+    start costs about a minute of imports and warm-up, mostly on one core; a shared
+    one is paid once, and a test's next server starts on the other core while the
+    current one serves (:meth:`take` with ``ahead``).
+
+    At most ``max_alive`` servers wait here at once (the least recently used one
+    stops to make room), besides the one a test holds. Every server stops at the end
+    of the run, on Ctrl-C and on SIGTERM (conftest.py); each also dies with the test
+    process (launch.ProcessGroup)."""
+
+    def __init__(self, max_alive: int = 2):
+        self.max_alive = max_alive
+        self._servers: dict[tuple, ServerProcess] = {}  # least recently used first
+        self._log_dir: Path | None = None
+
+    def get(self, args: list[str], env: dict[str, str] | None = None, name: str = "shared") -> ServerProcess:
+        key = (tuple(args), tuple(sorted((env or {}).items())))
+        server = self._servers.pop(key, None)
+        if server is not None and server.process.poll() is not None:
+            server.stop()  # it died: the module that asks now gets a fresh one
+            server = None
+        if server is None:
+            self._make_room()
+            server = ServerProcess(
+                args, env=env, name=name, log_path=self._log_path(name), start_timeout=START_TIMEOUT_S
+            )
+            self._servers[key] = server
+            server.start()
+        else:
+            self._servers[key] = server
+            flush_cache(server)  # each module starts from an empty prefix cache, as on its own server
+        return server
+
+    def take(self, spec: ServerSpec, ahead: ServerSpec | None = None) -> ServerProcess:
+        """The server of ``spec`` for the caller to own (``with``: it waits until ready,
+        stops at the end), launched ahead if it was; then ``ahead`` is launched."""
+        server = self._servers.pop(spec.key, None) or spec.create()
+        if ahead is not None:
+            self.launch_ahead(ahead)
+        return server
+
+    def launch_ahead(self, spec: ServerSpec) -> None:
+        """Start ``spec``'s server without waiting, when there is room for it."""
+        if spec.key not in self._servers and len(self._servers) < self.max_alive:
+            self._servers[spec.key] = spec.create().launch()
+
+    def stop_all(self) -> None:
+        while self._servers:
+            self._servers.pop(next(iter(self._servers))).stop()
+
+    def _make_room(self) -> None:
+        while len(self._servers) >= self.max_alive:
+            self._servers.pop(next(iter(self._servers))).stop()
+
+    def _log_path(self, name: str) -> Path:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="sglang-ddtree-shared-servers-"))
+        return self._log_dir / f"{name}-{len(list(self._log_dir.iterdir()))}.log"
+
+
+SHARED_SERVERS = ServerRegistry()
+
+
+def reference_server(servers: ServerRegistry, models) -> ServerProcess:
+    """The shared non-speculative float32 server on ``models`` (REFERENCE_OPTIONS)."""
+    return servers.get(plain_args(models, REFERENCE_OPTIONS), name="reference")
+
+
+def flush_cache(server: ServerProcess) -> None:
+    try:
+        http_text(f"{server.url}/flush_cache", {}, timeout=120)
+    except urllib.error.HTTPError:
+        pass  # refused while requests run: none do between modules
+
+
+def oracle_reference(server: ServerProcess, models, tmp: Path) -> dict:
+    """The plain server's greedy answers to ``token_requests`` on ``models``, and the
+    scripted drafter's file built from them (tests/oracle_plugin.py)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(models.target)
+    requests = token_requests(tokenizer)
+    greedy = output_ids(run_all(server, requests))
+    return {
+        "tokenizer": tokenizer,
+        "requests": requests,
+        "greedy": greedy,
+        "oracle": write_oracle(tmp / "oracle.json", requests, greedy),
+        "tmp": tmp,
+    }
 
 
 def write_json(path: Path, obj) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from processes import LOAD_GENERATOR_MARKS, RUN_TAG_ENV, kill_all, tagged_processes, wait_none_left
+from serving import RunSchedule
 
 from sglang_ddtree.launch import live_group_members
 
@@ -59,8 +60,74 @@ def _one_report(out: Path) -> tuple[dict, Path]:
     return json.loads(reports[0].read_text()), reports[0]
 
 
+class AheadRuns:
+    """A/B tool runs launched before their test, so that the tool's and its server's
+    start-up (imports, mostly on one core) overlap the test before on the other core.
+    Each run is launched only if its test will run; the ones left are killed at the end
+    of the module (their watchdogs stop what they started)."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self._runs: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+    def launch(self, test: str, start) -> None:
+        if test not in self._runs and RunSchedule.will_run(f"::{test}"):
+            folder = self.tmp / test
+            folder.mkdir()
+            self._runs[test] = (start(folder), folder)
+
+    def take(self, test: str, start) -> tuple[subprocess.Popen, Path]:
+        """The test's run (launched ahead, or now) and its folder."""
+        if test not in self._runs:
+            self._runs[test] = (start(self.tmp / test), self.tmp / test)
+        return self._runs.pop(test)
+
+    def kill_all(self) -> None:
+        for proc, _ in self._runs.values():
+            proc.kill()
+            proc.wait()
+        self._runs.clear()
+
+
+@pytest.fixture(scope="module")
+def ahead(tmp_path_factory):
+    runs = AheadRuns(tmp_path_factory.mktemp("ab-runs"))
+    yield runs
+    runs.kill_all()
+
+
+def _popen_tool(folder: Path, args: list[str], env=None) -> subprocess.Popen:
+    """The tool, its output in ``folder`` (files: a pipe nobody reads could fill up)."""
+    folder.mkdir(exist_ok=True)
+    with (folder / "stdout.txt").open("w") as stdout, (folder / "stderr.txt").open("w") as stderr:
+        return subprocess.Popen([*AB, *args], stdout=stdout, stderr=stderr, env=env)
+
+
+def _outputs(folder: Path) -> tuple[str, str]:
+    return (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
+
+
+def _start_failing_run(folder: Path) -> subprocess.Popen:
+    """A run whose ddtree arm's server cannot start (an unknown flag)."""
+    return _popen_tool(
+        folder,
+        [
+            "--arms",
+            "ddtree,plain",
+            "--arm-args",
+            "ddtree=--no-such-flag-for-the-ab-test",
+            *SMALL,
+            "--out-dir",
+            str(folder / "reports"),
+            "--raw-dir",
+            str(folder / "raw"),
+        ],
+    )
+
+
 @pytest.mark.server
-def test_ab_smoke_two_arms(tmp_path):
+def test_ab_smoke_two_arms(tmp_path, ahead):
+    ahead.launch("test_ab_server_start_failure_is_reported", _start_failing_run)
     out = tmp_path / "reports"
     started = time.monotonic()
     proc = subprocess.run(
@@ -103,29 +170,15 @@ def test_ab_smoke_two_arms(tmp_path):
 
 
 @pytest.mark.server
-def test_ab_server_start_failure_is_reported(tmp_path):
-    out = tmp_path / "reports"
-    proc = subprocess.run(
-        [
-            *AB,
-            "--arms",
-            "ddtree,plain",
-            "--arm-args",
-            "ddtree=--no-such-flag-for-the-ab-test",
-            *SMALL,
-            "--out-dir",
-            str(out),
-            "--raw-dir",
-            str(tmp_path / "raw"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "the 'ddtree' arm's server did not start" in proc.stderr
-    assert "--- last lines of" in proc.stderr  # the server log's tail
-    assert "--no-such-flag-for-the-ab-test" in proc.stderr.split("--- last lines of", 1)[1]
+def test_ab_server_start_failure_is_reported(ahead):
+    proc, folder = ahead.take("test_ab_server_start_failure_is_reported", _start_failing_run)
+    proc.wait(timeout=600)
+    stdout, stderr = _outputs(folder)
+    out = folder / "reports"
+    assert proc.returncode == 2, stdout[-3000:] + stderr[-3000:]
+    assert "the 'ddtree' arm's server did not start" in stderr
+    assert "--- last lines of" in stderr  # the server log's tail
+    assert "--no-such-flag-for-the-ab-test" in stderr.split("--- last lines of", 1)[1]
     report, _ = _one_report(out)
     assert report["status"] == "failed" and "did not start" in report["error"]
     arms = {a["name"]: a for a in report["arms"]}
@@ -134,27 +187,37 @@ def test_ab_server_start_failure_is_reported(tmp_path):
     _assert_nothing_left(report)
 
 
-def _start_loaded_run(tmp_path, tag: str):
-    """The A/B tool under load: its first server is up and a load generator runs."""
-    out, raw = tmp_path / "reports", tmp_path / "raw"
+def _loaded_run_tag(folder: Path) -> str:
+    return f"ab-{folder.name}-{os.getpid()}"
+
+
+def _launch_loaded_run(folder: Path) -> subprocess.Popen:
+    """The A/B tool with a long load to run (plain arm first); its processes carry
+    their own tag, which the test checks."""
     many = ["--concurrency", "1", "--num-prompts", "200", "--output-len", "64", "--check-prompts", "1"]
-    proc = subprocess.Popen(
-        [*AB, "--arms", "plain,ddtree", *many, "--out-dir", str(out), "--raw-dir", str(raw)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, RUN_TAG_ENV: tag},
-    )
+    args = [
+        "--arms",
+        "plain,ddtree",
+        *many,
+        "--out-dir",
+        str(folder / "reports"),
+        "--raw-dir",
+        str(folder / "raw"),
+    ]
+    return _popen_tool(folder, args, env={**os.environ, RUN_TAG_ENV: _loaded_run_tag(folder)})
+
+
+def _wait_for_load(proc: subprocess.Popen, folder: Path) -> None:
+    """Until the tool's first server is up and a load generator runs."""
     deadline = time.monotonic() + 900
-    while not list(raw.glob("bench_*.log")):
+    while not list((folder / "raw").glob("bench_*.log")):
         if proc.poll() is not None:
-            raise AssertionError(proc.communicate())
+            raise AssertionError(_outputs(folder))
         assert time.monotonic() < deadline, "the load never started"
         time.sleep(1)
-    while not tagged_processes(tag, marks=LOAD_GENERATOR_MARKS):
+    while not tagged_processes(_loaded_run_tag(folder), marks=LOAD_GENERATOR_MARKS):
         assert proc.poll() is None and time.monotonic() < deadline, "the load generator never ran"
         time.sleep(0.5)
-    return proc, out
 
 
 def _assert_no_process_left(tag: str) -> None:
@@ -165,35 +228,39 @@ def _assert_no_process_left(tag: str) -> None:
 
 
 @pytest.mark.server
-def test_ab_interrupt_stops_everything(tmp_path):
-    tag = f"ab-interrupt-{os.getpid()}-{time.monotonic_ns()}"
-    proc, out = _start_loaded_run(tmp_path, tag)
+def test_ab_interrupt_stops_everything(ahead):
+    proc, folder = ahead.take("test_ab_interrupt_stops_everything", _launch_loaded_run)
+    ahead.launch("test_ab_sigkill_leaves_nothing_behind", _launch_loaded_run)
     try:
+        _wait_for_load(proc, folder)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=900)  # no short limit: a loaded machine stops slowly
+        proc.wait(timeout=900)  # no short limit: a loaded machine stops slowly
     finally:
         if proc.poll() is None:
             proc.kill()  # the watchdogs stop what it started
-    _assert_no_process_left(tag)
+    _assert_no_process_left(_loaded_run_tag(folder))
+    stdout, stderr = _outputs(folder)
     assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert "interrupted" in stderr
-    report, _ = _one_report(out)
+    report, _ = _one_report(folder / "reports")
     assert report["status"] == "interrupted"
     assert report["arms"][0]["port"] is not None and report["arms"][1]["port"] is None
     _assert_nothing_left(report)
 
 
 @pytest.mark.server
-def test_ab_sigkill_leaves_nothing_behind(tmp_path):
+def test_ab_sigkill_leaves_nothing_behind(ahead):
     """No clean-up code runs in a SIGKILLed tool: its server (scheduler included)
     and load generator must still go, by parent-death signal and watchdog."""
-    tag = f"ab-sigkill-{os.getpid()}-{time.monotonic_ns()}"
-    proc, _ = _start_loaded_run(tmp_path, tag)
-    started = tagged_processes(tag)
-    assert any("sglang::scheduler" in cmd or "launch_server" in cmd for cmd in started.values()), started
-    proc.kill()
-    proc.communicate()
-    _assert_no_process_left(tag)
+    proc, folder = ahead.take("test_ab_sigkill_leaves_nothing_behind", _launch_loaded_run)
+    try:
+        _wait_for_load(proc, folder)
+        started = tagged_processes(_loaded_run_tag(folder))
+        assert any("sglang::scheduler" in cmd or "launch_server" in cmd for cmd in started.values()), started
+    finally:
+        proc.kill()
+        proc.wait()
+    _assert_no_process_left(_loaded_run_tag(folder))
 
 
 # --------------------------------------------------------------------------- no server: the report logic

@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serving import GREEDY, PROMPTS, ddtree_args, run_server
+from serving import GREEDY, PROMPTS, ddtree_args, generate_batch, reference_server, run_server
 
 from sglang_ddtree.launch import http_json
 
@@ -29,12 +29,7 @@ def _engine(tiny, **spec):
     )
 
 
-def test_engine_greedy_identical_to_plain(tiny):
-    engine = _engine(tiny)
-    try:
-        expected = [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
-    finally:
-        engine.shutdown()
+def test_engine_greedy_identical_to_plain(tiny, servers):
     engine = _engine(
         tiny,
         speculative_algorithm="DDTREE",
@@ -47,7 +42,9 @@ def test_engine_greedy_identical_to_plain(tiny):
         single = [engine.generate(p, GREEDY)["output_ids"] for p in PROMPTS[:3]]
         info = engine.get_server_info()
     finally:
-        engine.shutdown()
+        engine.shutdown()  # it kills every child process of this one: shared servers too
+    # The shared plain server (started after the shutdown), a batch of 8.
+    expected = generate_batch(reference_server(servers, tiny))
     assert batched == expected
     assert single == expected[:3]
     assert info["speculative_algorithm"] == "DDTREE" and info["speculative_num_draft_tokens"] == 17

@@ -3,6 +3,7 @@ except by the launcher tests, which must stop before loading one)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from serving import RunSchedule
 
 from sglang_ddtree.adapter import server_args as ddtree_args
 from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError
@@ -278,35 +280,24 @@ def test_validation_rejects_cpu_backends_and_bad_variables(tiny, monkeypatch, ov
         ddtree_args.validate_server_args(_cfg(tiny, **overrides))
 
 
-@pytest.mark.server
-@pytest.mark.parametrize(
-    "case",
-    [
-        "missing-drafter",
-        "vocab-mismatch",
-        "cpu-without-cpu-mode",
-        "bad-budget",
-        "budget-auto-tp",
-        "cpu-triton",
-        "bogus-tree-backend",
-    ],
-)
-def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
+LAUNCH_CASES = {
+    "missing-drafter": "does not exist",
+    "vocab-mismatch": "does not match the target",
+    "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
+    "bad-budget": "must be >= 1",
+    "budget-auto-tp": "auto needs --tp-size 1",
+    "cpu-triton": "--attention-backend triton does not run with --device cpu",
+    "bogus-tree-backend": "SGLANG_DDTREE_TREE_BACKEND='bogus'",
+}
+
+
+def _launch_case(tiny, folder, case):
     env = {}
     extra = ["--speculative-draft-model-path", str(tiny.drafter)]
-    message = {
-        "missing-drafter": "does not exist",
-        "vocab-mismatch": "does not match the target",
-        "cpu-without-cpu-mode": "SGLANG_USE_CPU_ENGINE=1",
-        "bad-budget": "must be >= 1",
-        "budget-auto-tp": "auto needs --tp-size 1",
-        "cpu-triton": "--attention-backend triton does not run with --device cpu",
-        "bogus-tree-backend": "SGLANG_DDTREE_TREE_BACKEND='bogus'",
-    }[case]
     if case == "missing-drafter":
-        extra = ["--speculative-draft-model-path", str(tmp_path / "no-such-drafter")]
+        extra = ["--speculative-draft-model-path", str(folder / "no-such-drafter")]
     elif case == "vocab-mismatch":
-        extra = ["--speculative-draft-model-path", str(_drafter_copy(tiny, tmp_path, vocab_size=1000))]
+        extra = ["--speculative-draft-model-path", str(_drafter_copy(tiny, folder, vocab_size=1000))]
     elif case == "cpu-without-cpu-mode":
         env = {"SGLANG_USE_CPU_ENGINE": None}
     elif case == "bad-budget":
@@ -317,7 +308,27 @@ def test_launcher_fails_fast_with_one_line(tiny, tmp_path, case):
         extra += ["--attention-backend", "triton"]
     elif case == "bogus-tree-backend":
         env = {"SGLANG_DDTREE_TREE_BACKEND": "bogus"}
-    result, seconds = _launch(tiny, extra, env)
+    return _launch(tiny, extra, env)
+
+
+@pytest.fixture(scope="module")
+def launches(tiny, tmp_path_factory):
+    """Every launcher case that this run will test, two at a time: each is a minute of
+    imports on one core, so two run side by side on a 2-core machine."""
+    cases = [c for c in LAUNCH_CASES if RunSchedule.will_run(f"test_launcher_fails_fast_with_one_line[{c}]")]
+    folders = {case: tmp_path_factory.mktemp(case) for case in cases}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = {case: pool.submit(_launch_case, tiny, folders[case], case) for case in cases}
+        yield futures
+        for future in futures.values():
+            future.cancel()
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("case", list(LAUNCH_CASES))
+def test_launcher_fails_fast_with_one_line(launches, case):
+    message = LAUNCH_CASES[case]
+    result, seconds = launches[case].result()
     assert result.returncode != 0
     assert "error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
     assert sum(line.startswith("error: ") for line in result.stderr.splitlines()) == 1, result.stderr[-2000:]

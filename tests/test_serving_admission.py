@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serving import GREEDY, plain_args, run_server
+from serving import GREEDY, reference_server
 
 pytestmark = pytest.mark.server
 
@@ -33,12 +33,12 @@ def _post(url: str, payload: dict) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def test_bad_prompts_get_a_400_and_the_server_keeps_serving(tiny):
-    with run_server(plain_args(tiny), name="plain") as server:
-        expected = server.generate({"text": "The", "sampling_params": GREEDY})["output_ids"]
-        for name, (prompt, message) in BAD_REQUESTS.items():
-            status, body = _post(server.url, {**prompt, "sampling_params": GREEDY})
-            assert status == 400, f"{name}: {status} {body[:500]}"
-            assert message in body, f"{name}: {body[:500]}"
-        assert server.generate({"text": "The", "sampling_params": GREEDY})["output_ids"] == expected
-        assert server.process.poll() is None
+def test_bad_prompts_get_a_400_and_the_server_keeps_serving(tiny, servers):
+    server = reference_server(servers, tiny)
+    expected = server.generate({"text": "The", "sampling_params": GREEDY})["output_ids"]
+    for name, (prompt, message) in BAD_REQUESTS.items():
+        status, body = _post(server.url, {**prompt, "sampling_params": GREEDY})
+        assert status == 400, f"{name}: {status} {body[:500]}"
+        assert message in body, f"{name}: {body[:500]}"
+    assert server.generate({"text": "The", "sampling_params": GREEDY})["output_ids"] == expected
+    assert server.process.poll() is None

@@ -10,7 +10,16 @@ batched with short ones; greedy output must equal the plain server's.
 from __future__ import annotations
 
 import pytest
-from serving import GREEDY, PROMPTS, ddtree_args, output_ids, plain_args, run_server
+from serving import (
+    GREEDY,
+    PROMPTS,
+    ServerSpec,
+    ddtree_args,
+    next_to_run,
+    output_ids,
+    plain_args,
+    server_spec,
+)
 from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.server
@@ -61,21 +70,31 @@ def workload(tiny):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, workload):
-    with run_server(plain_args(tiny, LIMIT_ARGS), name="plain") as server:
+def plain(tiny, servers, arm_servers, workload):
+    # The same limit as the DDTREE servers: it decides how many tokens a request may get.
+    spec = server_spec(plain_args(tiny, LIMIT_ARGS), name="plain")
+    with servers.take(spec, next_to_run(arm_servers, None, TEST_OF)) as server:
         alone, batched = _answers(server, workload)
     assert alone == batched, "the plain server itself is not batch-invariant"
     assert all(len(out) > 0 for out in alone)
     return alone
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [[], ["--disable-overlap-schedule", "--page-size", "16"]],
-    ids=["overlap-page1", "sync-page16"],
-)
-def test_requests_ending_at_the_context_limit_match_plain(tiny, workload, plain, extra):
-    with run_server(ddtree_args(tiny, budget=BUDGET, extra=[*LIMIT_ARGS, *extra]), name="ddtree") as server:
+ARMS = {"overlap-page1": [], "sync-page16": ["--disable-overlap-schedule", "--page-size", "16"]}
+TEST_OF = {arm: f"test_requests_ending_at_the_context_limit_match_plain[{arm}]" for arm in ARMS}
+
+
+@pytest.fixture(scope="module")
+def arm_servers(tiny) -> dict[str, ServerSpec]:
+    return {
+        arm: server_spec(ddtree_args(tiny, budget=BUDGET, extra=[*LIMIT_ARGS, *extra]), name=f"ddtree-{arm}")
+        for arm, extra in ARMS.items()
+    }
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_requests_ending_at_the_context_limit_match_plain(servers, arm_servers, workload, plain, arm):
+    with servers.take(arm_servers[arm], next_to_run(arm_servers, arm, TEST_OF)) as server:
         alone, batched = _answers(server, workload)
         assert alone == plain
         assert batched == plain

@@ -21,7 +21,17 @@ import json
 import re
 
 import pytest
-from serving import PROMPTS, ddtree_args, last_tree_stats, oracle_env, plain_args, run_server, write_json
+from serving import (
+    PROMPTS,
+    ServerSpec,
+    ddtree_args,
+    last_tree_stats,
+    next_to_run,
+    oracle_env,
+    reference_server,
+    server_spec,
+    write_json,
+)
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from transformers import AutoTokenizer
 
@@ -99,16 +109,16 @@ def _oracle(path, requests, outputs, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny, tmp_path_factory):
+def reference(tiny, servers, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("features")
     tokenizer = AutoTokenizer.from_pretrained(tiny.target)
     requests = _feature_requests(tokenizer)
-    with run_server(plain_args(tiny, ["--disable-overlap-schedule", *PLAIN_OPTIONS]), name="plain") as server:
-        unconstrained = {
-            p: server.generate({"text": p, "sampling_params": GREEDY})["output_ids"] for p in PROMPTS[:3]
-        }
-        requests += _dependent_requests(tokenizer, unconstrained)
-        results = _send_all(server, requests)
+    server = reference_server(servers, tiny)  # sync scheduler, PLAIN_OPTIONS
+    unconstrained = {
+        p: server.generate({"text": p, "sampling_params": GREEDY})["output_ids"] for p in PROMPTS[:3]
+    }
+    requests += _dependent_requests(tokenizer, unconstrained)
+    results = _send_all(server, requests)
     outputs = [r["output_ids"] for r in results]
     return {
         "tokenizer": tokenizer,
@@ -121,14 +131,34 @@ def reference(tiny, tmp_path_factory):
     }
 
 
+TEST_OF = {
+    "ddtree": "test_every_feature_is_token_identical_to_the_plain_server",
+    "ddtree-sync": "test_features_with_the_sync_scheduler",
+}
+
+
 @pytest.fixture(scope="module")
-def tree_results(tiny, reference):
-    args = ddtree_args(tiny, budget=24, extra=["--log-level", "info", *PLAIN_OPTIONS])
-    log = reference["tmp"] / "ddtree.log"
-    with run_server(args, env=oracle_env(reference["oracle"]), name="ddtree", tmp=reference["tmp"]) as server:
+def feature_servers(tiny, reference) -> dict[str, ServerSpec]:
+    env, tmp = oracle_env(reference["oracle"]), reference["tmp"]
+    overlap = ddtree_args(tiny, budget=24, extra=["--log-level", "info", *PLAIN_OPTIONS])
+    # Without overlap: the grammar advances in the result processor (no barrier) before every round.
+    sync = ddtree_args(tiny, budget=16, extra=["--disable-overlap-schedule", *PLAIN_OPTIONS])
+    return {
+        "ddtree": server_spec(overlap, env, "ddtree", tmp),
+        "ddtree-sync": server_spec(sync, env, "ddtree-sync", tmp),
+    }
+
+
+def _take(servers, feature_servers, name):
+    return servers.take(feature_servers[name], next_to_run(feature_servers, name, TEST_OF))
+
+
+@pytest.fixture(scope="module")
+def tree_results(servers, feature_servers, reference):
+    with _take(servers, feature_servers, "ddtree") as server:
         assert server.server_info()["disable_overlap_schedule"] is False
         results = _send_all(server, reference["requests"])
-    return results, log
+    return results, server.log_path
 
 
 def test_every_feature_is_token_identical_to_the_plain_server(reference, tree_results):
@@ -170,14 +200,10 @@ def test_grammar_output_is_valid_despite_invalid_rank0_proposals(reference, tree
             assert re.fullmatch("x[0-9]*y?", text), text
 
 
-def test_features_with_the_sync_scheduler(tiny, reference):
+def test_features_with_the_sync_scheduler(servers, feature_servers, reference):
     """Without overlap: the grammar advances in the result processor (no barrier)
     before every round, and the features still hold token for token."""
-    extra = ["--disable-overlap-schedule", *PLAIN_OPTIONS]
-    args = ddtree_args(tiny, budget=16, extra=extra)
-    with run_server(
-        args, env=oracle_env(reference["oracle"]), name="ddtree-sync", tmp=reference["tmp"]
-    ) as server:
+    with _take(servers, feature_servers, "ddtree-sync") as server:
         results = _send_all(server, reference["requests"])
     for request, want, got in zip(reference["requests"], reference["outputs"], results):
         assert got["output_ids"] == want, request["_name"]

@@ -13,14 +13,12 @@ from serving import (
     generate_batch,
     last_tree_stats,
     oracle_env,
+    oracle_reference,
     output_ids,
     plain_args,
     run_all,
     run_server,
-    token_requests,
-    write_oracle,
 )
-from transformers import AutoTokenizer
 
 from sglang_ddtree.models.tiny import TinySpec, build_tiny_models
 
@@ -36,13 +34,11 @@ def mla_models():
 
 
 def test_mla_moe_target_greedy_identical_with_tree_acceptance(mla_models, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(mla_models.target)
-    requests = token_requests(tokenizer)
     with run_server(plain_args(mla_models), name="mla-plain", tmp=tmp_path) as server:
-        expected = output_ids(run_all(server, requests))
-    oracle = write_oracle(tmp_path / "oracle.json", requests, expected)
+        reference = oracle_reference(server, mla_models, tmp_path)
+    requests, expected = reference["requests"], reference["greedy"]
     args = ddtree_args(mla_models, budget=32, extra=["--log-level", "info"])
-    with run_server(args, env=oracle_env(oracle), name="mla-ddtree", tmp=tmp_path) as server:
+    with run_server(args, env=oracle_env(reference["oracle"]), name="mla-ddtree", tmp=tmp_path) as server:
         sequential = output_ids(run_all(server, requests))
         batched = generate_batch(server, PROMPTS)  # 8 requests in flight, text prompts
         accept_length = server.accept_length()

@@ -25,17 +25,17 @@ import re
 
 import pytest
 from serving import (
+    ServerSpec,
     ddtree_args,
     last_tree_stats,
+    next_to_run,
     oracle_env,
+    oracle_reference,
     output_ids,
-    plain_args,
+    reference_server,
     run_all,
-    run_server,
-    token_requests,
-    write_oracle,
+    server_spec,
 )
-from transformers import AutoTokenizer
 
 from sglang_ddtree.budget import candidate_widths
 
@@ -52,32 +52,48 @@ def run_batch(server, requests) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("online-budget")
-    requests = token_requests(AutoTokenizer.from_pretrained(tiny.target))
-    with run_server(plain_args(tiny), name="plain") as server:
-        greedy = output_ids(run_all(server, requests))
-    return {
-        "requests": requests,
-        "greedy": greedy,
-        "oracle": write_oracle(tmp / "oracle.json", requests, greedy),
-        "tmp": tmp,
-    }
+def plain(tiny, servers, tmp_path_factory):
+    return oracle_reference(reference_server(servers, tiny), tiny, tmp_path_factory.mktemp("online-budget"))
 
 
-def _serve(tiny, plain, name, env_extra=None):
+# A cost table whose arithmetic leaves no choice (module docstring).
+INJECTED_BATCH_SIZES = [1, 2, 4, 8]
+INJECTED_TABLE = {
+    "batch_sizes": INJECTED_BATCH_SIZES,
+    "widths": WIDTHS,
+    "ms": [[10.0] * len(WIDTHS)] + [[10.0 * w * w for w in WIDTHS] for _ in INJECTED_BATCH_SIZES[1:]],
+}
+TEST_OF = {
+    "auto-measured": "test_auto_with_measured_costs_is_identical_to_plain",
+    "auto-injected": "test_injected_costs_flip_the_width_where_the_arithmetic_says",
+}
+
+
+@pytest.fixture(scope="module")
+def budget_servers(tiny, plain) -> dict[str, ServerSpec]:
     args = ddtree_args(
         tiny,
         budget="auto",
         extra=["--speculative-num-draft-tokens", str(MAX_BUDGET + 1), "--log-level", "info"],
     )
-    env = {**oracle_env(plain["oracle"]), **(env_extra or {})}
-    return run_server(args, env=env, name=name, tmp=plain["tmp"]), plain["tmp"] / f"{name}.log"
+    table = plain["tmp"] / "cost_table.json"
+    table.write_text(json.dumps(INJECTED_TABLE))
+    envs = {
+        "auto-measured": {},
+        "auto-injected": {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(table), "SGLANG_DDTREE_PHASE_TIMES": "1"},
+    }
+    return {
+        name: server_spec(args, {**oracle_env(plain["oracle"]), **env}, name, plain["tmp"])
+        for name, env in envs.items()
+    }
 
 
-def test_auto_with_measured_costs_is_identical_to_plain(tiny, plain):
-    server, log = _serve(tiny, plain, "auto-measured")
-    with server:
+def _take(servers, budget_servers, name):
+    return servers.take(budget_servers[name], next_to_run(budget_servers, name, TEST_OF))
+
+
+def test_auto_with_measured_costs_is_identical_to_plain(servers, budget_servers, plain):
+    with _take(servers, budget_servers, "auto-measured") as server:
         info = server.server_info()["ddtree"]
         assert info["budget"] == "auto"
         assert info["online_budget"] == {
@@ -88,7 +104,7 @@ def test_auto_with_measured_costs_is_identical_to_plain(tiny, plain):
         }
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]  # batch size 1
         assert run_batch(server, plain["requests"]) == plain["greedy"]  # batch sizes up to 8
-    stats = last_tree_stats(log)
+    stats = last_tree_stats(server.log_path)
     # the probes ran every width at batch size 1, each at least twice
     assert set(stats["width_steps_by_bs"][1]) == set(WIDTHS), stats
     assert min(stats["width_steps_by_bs"][1].values()) >= 2, stats
@@ -101,18 +117,9 @@ def drafter_rounds(log) -> list[bool]:
     return ["draft forward" in ast.literal_eval(re.sub(r"^.*us/round: ", "", line)) for line in lines]
 
 
-def test_injected_costs_flip_the_width_where_the_arithmetic_says(tiny, plain):
-    batch_sizes = [1, 2, 4, 8]
-    table = {
-        "batch_sizes": batch_sizes,
-        "widths": WIDTHS,
-        "ms": [[10.0] * len(WIDTHS)] + [[10.0 * w * w for w in WIDTHS] for _ in batch_sizes[1:]],
-    }
-    path = plain["tmp"] / "cost_table.json"
-    path.write_text(json.dumps(table))
-    env = {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(path), "SGLANG_DDTREE_PHASE_TIMES": "1"}
-    server, log = _serve(tiny, plain, "auto-injected", env)
-    with server:
+def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, budget_servers, plain):
+    with _take(servers, budget_servers, "auto-injected") as server:
+        log = server.log_path
         assert server.server_info()["ddtree"]["online_budget"]["cost_table"] == "fixed"
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         sequential = last_tree_stats(log)

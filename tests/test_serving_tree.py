@@ -15,17 +15,18 @@ import pytest
 from serving import (
     GREEDY,
     PROMPTS,
+    ServerSpec,
     ddtree_args,
     last_tree_stats,
+    next_to_run,
     oracle_env,
+    oracle_reference,
     output_ids,
-    plain_args,
+    reference_server,
     run_all,
-    run_server,
+    server_spec,
     token_requests,
-    write_oracle,
 )
-from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.server
 
@@ -71,54 +72,72 @@ def _logprobs(results):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, tmp_path_factory):
-    """Everything the non-speculative server answers, and the oracle built from it."""
-    tmp = tmp_path_factory.mktemp("oracle")
-    tokenizer = AutoTokenizer.from_pretrained(tiny.target)
-    requests = token_requests(tokenizer)
-    # deterministic inference: per-request sampling seeds are honoured
-    with run_server(plain_args(tiny, ["--enable-deterministic-inference"]), name="plain") as server:
-        greedy = output_ids(run_all(server, requests))
-        stops = _stop_requests(tokenizer, greedy)
-        answers = {
-            "greedy": greedy,
-            "stop": output_ids(run_all(server, stops)),
-            "logprobs": _logprobs(run_all(server, _logprob_requests(tokenizer))),
-            "seeded": output_ids(run_all(server, token_requests(tokenizer, SEEDED))),
-        }
-    oracle = write_oracle(tmp / "oracle.json", requests, greedy)
+def plain(tiny, servers, tmp_path_factory):
+    """Everything the non-speculative server answers, and the oracle built from it.
+    Its deterministic inference honours per-request sampling seeds."""
+    server = reference_server(servers, tiny)
+    reference = oracle_reference(server, tiny, tmp_path_factory.mktemp("oracle"))
+    tokenizer = reference["tokenizer"]
+    stops = _stop_requests(tokenizer, reference["greedy"])
     return {
-        "tokenizer": tokenizer,
-        "requests": requests,
+        **reference,
         "stops": stops,
-        "oracle": oracle,
-        "tmp": tmp,
-        **answers,
+        "stop": output_ids(run_all(server, stops)),
+        "logprobs": _logprobs(run_all(server, _logprob_requests(tokenizer))),
+        "seeded": output_ids(run_all(server, token_requests(tokenizer, SEEDED))),
     }
 
 
-def _serve(tiny, plain, budget, max_topk=None, extra=(), env_extra=None):
-    env = {**oracle_env(plain["oracle"], max_topk), **(env_extra or {})}
-    name = f"ddtree-b{budget}-k{max_topk}-{'-'.join(extra).replace('--', '')}"
-    args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
-    return run_server(args, env=env, name=name, tmp=plain["tmp"]), plain["tmp"] / f"{name}.log"
-
-
-def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, plain):
+# server -> (budget, launch options, extra environment)
+SERVERS = {
     # the chain through the server flag, which /server_info reports
-    server, chain_log = _serve(tiny, plain, budget=7, extra=("--speculative-ddtree-max-topk", "1"))
-    with server:
+    "chain": (7, ["--speculative-ddtree-max-topk", "1"], {}),
+    "tree": (32, [], {}),
+    # the phase timer must not change the output
+    "pages-sync": (
+        24,
+        ["--page-size", "16", "--disable-overlap-schedule"],
+        {"SGLANG_DDTREE_PHASE_TIMES": "5"},
+    ),
+    "seeded": (16, ["--enable-deterministic-inference"], {}),
+}
+TEST_OF = {
+    "chain": "test_tree_accepts_through_siblings_and_beats_the_chain",
+    "tree": "test_tree_accepts_through_siblings_and_beats_the_chain",
+    "pages-sync": "test_tree_with_pages_and_without_overlap",
+    "seeded": "test_seeded_sampling_is_stable_and_matches_plain",
+}
+
+
+@pytest.fixture(scope="module")
+def tree_servers(tiny, plain) -> dict[str, ServerSpec]:
+    specs = {}
+    for name, (budget, extra, env) in SERVERS.items():
+        args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
+        specs[name] = server_spec(
+            args, {**oracle_env(plain["oracle"]), **env}, f"ddtree-{name}", plain["tmp"]
+        )
+    return specs
+
+
+def _take(servers, tree_servers, name):
+    return servers.take(tree_servers[name], next_to_run(tree_servers, name, TEST_OF))
+
+
+def test_tree_accepts_through_siblings_and_beats_the_chain(servers, tree_servers, plain):
+    with _take(servers, tree_servers, "chain") as server:
         ddtree_info = server.server_info()["ddtree"]
         assert (ddtree_info["budget"], ddtree_info["max_topk"], ddtree_info["stats_interval"]) == (7, 1, 1)
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         chain_accept = server.accept_length()
-    server, tree_log = _serve(tiny, plain, budget=32)
-    with server:
+        chain_log = server.log_path
+    with _take(servers, tree_servers, "tree") as server:
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         tree_accept = server.accept_length()
         # stop token, stop string and odd max_new_tokens land inside accepted paths
         assert output_ids(run_all(server, plain["stops"])) == plain["stop"]
         tree_logprobs = _logprobs(run_all(server, _logprob_requests(plain["tokenizer"])))
+        tree_log = server.log_path
     chain_stats, tree_stats = last_tree_stats(chain_log), last_tree_stats(tree_log)
     # the chain stops at the first rank-1 depth: one draft + bonus per round
     assert chain_stats["non_argmax_share"] == 0.0
@@ -131,33 +150,25 @@ def test_tree_accepts_through_siblings_and_beats_the_chain(tiny, plain):
         assert got == pytest.approx(want, abs=1e-4)
 
 
-def test_tree_with_pages_and_without_overlap(tiny, plain):
+def test_tree_with_pages_and_without_overlap(servers, tree_servers, plain):
     """Accepted off-spine nodes move their KV inside 16-token pages; sync scheduler."""
-    server, log = _serve(
-        tiny,
-        plain,
-        budget=24,
-        extra=("--page-size", "16", "--disable-overlap-schedule"),
-        env_extra={"SGLANG_DDTREE_PHASE_TIMES": "5"},  # the phase timer must not change the output
-    )
-    with server:
+    with _take(servers, tree_servers, "pages-sync") as server:
         info = server.server_info()
         assert info["page_size"] == 16 and info["disable_overlap_schedule"] is True
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         assert output_ids(run_all(server, plain["stops"])) == plain["stop"]
         assert server.accept_length() > 3.0
-    assert last_tree_stats(log)["non_argmax_share"] > 0.1
-    phases = last_phase_times(log)
+    assert last_tree_stats(server.log_path)["non_argmax_share"] > 0.1
+    phases = last_phase_times(server.log_path)
     steps = {k: v for k, v in phases.items() if k not in ("round", "between rounds")}
     assert {"draft forward", "tree step", "verify forward", "accept", "draft kv commit"} <= set(steps)
     assert 0 < sum(steps.values()) <= phases["round"]
 
 
-def test_seeded_sampling_is_stable_and_matches_plain(tiny, plain):
+def test_seeded_sampling_is_stable_and_matches_plain(servers, tree_servers, plain):
     """One target sample per tree slot, drawn by SGLang's sampler with the slot's
     position: a seeded request draws what the plain server draws."""
-    server, _ = _serve(tiny, plain, budget=16, extra=("--enable-deterministic-inference",))
-    with server:
+    with _take(servers, tree_servers, "seeded") as server:
         assert server.server_info()["disable_overlap_schedule"] is False
         first = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
         second = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))

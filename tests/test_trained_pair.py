@@ -9,6 +9,7 @@ accept walk breaks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -50,8 +51,6 @@ def test_pair_folders_follow_the_drafter_conventions(pair):
 def test_trained_pair_greedy_identical_and_accepted(pair, tmp_path):
     prompts = pair["prompts"][:PROMPTS]
     plain_args = cpu_server_args(pair["target"], COMMON)
-    with ServerProcess(plain_args, name="plain", log_path=tmp_path / "plain.log") as server:
-        expected = _generate(server, prompts)
     tree_args = cpu_server_args(
         pair["target"],
         [
@@ -64,8 +63,17 @@ def test_trained_pair_greedy_identical_and_accepted(pair, tmp_path):
             "16",
         ],
     )
-    with ServerProcess(tree_args, name="ddtree", log_path=tmp_path / "ddtree.log") as server:
-        got = _generate(server, prompts)
-        accept = server.accept_length()
+    # Both servers start at once: their start-ups (imports, mostly on one core each) overlap.
+    tree = ServerProcess(tree_args, name="ddtree", log_path=tmp_path / "ddtree.log", start_timeout=900)
+    with contextlib.ExitStack() as stack:
+        stack.callback(tree.stop)
+        tree.launch()
+        with ServerProcess(
+            plain_args, name="plain", log_path=tmp_path / "plain.log", start_timeout=900
+        ) as server:
+            expected = _generate(server, prompts)
+        with tree as server:
+            got = _generate(server, prompts)
+            accept = server.accept_length()
     assert got == expected
     assert accept is not None and accept > MIN_ACCEPT_LENGTH, f"accept length {accept}"
