@@ -3,9 +3,12 @@ kernels, CUDA kernels on a GPU): every fast path must give the reference's integ
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from sglang_ddtree.kernels import cpp
 from sglang_ddtree.tree.accept import accept_walk_ref
 from sglang_ddtree.tree.layout import build_tree_batch_ref, pack_mask_words
 
@@ -145,3 +148,18 @@ def topk_logits(mode: str, rows: int, vocab: int, gen: torch.Generator, slice_le
     elif mode == "sawtooth":
         x = -(torch.arange(vocab) % 2048).float().expand(rows, vocab).clone()
     return x.contiguous()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+EMU = ROOT / "tests" / "cuda_emu"
+
+
+def compile_emulator():
+    """The CUDA kernels' sources built for the CPU against the emulator (tests/cuda_emu)."""
+    return cpp.compile_extension(
+        "_ddtree_emu",
+        [EMU / "emu_kernels.cpp"],
+        include_dirs=[ROOT / "cuda", EMU],
+        extra_flags=["-O1", "-w"],
+        depends=[*sorted((ROOT / "cuda").glob("*.cu*")), EMU / "emu.h"],
+    )

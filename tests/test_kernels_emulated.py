@@ -6,8 +6,6 @@ test_kernels_gpu.py; this runs in CI."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,6 +14,7 @@ from kernel_cases import (
     TIES,
     TOPK_MODES,
     assert_tree_equal,
+    compile_emulator,
     lane_local_tie_pops,
     random_posterior,
     random_topk,
@@ -31,21 +30,12 @@ from sglang_ddtree.tree.accept import commit_sources_ref
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
 
-ROOT = Path(__file__).resolve().parents[1]
-EMU = ROOT / "tests" / "cuda_emu"
-
 pytestmark = pytest.mark.skipif(not cpp.available(), reason="no C++ compiler")
 
 
 @pytest.fixture(scope="module")
 def emu():
-    return cpp.compile_extension(
-        "_ddtree_emu",
-        [EMU / "emu_kernels.cpp"],
-        include_dirs=[ROOT / "cuda", EMU],
-        extra_flags=["-O1", "-w"],
-        depends=[*sorted((ROOT / "cuda").glob("*.cu*")), EMU / "emu.h"],
-    )
+    return compile_emulator()
 
 
 def _build(emu, lp, ids, roots, prefix, budget, width, block=256, heap_in_registers=True):

@@ -12,13 +12,12 @@ parts that run on the CPU:
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from kernel_cases import TIES, random_topk
+from kernel_cases import TIES, compile_emulator, random_topk
 
 from sglang_ddtree.budget import TimedCostTable, candidate_widths
 from sglang_ddtree.kernels import cpp
@@ -26,8 +25,6 @@ from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
 from sglang_ddtree.tree.types import Trees
 
-ROOT = Path(__file__).resolve().parents[1]
-EMU = ROOT / "tests" / "cuda_emu"
 FIELDS = ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words")
 
 # (bs, depth, vocab, largest budget, k): k below the budget as --speculative-ddtree-max-topk
@@ -96,13 +93,7 @@ def test_a_narrower_tree_is_the_first_slots_of_the_widest_cpp(case, ties):
 
 @pytest.fixture(scope="module")
 def emu():
-    return cpp.compile_extension(
-        "_ddtree_emu",
-        [EMU / "emu_kernels.cpp"],
-        include_dirs=[ROOT / "cuda", EMU],
-        extra_flags=["-O1", "-w"],
-        depends=[*sorted((ROOT / "cuda").glob("*.cu*")), EMU / "emu.h"],
-    )
+    return compile_emulator()
 
 
 def _emulated_build(emu):
