@@ -182,11 +182,18 @@ def main(argv=None) -> int:
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--deadline-s", type=float, default=500.0, help="nothing starts past this (from start)")
     p.add_argument("--common", default=" ".join(COMMON))
+    p.add_argument(
+        "--common-extra",
+        default="",
+        help="comma list of server flags appended to --common (the later flag wins), e.g. "
+        "--mem-fraction-static=0.12,--max-total-tokens=20000 for a short rank beside other servers",
+    )
     p.add_argument("--out", default="bench_results")
     p.add_argument("--label", default="k26_rank_ab")
     args = p.parse_args(argv)
     t0 = time.monotonic()
-    args.common, args.profiles = args.common.split(), args.profiles.split(",")
+    args.common = args.common.split() + [flag for flag in args.common_extra.split(",") if flag]
+    args.profiles = args.profiles.split(",")
     out = Path(args.out)
     work = out / f"{args.label}_work"
     work.mkdir(parents=True, exist_ok=True)
