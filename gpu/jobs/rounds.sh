@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# GPU job: the bf16 margin-aware part of the serving suite, and the round benchmark
-# (plain, stock DFLASH, DDTREE at budgets 7/16/32/64) with per-round profiles. The two
-# share the start-up; the benchmark measures once the suite's servers are gone.
-# Run through the device command: bash gpu/device.sh bash gpu/jobs/rounds.sh
+# GPU job: the round benchmark on the trained pair: plain, stock DFLASH, DDTREE at budgets
+# 7/16/32/64 and the online budget (ddtree@auto64), interleaved per concurrency level
+# (1 8 32 64 4 16: the first levels are the ones that must finish), CUDA graphs up to bs 64 in
+# every arm, then per-round torch profiles of DFLASH and DDTREE@7 at bs 1.
+# PRECOMPILE_K26=1 compiles the K2.6 rank's Marlin MoE kernel beside it (one CPU core of
+# sixteen, in every arm's time alike) so the cache this call brings back holds it.
+# Run through the device command:
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/rounds.sh
 set -o pipefail
-LABEL=gpu_rounds_pycode-4l_h200
-DONE=/tmp/ddtree-margin-done
-rm -f "$DONE"
-( GPU_SERVER_ARMS=plain_bf16_graphs,ddtree_bf16_graphs,dflash_bf16_graphs \
-    timeout 300 python -m pytest -m gpu_server tests/gpu_server -k bf16 -p no:cacheprovider -v -rA \
-    > "$OUT/gpu_server_bf16.log" 2>&1; touch "$DONE" ) &
-timeout "${ROUNDS_S:-520}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
-  --arms plain,dflash,ddtree@7,ddtree@16,ddtree@32,ddtree@64 --deadline-s "${ROUNDS_DEADLINE_S:-470}" --wait-file "$DONE"
+LABEL=${LABEL:-gpu_rounds_pycode-4l_h200}
+if [ "${PRECOMPILE_K26:-0}" = 1 ]; then
+  find "${SGLANG_JIT_CACHE_DIR:-/nonexistent}" -maxdepth 3 -name ".staging-*" -exec rm -rf {} + 2>/dev/null
+  timeout 480 python gpu/jobs/precompile_k26.py > "$OUT/precompile_k26.log" 2>&1 &
+fi
+timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
+  --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64}" \
+  --concurrency ${CONC:-1 8 32 64 4 16} --repeats "${REPEATS:-3}" --graph-max-bs 64 \
+  --profile-bs ${PROFILE_BS:-1} --profile-arms dflash,ddtree@7 --profile-export-s 30 \
+  --deadline-s "${ROUNDS_DEADLINE_S:-540}"
 wait
-grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/gpu_server_bf16.log"
+tail -2 "$OUT/precompile_k26.log" 2>/dev/null
 rm -rf "$OUT/${LABEL}_work/traces"  # summarised into the JSON; too big to bring back
 tar czf "$OUT/${LABEL}_logs.tar.gz" -C "$OUT" "${LABEL}_work" && rm -rf "$OUT/${LABEL}_work"
-cat "$OUT/$LABEL.md" 2>/dev/null | head -60
+cat "$OUT/$LABEL.md" 2>/dev/null | head -70
 exit 0
