@@ -2,24 +2,16 @@
 # GPU job: correctness on the H200, in one call of under 8 minutes.
 #  1. the GPU kernel tests, alone (beside starting servers they ran out of time);
 #  2. the whole serving suite with the opt-in online-budget arms (GPU_SERVER_ARMS: every arm);
-#  3. beside both, a short K2.6 rank (K26_WARM_LAYERS layers, plain and DDTREE, a small memory
-#     share) through gpu/jobs/k26_rank.sh: it compiles every kernel the full rank needs (the
-#     Marlin MoE kernel alone takes ~5 minutes of nvcc) into the caches this call brings back,
-#     and shows that the rank serves before a whole call is spent on it.
+#  3. beside both, gpu/jobs/k26_warm.sh: a short K2.6 rank that compiles every kernel the full
+#     rank needs (the Marlin MoE kernels take ~5 minutes of nvcc) into the caches this call
+#     brings back, and shows that the rank serves before a whole call is spent on it.
 # Run through the device command:
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/suite.sh
 # $OUT: gpu_tests.log (kernel tests + suite), gpu_server.json, gpu_server_logs.tar.gz,
 # k26_warm.{json,md,log}.
 set -o pipefail
 ALL_ARMS=$(python -c "from tests.gpu_server.arms import ARMS; print(','.join(ARMS))")
-(
-  # The stale staging folder of a compile a timeout killed is not reused; drop it.
-  find "${SGLANG_JIT_CACHE_DIR:-/nonexistent}" -maxdepth 3 -name ".staging-*" -exec rm -rf {} + 2>/dev/null
-  LAYERS="${K26_WARM_LAYERS:-3}" K26_MODEL_DIR=/tmp/k26-warm LABEL=k26_warm ARMS=plain,ddtree@8 JOB_S="${K26_WARM_S:-450}" \
-    DEADLINE_S=$(( ${K26_WARM_S:-450} - 30 )) K26_AB_ARGS="--profiles pycode-4l --prompt-lens 96 \
-    --concurrency 1 4 --prompts 8 --start-timeout 420 --common-extra=--mem-fraction-static=0.12,--max-total-tokens=20000" \
-    bash gpu/jobs/k26_rank.sh > "$OUT/k26_warm.log" 2>&1
-) &
+bash gpu/jobs/k26_warm.sh > "$OUT/k26_warm.log" 2>&1 &
 timeout "${KERNEL_TESTS_S:-150}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
   tests/test_tree_engine.py > "$OUT/gpu_tests.log" 2>&1
 tail -1 "$OUT/gpu_tests.log"
