@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from sglang_ddtree.models.k26_rank import K26, TP, rank_config, weight_bytes, write_rank
+from sglang_ddtree.models.k26_rank import K26, TP, drafter_config, rank_config, weight_bytes, write_rank
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +70,22 @@ def test_short_rank_keeps_the_shapes_and_a_drafter_within_its_layers(tmp_path):
     target = json.loads((paths["target"] / "config.json").read_text())
     drafter = json.loads((paths["drafter"] / "config.json").read_text())
     assert target["num_hidden_layers"] == 3 and "quantization_config" not in target
-    assert max(drafter["dflash_config"]["target_layer_ids"]) < 3
+    assert drafter["dflash_config"]["target_layer_ids"] == [0, 1]
     with pytest.raises(ValueError):
         rank_config(layers=1)
+
+
+@pytest.mark.parametrize("layers", [2, 3, 4, 7, 12, 60, 61])
+def test_every_drafter_tap_is_captured_by_sglang(layers):
+    """SGLang captures tap ``i`` as the input of layer ``i + 1``
+    (``DeepseekV2ForCausalLM.set_dflash_layers_to_capture``); a tap on the last layer is never
+    captured and the server's graph capture fails ("captured 2 of 3 aux hidden states", seen on
+    a 3-layer rank)."""
+    taps = drafter_config(layers)["dflash_config"]["target_layer_ids"]
+    captured = [i + 1 for i in taps]
+    assert taps == sorted(set(taps)) and min(taps) >= 0
+    assert all(layer < layers for layer in captured)
+    assert len(taps) == min(6, layers - 1)
 
 
 def test_rank_weight_budget_fits_one_h200():

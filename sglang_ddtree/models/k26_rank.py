@@ -156,12 +156,17 @@ def rank_config(layers: int = K26["layers"], quantized: bool = True, tp: int = T
 
 
 def drafter_config(target_layers: int = K26["layers"], tp: int = TP) -> dict:
-    """``config.json`` of the matching DFlash drafter rank (target layer ids clipped to a
-    short target, so ``--layers N`` still has a drafter)."""
-    layer_ids = [i for i in DRAFTER["target_layer_ids"] if i < target_layers]
-    if target_layers < K26["layers"]:  # a short target: spread the taps over what exists
-        n = min(len(DRAFTER["target_layer_ids"]), target_layers)
-        layer_ids = sorted({round(i * (target_layers - 1) / max(n - 1, 1)) for i in range(n)})
+    """``config.json`` of the matching DFlash drafter rank (target layer ids spread over a
+    short target, so ``--layers N`` still has a drafter).
+
+    SGLang takes tap ``i`` as the input of layer ``i + 1`` (``set_dflash_layers_to_capture``),
+    so a tap must leave one layer after it: ``i <= layers - 2`` (the published 58 of 61 does).
+    A tap on the last layer is never captured and the graph capture fails."""
+    layer_ids = list(DRAFTER["target_layer_ids"])
+    if target_layers < K26["layers"]:  # a short target: spread the taps over what it can capture
+        last = target_layers - 2
+        n = min(len(layer_ids), last + 1)
+        layer_ids = sorted({round(i * last / max(n - 1, 1)) for i in range(n)})
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
