@@ -254,3 +254,20 @@ def test_levels_interleave_the_arms(tmp_path):
     ]
     for arm, row in rows.items():
         assert row["accept_length"] == 2.0 and len(row["tok_per_s_passes"]) == 3, arm
+
+
+def test_the_online_budget_lines_come_from_the_arm_log(tmp_path):
+    from sglang_ddtree.bench.gpu_rounds import online_budget_lines
+
+    log = tmp_path / "ddtree_auto64.log"
+    log.write_text(
+        "[2026-11-30 16:25:43] DDTREE online budget: verify widths [1, 2, 3] chosen per step\n"
+        "[2026-11-30 16:25:44] DDTREE online budget: start-up round costs (bs -> width -> ms) {1: {1: 0.2}}\n"
+        "[2026-11-30 16:26:00] DDTREE online budget: {'width_steps': {1: 3, 3: 997}}\n"
+        "[2026-11-30 16:27:00] DDTREE online budget: {'width_steps': {1: 500, 3: 1500}}\n"
+    )
+    assert online_budget_lines(log) == [
+        "start-up round costs (bs -> width -> ms) {1: {1: 0.2}}",
+        "{'width_steps': {1: 500, 3: 1500}}",
+    ]
+    assert online_budget_lines(tmp_path / "missing.log") == []

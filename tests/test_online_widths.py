@@ -105,7 +105,7 @@ def test_the_choice_scales_the_last_prediction_to_the_batch_and_flips_with_cost(
 
 def test_calibration_learns_what_the_target_accepts():
     flat = RoundCostTable((1,), (1, 2, 3, 5), [[1.0] * 4])
-    widths = step_widths(flat)
+    widths = step_widths(flat, predict_every=1)
     for _ in range(200):  # the drafter predicts 0.9 per depth; the target accepts one draft only
         run_step(widths, bs=2, accept_len=1)
     widths.start(2)  # absorbs the last step
@@ -215,3 +215,50 @@ def test_only_width_one_rounds_without_a_draft_cost_width_one():
     assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft
     widths._absorb_landed()
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
+
+
+def test_one_drafted_step_in_predict_every_makes_the_prediction():
+    """The prediction costs device work every step it is made; it is made on the first step,
+    then on one drafted step in ``predict_every``. The steps in between choose from the last
+    prediction (scaled to their batch size)."""
+    flat = RoundCostTable((1, 8), (1, 2, 3, 5), [[10.0] * 4, [10.0] * 4])
+    widths = step_widths(flat, predict_every=4)
+    predicted, chosen = [], []
+    for _ in range(13):
+        chosen.append(run_step(widths, bs=2, accept_len=2))
+        predicted.append(widths._pending[-1].values is not None)
+    assert chosen == [1] + [5] * 12  # nothing predicted yet, then the widest (equal costs)
+    assert predicted == [True, False, False, False] * 3 + [True]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_online_budget_step_does_not_synchronise_with_the_gpu():
+    """``start``/``finish`` of a predicting step on CUDA tensors, under PyTorch's sync debug
+    mode set to raise: a copy from pageable memory or a host read of a device value (both
+    stall the overlapped scheduler every step) fails the test."""
+    widths = step_widths(RoundCostTable((1, 8), (1, 2, 3, 5), [[1.0] * 4, [2.0] * 4]), predict_every=1)
+
+    def propose(hidden, k):
+        log_probs = torch.full((hidden.shape[0], k), math.log(1e-6), device="cuda")
+        log_probs[:, 0] = math.log(0.9)
+        return log_probs, torch.arange(k, device="cuda").repeat(hidden.shape[0], 1)
+
+    def step():
+        width = widths.start(4)
+        if not widths.skips_draft:
+            widths.watch(propose)(torch.zeros(4 * DEPTH, 8, device="cuda"), 4)
+        widths.finish(torch.full((4,), min(2, width - 1), dtype=torch.int64, device="cuda"))
+
+    for _ in range(3):  # first-use work (pinned host blocks, kernels) outside the check
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(10):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    widths.start(4)
+    assert sum(widths.history.values()) == 14 and widths._per_request is not None

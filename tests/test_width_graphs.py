@@ -165,8 +165,61 @@ def test_timed_table_learns_the_round_overhead_of_a_row_from_any_width():
     assert table(1, 3) == pytest.approx(3.5) and table(1, 1) == pytest.approx(2.5)
     table.observe(1, 1, float("inf"))
     assert table(1, 1) == pytest.approx(2.5)
-    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own cell only
-    assert table(1, 1) == pytest.approx(2.0) and table(1, 5) == pytest.approx(3.0 + 1.5)
+    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own cell only, measured
+    assert table(1, 1) == pytest.approx(1.5) and table(1, 5) == pytest.approx(3.0 + 1.5)
+
+
+def test_timed_table_probes_width_one_once_the_row_knows_its_tree_rounds():
+    """Width 1's start-up bound carries the trees' excess; the table asks for a few width-1
+    rounds once a row has served ``probe_after`` tree rounds, keeps the fastest, then refines."""
+    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], probes=2, probe_after=3)
+    table.refine_decay = 0.5
+    assert table.unprobed(1) is None  # no tree round yet: the excess is unknown
+    for _ in range(3):
+        table.observe(1, 5, 11.0)  # 8 ms of round work over the replay
+    assert table.unprobed(1) == 1 and table.unprobed(8) is None  # per row
+    assert table(1, 1) > 6.0  # the bound: replay + the trees' excess
+    table.observe(1, 1, 2.5)
+    assert table.unprobed(1) == 1 and table(1, 1) == 2.5  # measured, replacing the bound
+    table.observe(1, 1, 2.0)
+    assert table.unprobed(1) is None and table(1, 1) == 2.0  # the fastest probe
+    table.observe(1, 1, 4.0)  # past the probes: exponentially weighted
+    assert table(1, 1) == pytest.approx(3.0)
+    assert table.unprobed(1) is None
+
+
+def test_the_step_loop_runs_the_width_one_probes_without_the_drafter():
+    """Through ``StepWidths``: the start-up replays make a tree look cheap and width 1's bound
+    hides that it is cheaper still (a small target: round work dominates). After
+    ``probe_after`` tree rounds the step loop runs the width-1 probes without the drafter; once
+    measured, width 1 wins where it gives more tokens per ms (a batch of 8, nothing accepted)."""
+    import math
+    import time
+
+    from sglang_ddtree.adapter.widths import StepWidths
+
+    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probes=2, probe_after=2, refine_decay=1.0)
+    widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width)
+
+    def propose(hidden, k):  # a confident drafter: 0.9 per depth on its top-1
+        log_probs = torch.full((hidden.shape[0], k), math.log(1e-6))
+        log_probs[:, 0] = math.log(0.9)
+        return log_probs, torch.arange(k).repeat(hidden.shape[0], 1)
+
+    chosen, drafted = [], []
+    for _ in range(8):
+        width = widths.start(8)
+        drafted.append(not widths.skips_draft)
+        if drafted[-1]:
+            widths.watch(propose)(torch.zeros(8 * 4, 4), 4)
+        cost_ms = 2.0 if width == 1 else 10.0  # the real rounds: width 1 is cheap
+        widths._step = (*widths._step[:2], time.perf_counter() - cost_ms / 1e3)
+        widths.finish(torch.zeros(8, dtype=torch.int64))
+        chosen.append(width)
+    assert chosen[0] == 1 and drafted[0]  # nothing predicted yet: a drafted width 1, not its cost
+    assert chosen[1:3] == [5, 5]  # the replays make the widest tree the best rate
+    assert chosen[3:5] == [1, 1] and drafted[3:5] == [False, False]  # the probes
+    assert chosen[5:] == [1, 1, 1] and table(8, 1) == pytest.approx(2.0, rel=0.05)
 
 
 # --- the swap per step ------------------------------------------------------------------------

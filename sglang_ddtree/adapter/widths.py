@@ -67,6 +67,12 @@ logger = logging.getLogger("sglang_ddtree")
 COST_BATCH_SIZES = tuple(1 << i for i in range(9))
 # Consecutive width-1 steps without the drafter before one drafts to refresh the prediction.
 REFRESH_EVERY = 64
+# Drafted steps per prediction: the prediction (about 40 small device operations, each a
+# kernel launch the host pays for) is made on one drafted step in this many; acceptance
+# moves slowly, and the batch size of each step is applied to the last prediction anyway.
+PREDICT_EVERY = 8
+# Steps between the online budget's own log lines (when no stats interval is set).
+LOG_EVERY = 1000
 
 
 @dataclass
@@ -76,8 +82,9 @@ class _Observed:
     bs: int
     width: int
     host_ms: float
+    drafted: bool  # the drafter ran (a width-1 step may skip it)
     values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
-    # measured; None for a step without a draft (nothing predicted)
+    # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
     ready: torch.cuda.Event | None  # None: already on the host
     device_span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # under graphs: device time
 
@@ -88,7 +95,7 @@ class _Observed:
     @property
     def costs_its_width(self) -> bool:
         """Ran as its width is costed: width 1 without the drafter, a tree with it."""
-        return (self.values is None) == (self.width == 1)
+        return self.drafted == (self.width > 1)
 
     @property
     def round_ms(self) -> float:
@@ -105,6 +112,8 @@ class StepWidths:
         depth: int,
         make_head: Callable[[int], object],
         refresh_every: int = REFRESH_EVERY,
+        predict_every: int = PREDICT_EVERY,
+        log_every: int = 0,
     ):
         self.widths = tuple(widths)
         self.cost = cost
@@ -118,6 +127,9 @@ class StepWidths:
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
         self._log_probs: torch.Tensor | None = None
         self.refresh_every = refresh_every
+        self.predict_every = predict_every
+        self.log_every = log_every  # 0: the stats line carries the summary, or nobody asked
+        self._drafted_unpredicted = 0  # drafted steps since the last prediction
         self.skips_draft = False  # this step: width 1, no drafter forward, no tree step
         self.steps_without_draft = 0
         self._predicting = False  # a drafted step's prediction is kept or on its way to the host
@@ -159,10 +171,13 @@ class StepWidths:
     def start(self, bs: int) -> int:
         """The verify width of this step for a batch of ``bs`` requests."""
         self._absorb_landed()
-        width = self.cost.unprobed(bs) if isinstance(self.cost, ProbedCostTable) else None
+        unprobed = getattr(self.cost, "unprobed", None)  # a measured table may ask for a width first
+        width = unprobed(bs) if unprobed is not None else None
         if width is None:
             width = self.chooser.choose(bs, self._expected_accepted(bs))
         self.history[bs, width] += 1
+        if self.log_every and self.history.total() % self.log_every == 0:
+            logger.info("DDTREE online budget: %s", self.summary())
         self.skips_draft = width == 1 and self._predicting and self._undrafted_run < self.refresh_every
         self._undrafted_run = self._undrafted_run + 1 if self.skips_draft else 0
         self.steps_without_draft += self.skips_draft
@@ -214,10 +229,11 @@ class StepWidths:
             self.runners.restore()  # prefill and the rest run with the start-up pair
             if self._device_start is not None:
                 span, self._device_start = (self._device_start, _device_event()), None
-        if self.skips_draft:  # nothing predicted: only the round's cost to record
+        if not self._predicts(width):  # only the round's cost to record
             host_ms = (time.perf_counter() - started) * 1e3
-            self._pending.append(_Observed(bs, width, host_ms, None, None, span))
+            self._pending.append(_Observed(bs, width, host_ms, not self.skips_draft, None, None, span))
             return
+        self._drafted_unpredicted = 0
         log_probs = log_probs.view(bs, self.depth, -1)
         self._predicting = True
         max_budget = self.widths[-1] - 1
@@ -225,7 +241,15 @@ class StepWidths:
         measured = reach_counts(accept_lens, self.depth).to(torch.float64)
         host, ready = _to_host(torch.cat([predicted, measured[None]]))
         host_ms = (time.perf_counter() - started) * 1e3
-        self._pending.append(_Observed(bs, width, host_ms, host, ready, span))
+        self._pending.append(_Observed(bs, width, host_ms, True, host, ready, span))
+
+    def _predicts(self, width: int) -> bool:
+        """Whether this step's draft makes a prediction: the first, a width-1 step that drafts
+        (it drafts to refresh the prediction), and one drafted step in ``predict_every``."""
+        if self.skips_draft:
+            return False
+        self._drafted_unpredicted += 1
+        return not self._predicting or width == 1 or self._drafted_unpredicted >= self.predict_every
 
     def _expected_accepted(self, bs: int) -> np.ndarray:
         """``[n_widths]``: the batch's calibrated expected accepted drafts per width. Before
@@ -237,7 +261,7 @@ class StepWidths:
     def _absorb_landed(self) -> None:
         while self._pending and self._pending[0].landed():
             step = self._pending.pop(0)
-            if step.values is not None:  # a step without a draft keeps the last prediction
+            if step.values is not None:  # a step that predicted nothing keeps the last prediction
                 values = step.values.numpy()
                 predicted, measured = values[:-1], values[-1]
                 self.calibration.update(measured, predicted[self.widths.index(step.width)])

@@ -56,7 +56,7 @@ from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
 from .verify_input import DDTreeVerifyInput, draft_seq_lens_cpu, prefix_lens_bound_cpu
-from .widths import StepWidths
+from .widths import LOG_EVERY, StepWidths
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -98,6 +98,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         if self.widths is not None:
             self.stats.extra = self.widths.summary
+            # Without a stats line the online budget logs its widths itself (host values only).
+            logs = get_parallel().tp_rank == 0 and not self.stats.interval
+            self.widths.log_every = LOG_EVERY if logs else 0
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.

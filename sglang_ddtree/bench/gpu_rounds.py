@@ -48,7 +48,9 @@ COMMON = [
     "--max-total-tokens", "131072",
     "--mem-fraction-static", "0.08",
     "--max-running-requests", "64",
-    "--log-level", "warning",
+    # info: the online budget's width line (every 1000 steps) reaches the log; the same in
+    # every arm, so that SGLang's own periodic lines cost all of them alike.
+    "--log-level", "info",
     # Every arm's server stays up through the run: idle schedulers that poll would take
     # the CPU the measured server's host work needs.
     "--sleep-on-idle",
@@ -87,7 +89,7 @@ def arm_env(arm: str, phase_times: int) -> dict | None:
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     """``plain``, ``dflash``, ``ddtree@B`` or ``ddtree@auto`` / ``ddtree@autoB`` (the online
-    budget, trees of at most ``B`` nodes, default 32; it logs its widths every 100 rounds),
+    budget, trees of at most ``B`` nodes, default 32; it logs its widths every 1000 steps),
     optionally with a :data:`VARIANTS` suffix -> server flags (``graph_max_bs`` 0: no graph flag)."""
     arm = split_variant(arm)[0]
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)] if graph_max_bs else []
@@ -101,7 +103,7 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     largest = budget.removeprefix("auto") or "32"
     if name == "ddtree" and budget.startswith("auto") and largest.isdigit():
         online = ["--speculative-num-draft-tokens", str(int(largest) + 1)]
-        return ddtree + ["auto", *online, "--speculative-ddtree-stats-interval", "100"]
+        return ddtree + ["auto", *online]
     if name != "ddtree" or not budget.isdigit():
         raise ValueError(f"unknown arm {arm!r}: expected plain, dflash, ddtree@BUDGET or ddtree@auto[BUDGET]")
     return ddtree + [budget]
@@ -268,6 +270,22 @@ def measure_all(live: dict, prompts, args, results: dict, save) -> None:
             records[arm]["server_info_accept_length"] = server.accept_length()
         except (urllib.error.URLError, OSError):
             pass
+        lines = online_budget_lines(server.log_path)
+        if lines:
+            records[arm]["online_budget_log"] = lines
+
+
+def online_budget_lines(log_path) -> list[str]:
+    """The online budget's start-up cost table and its last width summary, from a server log
+    (what the arm chose per batch size, and what its rounds cost)."""
+    try:
+        text = Path(log_path).read_text(errors="replace")
+    except (OSError, TypeError):
+        return []
+    found = [line for line in text.splitlines() if "DDTREE online budget:" in line]
+    startup = [line for line in found if "start-up round costs" in line][:1]
+    summaries = [line for line in found if "width_steps" in line][-1:]
+    return [line.split("DDTREE online budget:", 1)[1].strip() for line in startup + summaries]
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerProcess], dict[str, str]]:

@@ -106,6 +106,7 @@ def to_markdown(results: dict) -> str:
     ]
     lines.append(throughput_table(levels))
     lines += phase_section(results)
+    lines += online_budget_section(results)
     lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
     prof_rows = []
     for arm in results["arms"]:
@@ -146,6 +147,18 @@ def to_markdown(results: dict) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def online_budget_section(results: dict) -> list[str]:
+    """What each online-budget arm chose: its start-up cost table and its last width line
+    (steps per width and per batch size, measured round costs), from the server's log."""
+    arms = [arm for arm in results["arms"] if arm.get("online_budget_log")]
+    if not arms:
+        return []
+    lines = ["", "## Online budget: widths chosen (from the server log)", ""]
+    for arm in arms:
+        lines += [f"`{arm['arm']}`:", ""] + [f"- `{line}`" for line in arm["online_budget_log"]] + [""]
+    return lines
 
 
 def phase_section(results: dict) -> list[str]:

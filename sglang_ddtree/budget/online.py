@@ -124,15 +124,33 @@ class TimedCostTable(RoundCostTable):
     size. So each row also learns its measured excess over the replays (exponentially
     weighted, from any tree width it serves), and a cell not served yet costs its replay plus
     that excess: an unserved width does not look cheaper than the served ones for lack of data.
-    Width 1 runs no drafter and no tree step (``adapter/widths.py``): its rounds teach only
-    their own cell, not the trees' excess; before it is served it carries the trees' excess,
-    an upper bound of its own."""
 
-    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], ms, **kw):
+    Width 1 runs no drafter and no tree step (``adapter/widths.py``): its rounds teach only
+    their own cell, not the trees' excess, and before it is served it carries the trees'
+    excess, an upper bound of its own that can be several times its real cost where a round's
+    host work dominates (a small target). Left there, width 1 would never be chosen and never
+    measured. So once a row has served ``probe_after`` tree rounds (its excess is known),
+    :meth:`unprobed` asks for ``probes`` width-1 rounds; the fastest of them replaces the
+    bound, and later width-1 rounds refine it like any cell."""
+
+    def __init__(
+        self,
+        batch_sizes: Sequence[int],
+        widths: Sequence[int],
+        ms,
+        probes: int = 3,
+        probe_after: int = 8,
+        **kw,
+    ):
         super().__init__(batch_sizes, widths, ms, **kw)
+        if probes < 1 or probe_after < 0:
+            raise ValueError("probes must be >= 1 and probe_after >= 0")
         self.startup = self.ms.copy()
         self.excess = np.zeros(len(self.batch_sizes))
         self.served = np.zeros(self.ms.shape, dtype=bool)
+        self.probes, self.probe_after = probes, probe_after
+        self.tree_rounds = np.zeros(len(self.batch_sizes), dtype=np.int64)
+        self.width1_rounds = np.zeros(len(self.batch_sizes), dtype=np.int64)
 
     def __call__(self, bs: int, width: int) -> float:
         row, column = self._row(bs), self._column(width)
@@ -142,19 +160,40 @@ class TimedCostTable(RoundCostTable):
         largest = self.batch_sizes[-1]
         return float(cost) * bs / largest if bs > largest else float(cost)
 
+    def unprobed(self, bs: int) -> int | None:
+        """1 while the row of ``bs`` has served enough tree rounds and too few width-1 rounds
+        to know width 1's own cost; None otherwise (the chooser decides)."""
+        if self.widths[0] != 1:
+            return None
+        row = self._row(bs)
+        if self.tree_rounds[row] >= self.probe_after and self.width1_rounds[row] < self.probes:
+            return 1
+        return None
+
     def observe(self, bs: int, width: int, ms: float) -> None:
         cell = self._cell(bs, width, ms)
         if cell is None:
             return
         row, column, ms = cell
+        if width == 1:
+            self._observe_width1(row, column, ms)
+            return
+        self.tree_rounds[row] += 1
         if not self.served[row, column]:
             self.ms[row, column] = self.startup[row, column] + self.excess[row]
             self.served[row, column] = True
         self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
-        if width == 1:
-            return
         excess = ms - self.startup[row, column]
         self.excess[row] += self.refine_decay * (excess - self.excess[row])
+
+    def _observe_width1(self, row: int, column: int, ms: float) -> None:
+        seen = self.width1_rounds[row]
+        self.width1_rounds[row] = seen + 1
+        if seen >= self.probes:
+            self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+            return
+        self.ms[row, column] = ms if seen == 0 else min(self.ms[row, column], ms)
+        self.served[row, column] = True
 
 
 def candidate_widths(max_budget: int) -> tuple[int, ...]:

@@ -65,7 +65,8 @@ def reach_by_depth(log_probs: torch.Tensor | np.ndarray, max_budget: int) -> tor
     node_depths = torch.arange(depth, device=lp.device).repeat_interleave(max_budget)
     order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max_budget]
     probs = scores.gather(1, order).exp()  # exp(-inf) = 0 where a level ran out of nodes
-    one_hot = torch.nn.functional.one_hot(node_depths[order], depth).to(torch.float64)
+    # one_hot() checks its classes on the host (a synchronisation) on some devices; this does not
+    one_hot = (node_depths[order][..., None] == torch.arange(depth, device=lp.device)).to(torch.float64)
     reach = torch.cumsum(probs[:, :, None] * one_hot, dim=1)  # [bs, B, depth]
     return torch.cat([torch.zeros_like(reach[:, :1]), reach], dim=1)
 
@@ -81,8 +82,10 @@ def expected_accepted(reach: torch.Tensor | np.ndarray, scale=None):
 def reach_at_widths(reach: torch.Tensor, widths) -> torch.Tensor:
     """``[n_widths, depth]``: the batch's total ``reach`` at the trees of the given verify
     widths (``width = budget + 1``; width 1 is no speculation)."""
-    index = torch.as_tensor([int(w) - 1 for w in widths], device=reach.device)
-    return reach.sum(0).index_select(0, index)
+    total = reach.sum(0)
+    # Row views stacked: an index tensor made from a host list would be a copy from pageable
+    # memory, which synchronises with the device every step.
+    return torch.stack([total[int(w) - 1] for w in widths])
 
 
 def _pad_to(scores: torch.Tensor, size: int) -> torch.Tensor:
