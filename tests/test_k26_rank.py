@@ -93,3 +93,73 @@ def test_rank_weight_budget_fits_one_h200():
     # 60 MoE layers x 384 experts x 3 x 7168 x 256 at 4.5 bits: the bulk of the rank
     assert 70 < sizes["moe_gb"] < 75
     assert 75 < sizes["total_gb"] < 90
+
+
+def test_the_allreduce_model_is_the_committed_tp8_model():
+    """The report's all-reduce term is the model of bench_results/moe_tp8_allreduce_model.json."""
+    from pathlib import Path
+
+    from sglang_ddtree.bench.k26_ab_report import allreduce_ms
+
+    model = json.loads(
+        (Path(__file__).parents[1] / "bench_results" / "moe_tp8_allreduce_model.json").read_text()
+    )
+    for row in model["rows"]:
+        assert allreduce_ms(row["M"]) == pytest.approx(row["allreduce_ms_max"], rel=0.02), row["M"]
+
+
+def _cell(c, tok_per_s, accept, round_ms, profile="p", length=96):
+    return {
+        "prompt_len": length,
+        "profile": profile,
+        "concurrency": c,
+        "tok_per_s": tok_per_s,
+        "accept_length": accept,
+        "round_ms": round_ms,
+        "tpot_ms": 1e3 / tok_per_s,
+        "ttft_ms": 50.0,
+    }
+
+
+def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
+    from sglang_ddtree.bench.k26_ab_report import round_allreduce_ms, rows, to_markdown, verdicts
+
+    results = {
+        "stamp": {"device": "test"},
+        "args": {"profiles": ["p"]},
+        "arms": [
+            {
+                "arm": "plain",
+                "cells": [
+                    {**_cell(1, 100.0, 1, 10.0), "profile": None},
+                    {**_cell(8, 800.0, 1, 10.0), "profile": None},
+                ],
+            },
+            {"arm": "chain", "cells": [_cell(1, 150.0, 2, 13.3), _cell(8, 700.0, 2, 22.0)]},
+            {
+                "arm": "ddtree@32",
+                "cells": [_cell(1, 180.0, 2.6, 14.4), _cell(8, 600.0, 2.6, 34.0)],
+                "memory_usage": {"weight": 80.1},
+            },
+            {"arm": "ddtree@64", "error": "server did not start: out of memory"},
+        ],
+    }
+    said = verdicts(results)
+    assert said[0].startswith("prompt 96, p, c=1: ddtree@32 wins (1.20x the next arm)")
+    assert "ddtree@32 1.80x plain" in said[0] and "1.20x chain" in said[0] and "live service 1.50x" in said[0]
+    assert said[1].startswith("prompt 96, p, c=8: plain wins")
+    assert "ddtree@32 0.75x plain (DDTREE LOSES)" in said[1] and "0.86x chain (DDTREE LOSES)" in said[1]
+    tree_c1 = next(r for r in rows(results) if r[2] == 1 and r[3] == "ddtree@32")
+    ar = round_allreduce_ms("ddtree@32", 1)
+    assert ar == pytest.approx(
+        2 * 61 * (0.015 + 1.75 * 33 * 7168 * 2 / 370e9 * 1e3)
+        + 2 * 6 * (0.015 + 1.75 * 8 * 7168 * 2 / 370e9 * 1e3)
+    )
+    assert tree_c1[10] == pytest.approx(ar / (14.4 + ar)) and tree_c1[11] == pytest.approx(
+        180.0 * 14.4 / (14.4 + ar)
+    )
+    text = to_markdown(results)
+    assert "out of memory" in text and "weight 80.1" in text and "DDTREE LOSES" in text
+    header = next(line for line in text.splitlines() if line.startswith("| arm | start s"))
+    error_row = next(line for line in text.splitlines() if line.startswith("| ddtree@64"))
+    assert header.count("|") == error_row.count("|")  # the error sits in its column

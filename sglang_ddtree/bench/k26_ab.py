@@ -42,6 +42,8 @@ COMMON = [
     # a 6-minute job on the H200 (the plain server was still at shape 1 of 58).
     "--disable-prefill-cuda-graph",
     "--log-level", "warning",
+    # Per-request timings in meta_info (first_token_latency: the TTFT column), in every arm.
+    "--enable-metrics",
 ]  # fmt: skip
 REPLAY_PLUGIN = "sglang_ddtree.bench.replay_drafter"
 
@@ -84,6 +86,7 @@ def _generate(server: ServerProcess, prompt: list[int], output_len: int) -> dict
         "output_ids": result["output_ids"],
         "tokens": meta["completion_tokens"],
         "rounds": meta.get("spec_verify_ct") or meta["completion_tokens"],
+        "ttft_s": meta.get("first_token_latency"),  # with --enable-metrics
     }
 
 
@@ -101,8 +104,10 @@ def measure(server, prompts, output_len: int, concurrency: int, repeats: int) ->
     for _ in range(repeats):
         done, wall = run_batch(server, batch, output_len, concurrency)
         tokens, rounds = sum(d["tokens"] for d in done), sum(d["rounds"] for d in done)
+        ttfts = [d["ttft_s"] for d in done if d.get("ttft_s") is not None]
         rows.append(
             {
+                "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else float("nan"),
                 "tok_per_s": tokens / wall,
                 "accept_length": tokens / rounds,
                 "round_ms": 1e3 * wall * min(concurrency, len(batch)) / rounds,

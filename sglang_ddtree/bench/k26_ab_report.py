@@ -8,14 +8,59 @@ from pathlib import Path
 from . import _stamp
 
 LIVE_SERVICE = "live K2.6 service (8x RTX PRO 6000, TP-8, DDTree): 138.7 tok/s c1, 322 c4, 466 c8, 517 c10"
+# The same hardware without speculation (another harness, a vLLM fork; ../shared/docs/anchors.md):
+# 92.4 tok/s c1, 350.9 c8. As ratios, what the live DDTree service gains over no speculation.
+LIVE_RATIOS = {1: 138.7 / 92.4, 8: 466 / 350.9}
 NOTES = [
     "One TP-8 rank on one GPU: per-GPU compute of the real service without its all-reduces "
-    "(two per layer; modelled in bench_results/moe_tp8_allreduce_model.md) and with the full "
-    "163,840-token LM head (the real rank holds 1/8 of it).",
+    "and with the full 163,840-token LM head (the real rank holds 1/8 of it).",
     "Speculative arms run the replay drafter: real drafter forward and head, acceptance set by "
     "the profile (sglang_ddtree/bench/replay_profiles.py cites each).",
-    f"Reference, other hardware and full model: {LIVE_SERVICE}.",
+    f"Reference, other hardware and full model: {LIVE_SERVICE}; as ratios over no speculation "
+    "on that hardware (no-speculation numbers from another harness): "
+    + ", ".join(f"{r:.2f}x at c{c}" for c, r in LIVE_RATIOS.items())
+    + ".",
+    "All-reduce (modelled, not measured; the model of bench_results/moe_tp8_allreduce_model.md): "
+    "two per layer (attention output and MoE) over [tokens, 7168] bf16, t = 15 us + 2 x 7/8 x "
+    "bytes / 370 GB/s, for the target's 61 layers at each forward's tokens (concurrency x verify "
+    "width) and the drafter's 6 layers at concurrency x 8. `AR share` is that time over the "
+    "measured round plus it; `tok/s +AR` the measured tok/s scaled by round / (round + AR).",
 ]
+
+# The all-reduce model of bench_results/moe_tp8_allreduce_model.md (NCCL ring busBW on 8 GPUs
+# over NVLink without SHARP; the latency term is an assumption).
+AR_LATENCY_MS, AR_BUS_GB_S, TP, HIDDEN, TARGET_LAYERS, DRAFTER_LAYERS, DRAFT_BLOCK = (
+    0.015,
+    370.0,
+    8,
+    7168,
+    61,
+    6,
+    8,
+)
+
+
+def allreduce_ms(tokens: int) -> float:
+    """One modelled all-reduce of ``[tokens, hidden]`` bf16 across the TP-8 ranks."""
+    return AR_LATENCY_MS + 2 * (TP - 1) / TP * tokens * HIDDEN * 2 / (AR_BUS_GB_S * 1e9) * 1e3
+
+
+def verify_width(arm: str) -> int:
+    """Tokens per request in the target forward of one round: 1 (plain), 8 (the chain's
+    budget 7 + the root), ``B + 1`` (``ddtree@B``)."""
+    if arm == "plain":
+        return 1
+    if arm == "chain":
+        return 8
+    return int(arm.partition("@")[2]) + 1
+
+
+def round_allreduce_ms(arm: str, concurrency: int) -> float:
+    """Modelled all-reduce time of one round of ``concurrency`` requests under TP-8."""
+    ms = 2 * TARGET_LAYERS * allreduce_ms(concurrency * verify_width(arm))
+    if arm != "plain":
+        ms += 2 * DRAFTER_LAYERS * allreduce_ms(concurrency * DRAFT_BLOCK)
+    return ms
 
 
 def _cells(results: dict) -> dict:
@@ -31,12 +76,20 @@ def _cells(results: dict) -> dict:
     return table
 
 
+def with_allreduce(arm: str, cell: dict) -> tuple[float, float]:
+    """(modelled all-reduce share of the round, tok/s with it added to every round)."""
+    ar = round_allreduce_ms(arm, cell["concurrency"])
+    return ar / (cell["round_ms"] + ar), cell["tok_per_s"] * cell["round_ms"] / (cell["round_ms"] + ar)
+
+
 def rows(results: dict) -> list[list]:
     out = []
     for (length, profile, c), arms in sorted(_cells(results).items()):
         plain, chain = arms.get("plain"), arms.get("chain")
         best = max(arms, key=lambda a: arms[a]["tok_per_s"])
         for arm, cell in arms.items():
+            share, with_ar = with_allreduce(arm, cell)
+            plain_ar = with_allreduce("plain", plain)[1] if plain else None
             out.append(
                 [
                     length,
@@ -46,12 +99,39 @@ def rows(results: dict) -> list[list]:
                     cell["tok_per_s"],
                     cell["accept_length"],
                     cell["tpot_ms"],
+                    cell.get("ttft_ms"),
                     cell["tok_per_s"] / plain["tok_per_s"] if plain else None,
                     cell["tok_per_s"] / chain["tok_per_s"] if chain else None,
+                    share,
+                    with_ar,
+                    with_ar / plain_ar if plain_ar else None,
                     "wins" if arm == best else "",
                 ]
             )
     return out
+
+
+def verdicts(results: dict) -> list[str]:
+    """Per prompt length, profile and concurrency: which arm wins and by how much, the best
+    DDTREE budget against plain and the chain, and plainly where DDTREE loses."""
+    lines = []
+    for (length, profile, c), arms in sorted(_cells(results).items()):
+        best = max(arms, key=lambda a: arms[a]["tok_per_s"])
+        trees = {a: cell for a, cell in arms.items() if a.startswith("ddtree@")}
+        text = f"prompt {length}, {profile}, c={c}: {best} wins"
+        others = sorted((cell["tok_per_s"] for a, cell in arms.items() if a != best), reverse=True)
+        if others:
+            text += f" ({arms[best]['tok_per_s'] / others[0]:.2f}x the next arm)"
+        if trees:
+            tree = max(trees, key=lambda a: trees[a]["tok_per_s"])
+            for baseline in ("plain", "chain"):
+                if baseline in arms:
+                    ratio = trees[tree]["tok_per_s"] / arms[baseline]["tok_per_s"]
+                    text += f"; {tree} {ratio:.2f}x {baseline}" + (" (DDTREE LOSES)" if ratio < 1 else "")
+            if c in LIVE_RATIOS:
+                text += f"; live service {LIVE_RATIOS[c]:.2f}x no speculation"
+        lines.append(text)
+    return lines
 
 
 def exactness(results: dict) -> list[list]:
@@ -61,6 +141,13 @@ def exactness(results: dict) -> list[list]:
         for c in arm.get("cells", [])
         if "identical_share" in c
     ]
+
+
+def _gpu_memory(arm: dict) -> str | None:
+    usage = arm.get("memory_usage")
+    if not isinstance(usage, dict):
+        return None
+    return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in usage.items())
 
 
 def to_markdown(results: dict) -> str:
@@ -73,19 +160,20 @@ def to_markdown(results: dict) -> str:
     lines += ["", _stamp.stamp_markdown(results["stamp"]), "", "## Arms", ""]
     lines.append(
         _stamp.md_table(
-            ["arm", "start s", "KV pool tokens", "skipped / error"],
+            ["arm", "start s", "KV pool tokens", "GPU memory (GB)", "skipped / error"],
             [
                 [
                     a["arm"],
                     a.get("start_s"),
                     a.get("max_total_num_tokens"),
-                    "; ".join(a.get("skipped", []))[:200],
+                    _gpu_memory(a),
+                    "; ".join([*a.get("skipped", []), *([a["error"][-200:]] if "error" in a else [])])[:300],
                 ]
-                + ([a["error"][-200:]] if "error" in a else [])
                 for a in arms
             ],
         )
     )
+    lines += ["", "## Who wins", ""] + [f"- {v}" for v in verdicts(results)]
     lines += ["", "## Throughput", ""]
     header = [
         "prompt len",
@@ -95,8 +183,12 @@ def to_markdown(results: dict) -> str:
         "tok/s",
         "accept len",
         "TPOT ms",
+        "TTFT ms",
         "x plain",
         "x chain",
+        "AR share",
+        "tok/s +AR",
+        "x plain +AR",
         "",
     ]
     lines.append(_stamp.md_table(header, rows(results)))
