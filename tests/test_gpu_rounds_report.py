@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from sglang_ddtree.bench import gpu_rounds_report
@@ -102,6 +103,29 @@ def test_arm_variants_share_flags_and_set_one_variable():
     assert arm_env("ddtree@7+phases", 50) == {"SGLANG_DDTREE_PHASE_TIMES": "50"}
     assert arm_env("ddtree@7+eagerstep", 50) == {"SGLANG_DDTREE_EAGER_TREE_STEP": "1"}
     assert arm_env("ddtree@7", 50) is None
+
+
+def test_the_width1_variant_injects_a_table_where_width_one_always_wins(tmp_path):
+    from sglang_ddtree.adapter.widths import StepWidths
+    from sglang_ddtree.bench.gpu_rounds import arm_env
+    from sglang_ddtree.budget import RoundCostTable, candidate_widths
+    from sglang_ddtree.config import budget_cost_table
+
+    env = arm_env("ddtree@auto64+width1", 50, tmp_path)
+    path = env["SGLANG_DDTREE_BUDGET_COST_TABLE"]
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv("SGLANG_DDTREE_BUDGET_COST_TABLE", path)
+    try:
+        table = budget_cost_table()
+    finally:
+        monkey.undo()
+    assert tuple(table["widths"]) == candidate_widths(64)
+    cost = RoundCostTable(table["batch_sizes"], table["widths"], table["ms"])
+    widths = StepWidths(candidate_widths(64), cost, depth=7, make_head=lambda w: w)
+    widths._per_request = np.full((len(widths.widths), 7), 0.9)  # a confident prediction
+    assert all(widths.chooser.choose(bs, widths._expected_accepted(bs)) == 1 for bs in (1, 8, 64, 300))
+    with pytest.raises(ValueError, match="online-budget arm"):
+        arm_env("ddtree@32+width1", 50, tmp_path)
 
 
 def test_arm_flags():

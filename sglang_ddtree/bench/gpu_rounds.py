@@ -32,10 +32,12 @@ import concurrent.futures
 import glob
 import json
 import statistics
+import tempfile
 import time
 import urllib.error
 from pathlib import Path
 
+from ..budget import candidate_widths
 from ..launch import ServerProcess, ServerStartError, http_text
 from . import _stamp
 from .round_profile import summarise_trace
@@ -69,6 +71,10 @@ def parallel_args(tp: int, nccl_port: int | None) -> list[str]:
 VARIANTS = {
     "+phases": "SGLANG_DDTREE_PHASE_TIMES",  # host time per round phase (value: --phase-times)
     "+eagerstep": "SGLANG_DDTREE_EAGER_TREE_STEP",  # the tree step outside the drafter's graph
+    # ddtree@autoB only: an injected cost table that makes every step width 1 (no drafter, the
+    # root alone through the verify path): what the online budget's fallback to no speculation
+    # costs against plain decoding.
+    "+width1": "SGLANG_DDTREE_BUDGET_COST_TABLE",
 }
 
 
@@ -80,11 +86,30 @@ def split_variant(arm: str) -> tuple[str, str | None]:
     return arm, None
 
 
-def arm_env(arm: str, phase_times: int) -> dict | None:
-    suffix = split_variant(arm)[1]
+def arm_env(arm: str, phase_times: int, work: Path | None = None) -> dict | None:
+    base, suffix = split_variant(arm)
     if suffix is None:
         return None
+    if suffix == "+width1":
+        return {VARIANTS[suffix]: str(width1_cost_table(base, work or Path(tempfile.gettempdir())))}
     return {VARIANTS[suffix]: str(phase_times) if suffix == "+phases" else "1"}
+
+
+def width1_cost_table(arm: str, work: Path) -> Path:
+    """A cost table (``$SGLANG_DDTREE_BUDGET_COST_TABLE``) for ``ddtree@autoB`` in which width 1
+    is far cheaper than any tree at every batch size: the server then runs every step at
+    width 1."""
+    name, _, budget = arm.partition("@")
+    largest = budget.removeprefix("auto") or "32"
+    if name != "ddtree" or not budget.startswith("auto") or not largest.isdigit():
+        raise ValueError(f"{arm}+width1: the width-1 variant needs an online-budget arm (ddtree@autoB)")
+    widths = candidate_widths(int(largest))
+    batch_sizes = [1 << i for i in range(10)]
+    path = work / f"width1_costs_{largest}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ms = [[1.0 if w == 1 else 1e6 for w in widths] for _ in batch_sizes]
+    path.write_text(json.dumps({"batch_sizes": batch_sizes, "widths": list(widths), "ms": ms}))
+    return path
 
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
@@ -302,7 +327,7 @@ def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerPro
                 *arm_args(arm, args.drafter, args.graph_max_bs),
                 *parallel_args(args.tp, ports[arm]),
             ],
-            env=arm_env(arm, args.phase_times),
+            env=arm_env(arm, args.phase_times, log_dir),
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,
