@@ -163,3 +163,20 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
     header = next(line for line in text.splitlines() if line.startswith("| arm | start s"))
     error_row = next(line for line in text.splitlines() if line.startswith("| ddtree@64"))
     assert header.count("|") == error_row.count("|")  # the error sits in its column
+
+
+def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
+    from sglang_ddtree.bench.k26_ab import arm_args
+
+    plain, chain = arm_args("plain", "D", 16), arm_args("chain", "D", 16)
+    fixed, auto = arm_args("ddtree@32", "D", 16), arm_args("ddtree@auto64", "D", 16)
+    for flags in (plain, chain, fixed, auto):
+        assert flags[:2] == ["--cuda-graph-max-bs-decode", "16"]
+    assert "--speculative-algorithm" not in plain
+    assert chain[chain.index("--speculative-ddtree-max-topk") + 1] == "1"
+    assert fixed[fixed.index("--speculative-ddtree-budget") + 1] == "32"
+    assert auto[auto.index("--speculative-ddtree-budget") + 1] == "auto"
+    assert auto[auto.index("--speculative-num-draft-tokens") + 1] == "65"
+    for bad in ("ddtree@", "ddtree@autox", "tree@8"):
+        with pytest.raises(ValueError):
+            arm_args(bad, "D", 16)

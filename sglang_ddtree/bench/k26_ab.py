@@ -49,7 +49,8 @@ REPLAY_PLUGIN = "sglang_ddtree.bench.replay_drafter"
 
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
-    """``plain``, ``chain`` or ``ddtree@B`` -> server flags (the same graphs in every arm)."""
+    """``plain``, ``chain``, ``ddtree@B`` or ``ddtree@autoB`` (the online budget, trees of at
+    most ``B`` nodes) -> server flags (the same graphs in every arm)."""
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)]
     if arm == "plain":
         return graphs
@@ -57,8 +58,16 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     if arm == "chain":
         return spec + ["--speculative-ddtree-budget", "7", "--speculative-ddtree-max-topk", "1"]
     name, _, budget = arm.partition("@")
+    largest = budget.removeprefix("auto")
+    if name == "ddtree" and budget.startswith("auto") and largest.isdigit():
+        return spec + [
+            "--speculative-ddtree-budget",
+            "auto",
+            "--speculative-num-draft-tokens",
+            str(int(largest) + 1),
+        ]
     if name != "ddtree" or not budget.isdigit():
-        raise ValueError(f"unknown arm {arm!r}: expected plain, chain or ddtree@BUDGET")
+        raise ValueError(f"unknown arm {arm!r}: expected plain, chain, ddtree@BUDGET or ddtree@autoBUDGET")
     return spec + ["--speculative-ddtree-budget", budget]
 
 

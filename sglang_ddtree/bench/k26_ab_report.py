@@ -52,7 +52,8 @@ def verify_width(arm: str) -> int:
         return 1
     if arm == "chain":
         return 8
-    return int(arm.partition("@")[2]) + 1
+    budget = arm.partition("@")[2]
+    return int(budget.removeprefix("auto")) + 1  # the online budget: its largest width (an upper bound)
 
 
 def round_allreduce_ms(arm: str, concurrency: int) -> float:
