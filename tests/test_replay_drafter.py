@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from sglang_ddtree.bench.replay_drafter import Recording
+from sglang_ddtree.bench.replay_drafter import Recording, recorded_row
 from sglang_ddtree.bench.replay_profiles import (
     PROFILES,
     RankSampler,
@@ -121,3 +121,22 @@ def test_replay_ddtree_identical_to_plain_at_the_profiled_acceptance(tmp_path):
     # ~110 rounds of random ranks; the last round of each request is cut at max_new_tokens
     assert tokens / rounds == pytest.approx(predicted, rel=0.2), (tokens / rounds, predicted)
     assert "DDTREE replay drafter active" in (tmp_path / "replay.log").read_text()
+
+
+def test_a_short_prompt_finds_its_own_recording_when_a_longer_one_begins_with_it():
+    """k26_ab tiles its 96- and 4096-token prompts from the same text, so each long prompt
+    begins with a short one; the short prompt's recording is the shortest that extends it
+    (the first K2.6 rank A/B reported 0 identical for every short prompt from this)."""
+    from sglang_ddtree.bench.k26_ab import prompt_sets, same_share
+
+    sets = prompt_sets([[5, 6, 7], [8, 9]], [4, 12], ["a"], count=2)
+    short, long = sets[(4, "a")], sets[(12, "a")]
+    assert long[0][:4] == short[0]
+    outputs = {tuple(p): [100 + len(p), i] for i, p in enumerate(short + long)}
+    sequences = [p + outputs[tuple(p)] for p in short + long]
+    for order in (sequences, sequences[::-1]):
+        assert [recorded_row(order, p) for p in short] == [order.index(s) for s in sequences[:2]]
+        assert same_share([outputs[tuple(p)] for p in short], short, order) == 1.0
+        assert same_share([outputs[tuple(p)] for p in long], long, order) == 1.0
+    assert same_share([[0, 0], outputs[tuple(short[1])]], short, sequences) == 0.5
+    assert recorded_row(sequences, [42]) == -1

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
+from .replay_drafter import recorded_row
 
 PAIR_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
 COMMON = [
@@ -149,11 +150,14 @@ def record_plain(server, sets: dict, output_len: int) -> dict:
 
 def identical_share(server, prompts, recording: dict, output_len: int) -> float:
     """Share of greedy outputs (16 in flight) equal to the plain recording."""
-    recorded = {
-        tuple(s[: len(p)]): s[len(p) :] for p in prompts for s in recording["sequences"] if s[: len(p)] == p
-    }
     done, _ = run_batch(server, prompts, output_len, min(len(prompts), 16))
-    same = [d["output_ids"] == recorded.get(tuple(p)) for p, d in zip(prompts, done)]
+    return same_share([d["output_ids"] for d in done], prompts, recording["sequences"])
+
+
+def same_share(outputs: list[list[int]], prompts: list[list[int]], sequences: list[list[int]]) -> float:
+    """Share of ``outputs`` equal to the recorded continuation of their prompt."""
+    rows = [recorded_row(sequences, p) for p in prompts]
+    same = [row >= 0 and out == sequences[row][len(p) :] for out, p, row in zip(outputs, prompts, rows)]
     return sum(same) / len(same)
 
 

@@ -39,6 +39,15 @@ LOG_EVERY = 512  # rounds between drift reports (each reads two device counters)
 logger = logging.getLogger("sglang_ddtree")
 
 
+def recorded_row(sequences: list[list[int]], prompt: list[int]) -> int:
+    """Index of the recorded sequence that continues ``prompt`` (-1: none). A longer recorded
+    prompt may begin with this one (a 4k prompt tiled from the same text as a short one): the
+    shortest sequence that extends ``prompt`` is the one recorded for it."""
+    n = len(prompt)
+    matches = [i for i, s in enumerate(sequences) if len(s) > n and s[:n] == prompt]
+    return min(matches, key=lambda i: len(sequences[i]), default=-1)
+
+
 class Recording:
     """Recorded greedy sequences as one padded device table, looked up by prompt."""
 
@@ -49,7 +58,7 @@ class Recording:
             table[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.int64)
         self.table = table.to(device)
         self.width = width
-        self._rows = {tuple(s): i for i, s in enumerate(sequences)}
+        self._sequences = [list(s) for s in sequences]
         self.profiles = list(profiles or [])  # per sequence (optional): several profiles, one server
 
     def row(self, req) -> int:
@@ -57,11 +66,7 @@ class Recording:
         cached = getattr(req, "_ddtree_replay_row", None)
         if cached is not None:
             return cached
-        prompt = tuple(req.origin_input_ids)
-        row = next(
-            (i for key, i in self._rows.items() if key[: len(prompt)] == prompt and len(key) > len(prompt)),
-            -1,
-        )
+        row = recorded_row(self._sequences, list(req.origin_input_ids))
         req._ddtree_replay_row = row
         return row
 
