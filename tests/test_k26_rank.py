@@ -126,7 +126,7 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
 
     results = {
         "stamp": {"device": "test"},
-        "args": {"profiles": ["p"]},
+        "args": {"profiles": ["p"], "graph_max_bs": 4},
         "arms": [
             {
                 "arm": "plain",
@@ -158,6 +158,9 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
     assert tree_c1[10] == pytest.approx(ar / (14.4 + ar)) and tree_c1[11] == pytest.approx(
         180.0 * 14.4 / (14.4 + ar)
     )
+    notes = {(r[2], r[3]): r[-1] for r in rows(results)}
+    assert notes[(1, "ddtree@32")] == "wins" and notes[(8, "plain")] == "wins, eager"
+    assert notes[(8, "chain")] == "eager"  # c=8 is above the captured batch sizes
     text = to_markdown(results)
     assert "out of memory" in text and "weight 80.1" in text and "DDTREE LOSES" in text
     header = next(line for line in text.splitlines() if line.startswith("| arm | start s"))

@@ -10,6 +10,8 @@
 # kernel from the carried cache (290 s if it is missing: then only plain finishes). So one call
 # fits plain + 3-4 speculative arms; ARMS=... runs the rest in a second call.
 # LAYERS=N builds a short rank (a quick check that the shapes serve). JOB_S bounds the benchmark.
+# GRAPH_MAX_BS (default 32: every level on CUDA graphs; at 16 the c=32 level ran eager in every
+# arm, launch-bound), REPEATS timed passes per cell (default 2; the spread is reported).
 # K26_AB_ARGS: more k26_ab flags; they come last, so they override the ones above.
 set -o pipefail
 LABEL="${LABEL:-k26_rank_ab_h200}"
@@ -19,7 +21,7 @@ timeout "${JOB_S:-540}" python -m sglang_ddtree.bench.k26_ab --model "$MODEL/tar
   --out "$OUT" --label "$LABEL" --deadline-s "${DEADLINE_S:-520}" \
   --arms "${ARMS:-plain,chain,ddtree@32,ddtree@16,ddtree@64,ddtree@8}" \
   --profiles dflash-k25-code,pycode-4l --prompt-lens 96 4096 --concurrency 1 8 32 4 16 2 \
-  --graph-max-bs "${GRAPH_MAX_BS:-16}" ${K26_AB_ARGS:-}
+  --graph-max-bs "${GRAPH_MAX_BS:-32}" --repeats "${REPEATS:-2}" ${K26_AB_ARGS:-}
 rc=$?
 tar czf "$OUT/${LABEL}_logs.tar.gz" -C "$OUT" "${LABEL}_work" && rm -rf "$OUT/${LABEL}_work"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader

@@ -124,7 +124,12 @@ def measure(server, prompts, output_len: int, concurrency: int, repeats: int) ->
                 "tpot_ms": 1e3 * wall * min(concurrency, len(batch)) / tokens,
             }
         )
-    return {"concurrency": concurrency, **{k: statistics.median(r[k] for r in rows) for k in rows[0]}}
+    passes = [r["tok_per_s"] for r in rows]
+    return {
+        "concurrency": concurrency,
+        **{k: statistics.median(r[k] for r in rows) for k in rows[0]},
+        "tok_per_s_spread": max(passes) / min(passes),  # fastest pass over the slowest
+    }
 
 
 def start(arm: str, args, env: dict | None, log_dir: Path) -> ServerProcess:

@@ -85,7 +85,10 @@ def with_allreduce(arm: str, cell: dict) -> tuple[float, float]:
 
 def rows(results: dict) -> list[list]:
     out = []
+    graph_max_bs = results.get("args", {}).get("graph_max_bs")
     for (length, profile, c), arms in sorted(_cells(results).items()):
+        # Above the largest captured batch every arm decodes eagerly (launch-bound on 61 layers).
+        eager = graph_max_bs is not None and c > graph_max_bs
         plain, chain = arms.get("plain"), arms.get("chain")
         best = max(arms, key=lambda a: arms[a]["tok_per_s"])
         for arm, cell in arms.items():
@@ -106,7 +109,8 @@ def rows(results: dict) -> list[list]:
                     share,
                     with_ar,
                     with_ar / plain_ar if plain_ar else None,
-                    "wins" if arm == best else "",
+                    cell.get("tok_per_s_spread"),
+                    ", ".join(n for n, on in (("wins", arm == best), ("eager", eager)) if on),
                 ]
             )
     return out
@@ -190,6 +194,7 @@ def to_markdown(results: dict) -> str:
         "AR share",
         "tok/s +AR",
         "x plain +AR",
+        "spread",
         "",
     ]
     lines.append(_stamp.md_table(header, rows(results)))
