@@ -32,11 +32,16 @@ COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "wa
 # The non-speculative reference every module compares with, one process for the whole run:
 # the sync scheduler (with overlap on, SGLang 0.5.23's plain server counts penalties one
 # token late: docs/features.md), per-request sampling seeds honoured, custom logit
-# processors allowed. Greedy output does not depend on these options.
+# processors allowed, and a context limit that the context-limit tests reach
+# (test_serving_greedy.py: it decides how many tokens a near-limit request gets; every
+# other request fits well below it). Greedy output does not depend on these options.
+REFERENCE_CONTEXT = 512
 REFERENCE_OPTIONS = [
     "--disable-overlap-schedule",
     "--enable-deterministic-inference",
     "--enable-custom-logit-processor",
+    "--context-length",
+    str(REFERENCE_CONTEXT),
 ]
 # A server start (imports, model load, warm-up) can take minutes on a loaded 2-core machine.
 START_TIMEOUT_S = 900.0
@@ -118,13 +123,15 @@ class RunSchedule:
 
 
 def next_to_run(
-    specs: dict[str, ServerSpec], after: str | None, test_of: dict[str, str]
+    specs: dict[str, ServerSpec], after: str | None, test_of: dict[str, str | tuple[str, ...]]
 ) -> ServerSpec | None:
     """The first of ``specs`` after ``after`` (None: from the first) whose test
-    (``test_of[name]``, a part of its node id) will still run: the server to launch ahead."""
+    (``test_of[name]``, a part of its node id, or a tuple of them: its tests) will still
+    run: the server to launch ahead."""
     names = list(specs)
     for name in names[0 if after is None else names.index(after) + 1 :]:
-        if RunSchedule.will_run(test_of[name]):
+        tests = test_of[name]
+        if any(RunSchedule.will_run(t) for t in ((tests,) if isinstance(tests, str) else tests)):
             return specs[name]
     return None
 
