@@ -1,9 +1,10 @@
 """DDTREE in-process (``sglang.Engine``): greedy output identical to the plain server.
 
-The engine runs in a child Python process: its ``shutdown()`` kills every child process
-of the process that made it, which in the test process would take the shared servers
-(and any launched ahead) with it. (The KV pool after a burst with aborts is checked in
-test_serving_greedy.py, on a server the greedy checks use too.)"""
+The engine runs in a child Python process, a background job (tests/background.py): its
+``shutdown()`` kills every child process of the process that made it, which in the test
+process would take the shared servers (and any launched ahead) with it. (The KV pool
+after a burst with aborts is checked in test_serving_greedy.py, on a server the greedy
+checks use too.)"""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import json
 import sys
 
 import pytest
-from serving import GREEDY, PROMPTS, generate_batch, reference_server
+from background import BACKGROUND
+from serving import GREEDY, PROMPTS, generate_batch, reference_server, uses_reference
 
 from sglang_ddtree.launch import ProcessGroup
+from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 
@@ -45,20 +48,31 @@ with open(out, "w") as f:
 """
 
 
-def test_engine_greedy_identical_to_plain(tiny, servers, tmp_path):
-    out, log = tmp_path / "engine.json", tmp_path / "engine.log"
+TEST = "test_engine_and_pool.py::test_engine_greedy_identical_to_plain"
+uses_reference(TEST)
+
+
+def _run_engine(job) -> dict:
+    tiny = build_tiny_models()
+    out, log = job.folder / "engine.json", job.folder / "engine.log"
     argument = json.dumps(
         [{"target": str(tiny.target), "drafter": str(tiny.drafter)}, PROMPTS, GREEDY, str(out)]
     )
     with log.open("w") as stdout:
-        engine = ProcessGroup([sys.executable, "-c", ENGINE_SCRIPT, argument], stdout=stdout)
+        engine = job.track(ProcessGroup([sys.executable, "-c", ENGINE_SCRIPT, argument], stdout=stdout))
     try:
-        # The shared plain server (a batch of 8) while the engine starts.
-        expected = generate_batch(reference_server(servers, tiny))
         assert engine.wait(timeout=900) == 0, log.read_text()[-3000:]
     finally:
         engine.stop()
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+BACKGROUND.declare("engine", TEST, _run_engine)
+
+
+def test_engine_greedy_identical_to_plain(tiny, servers):
+    result = BACKGROUND.result("engine")
+    expected = generate_batch(reference_server(servers, tiny))  # a batch of 8
     assert result["batched"] == expected
     assert result["single"] == expected[:3]
     info = result["info"]

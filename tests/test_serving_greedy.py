@@ -21,6 +21,7 @@ it. An arm's checks run on one server, which stops before the next arm's checks.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 import urllib.error
 import urllib.request
@@ -30,18 +31,20 @@ from serving import (
     GREEDY,
     PROMPTS,
     REFERENCE_CONTEXT,
+    SHARED_SERVERS,
     ServerSpec,
     ddtree_args,
     generate_batch,
     generate_sequential,
-    next_to_run,
     output_ids,
     reference_server,
     server_spec,
+    uses_reference,
 )
 from transformers import AutoTokenizer
 
 from sglang_ddtree.launch import http_json
+from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 
@@ -68,16 +71,16 @@ BURST_ARM = "overlap-page1"
 # still runs the fingerprint, the all-reduce and the host read of every round, which
 # must not change the output.
 TP_CHECK_ARM = "sync-page1"
-# An arm's server is launched ahead when one of its tests will still run.
+# The tests of each arm (its server is launched ahead of the first one that will run).
 TEST_OF = {arm: (f"{MODULE}test_greedy_identical_to_plain[{arm}]",) for arm in ARMS}
 for _arm in CONTEXT_LIMIT_ARMS:
     TEST_OF[_arm] += (f"{MODULE}test_requests_ending_at_the_context_limit_match_plain[{_arm}]",)
 TEST_OF[BURST_ARM] += (f"{MODULE}test_no_kv_leak_after_burst_with_aborts[{BURST_ARM}]",)
 
 
-@pytest.fixture(scope="module")
-def arm_specs(tiny, tmp_path_factory) -> dict[str, ServerSpec]:
-    logs = tmp_path_factory.mktemp("greedy")
+@functools.cache
+def arm_specs() -> dict[str, ServerSpec]:
+    tiny, logs = build_tiny_models(), SHARED_SERVERS.folder("greedy")
     specs = {}
     for arm, (overlap, page_size, chunked) in ARMS.items():
         extra = ["--context-length", str(CONTEXT), "--page-size", str(page_size), "--log-level", "info"]
@@ -95,11 +98,14 @@ def arm_specs(tiny, tmp_path_factory) -> dict[str, ServerSpec]:
     return specs
 
 
+SHARED_SERVERS.plan(arm_specs, TEST_OF)
+uses_reference(MODULE)
+
+
 @pytest.fixture(scope="module")
-def arm_server(request, servers, arm_specs):
+def arm_server(request, servers):
     """The arm's server, for all of the arm's tests (pytest runs them together)."""
-    arm = request.param
-    with servers.take(arm_specs[arm], next_to_run(arm_specs, arm, TEST_OF)) as server:
+    with servers.take(arm_specs()[request.param]) as server:
         yield server
 
 
