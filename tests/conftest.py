@@ -11,7 +11,9 @@ started still runs (each carries the run's tag in its environment)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pkgutil
 import signal
 import uuid
 import warnings
@@ -35,6 +37,23 @@ def pytest_configure(config):
     # requests took 16 core-seconds instead of 7, in no less time, and starved whatever
     # ran beside them.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("SGLANG_DISABLED_MODEL_ARCHS", ",".join(_unserved_model_modules()))
+
+
+# The model files of SGLang's registry that the servers of this suite load: the tiny and
+# trained targets (Qwen3ForCausalLM), the tiny MLA target (DeepseekV3ForCausalLM) and the
+# DFlash drafters (DFlashDraftModel). A scheduler imports every other model file at start
+# to list the architectures it could serve (about 3.5 core-seconds a server); the rest
+# are left out (SGLANG_DISABLED_MODEL_ARCHS). A test serving another architecture adds
+# its file here (else its server refuses the model, naming the architecture).
+SERVED_MODEL_MODULES = {"qwen3", "deepseek_v2", "dflash"}
+
+
+def _unserved_model_modules() -> list[str]:
+    spec = importlib.util.find_spec("sglang.srt.models")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    names = {info.name for info in pkgutil.iter_modules(folders) if not info.ispkg}
+    return sorted(names - SERVED_MODEL_MODULES - {"registry"})
     signal.signal(signal.SIGTERM, _stop_the_run)
 
 
