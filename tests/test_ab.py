@@ -60,11 +60,20 @@ def _one_report(out: Path) -> tuple[dict, Path]:
     return json.loads(reports[0].read_text()), reports[0]
 
 
+def _interruptible():
+    # A run started in the background of a non-interactive shell (`make test &`, a CI
+    # runner's script) inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: the tool is started with Ctrl-C's default action, as at a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _popen_tool(folder: Path, args: list[str], env=None) -> subprocess.Popen:
     """The tool, its output in ``folder`` (files: a pipe nobody reads could fill up)."""
     folder.mkdir(exist_ok=True)
     with (folder / "stdout.txt").open("w") as stdout, (folder / "stderr.txt").open("w") as stderr:
-        return subprocess.Popen([*AB, *args], stdout=stdout, stderr=stderr, env=env)
+        return subprocess.Popen(
+            [*AB, *args], stdout=stdout, stderr=stderr, env=env, preexec_fn=_interruptible
+        )
 
 
 def _outputs(folder: Path) -> tuple[str, str]:
