@@ -49,7 +49,7 @@ demo: venv
 	$(CPU_ENV) $(PY) -m sglang_ddtree.demo
 
 test: venv
-	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not slow" tests $(PYTEST_ARGS)
+	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow" tests $(PYTEST_ARGS)
 
 # Tests marked slow (the server soak, a few minutes): not part of `make test`.
 test-slow: venv

@@ -11,7 +11,8 @@ the output must still equal non-speculative decoding.
 Loaded in every server process by ``SGLANG_DDTREE_TEST_PLUGIN=oracle_plugin`` (with this
 folder on ``PYTHONPATH``; see ``tests/serving.py::oracle_env``), it replaces the worker's
 ``_propose`` - the drafter's hidden states to per-depth top-k - by the script in
-``SGLANG_DDTREE_ORACLE_DRAFT=<file.json>``::
+``SGLANG_DDTREE_ORACLE_DRAFT=<file.json>`` (read when it appears, again when it changes;
+until it exists the worker proposes as it would without this module)::
 
     {"continuations": [[prompt ids..., output ids...], ...],
      "ranks": [0, 1, 0, 1, ...],      # rank of the right token per depth (cycled)
@@ -76,17 +77,41 @@ class OracleDrafter:
         return logits.to(device)
 
 
+class ScriptFile:
+    """The script at ``path``, read when it first appears and again whenever it changes:
+    a server can start before its test has written the script (the test writes it
+    whole, by rename). Until then the worker's own proposals run (SGLang's warm-up)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.stamp = None
+        self.oracle: OracleDrafter | None = None
+
+    def current(self) -> OracleDrafter | None:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return self.oracle
+        stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if stamp != self.stamp:
+            self.oracle, self.stamp = OracleDrafter.load(self.path), stamp
+            logging.getLogger("sglang_ddtree").warning(
+                "DDTREE test drafter active (%s): proposals come from a script.", self.path
+            )
+        return self.oracle
+
+
 def install() -> None:
     """Make the worker propose from the script (called by the plugin's ``register``)."""
     from sglang_ddtree.adapter.worker import DDTreeWorker
 
-    path = os.environ["SGLANG_DDTREE_ORACLE_DRAFT"]
-    oracle = OracleDrafter.load(path)
-    logging.getLogger("sglang_ddtree").warning(
-        "DDTREE test drafter active (%s): proposals come from a script.", path
-    )
+    script = ScriptFile(os.environ["SGLANG_DDTREE_ORACLE_DRAFT"])
+    own_propose = DDTreeWorker._propose
 
     def propose(self, batch, hidden, prefix_lens, k):
+        oracle = script.current()
+        if oracle is None:
+            return own_propose(self, batch, hidden, prefix_lens, k)
         bs, depth = len(prefix_lens), self.block_size - 1
         vocab = int(self.model_runner.model_config.vocab_size)
         logits = oracle.draft_logits(batch.reqs, prefix_lens, depth, vocab, self.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import concurrent.futures
 import dataclasses
 import json
@@ -10,9 +11,11 @@ import os
 import re
 import tempfile
 import urllib.error
+from collections.abc import Callable
 from pathlib import Path
 
 from sglang_ddtree.launch import ServerProcess, cpu_server_args, http_text
+from sglang_ddtree.models.tiny import build_tiny_models
 
 PROMPTS = [
     "The",
@@ -32,11 +35,16 @@ COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "wa
 # The non-speculative reference every module compares with, one process for the whole run:
 # the sync scheduler (with overlap on, SGLang 0.5.23's plain server counts penalties one
 # token late: docs/features.md), per-request sampling seeds honoured, custom logit
-# processors allowed. Greedy output does not depend on these options.
+# processors allowed, and a context limit that the context-limit tests reach
+# (test_serving_greedy.py: it decides how many tokens a near-limit request gets; every
+# other request fits well below it). Greedy output does not depend on these options.
+REFERENCE_CONTEXT = 512
 REFERENCE_OPTIONS = [
     "--disable-overlap-schedule",
     "--enable-deterministic-inference",
     "--enable-custom-logit-processor",
+    "--context-length",
+    str(REFERENCE_CONTEXT),
 ]
 # A server start (imports, model load, warm-up) can take minutes on a loaded 2-core machine.
 START_TIMEOUT_S = 900.0
@@ -107,96 +115,181 @@ def server_spec(args, env=None, name="server", tmp: Path | None = None) -> Serve
 
 
 class RunSchedule:
-    """The tests still to run in this session (conftest.py keeps it current), so that a
-    server is launched ahead only for a test that will run."""
+    """The tests of this session in run order, and which one runs now (conftest.py keeps
+    it current), so that a server is launched ahead only for a test that will run, and
+    in the order the tests need them."""
 
-    remaining: list[str] = []
+    order: list[str] = []
+    current: int = 0
+    _index: dict[str, int] = {}
 
     @classmethod
-    def will_run(cls, fragment: str) -> bool:
-        return any(fragment in nodeid for nodeid in cls.remaining)
+    def set_order(cls, nodeids: list[str]) -> None:
+        cls.order, cls.current = list(nodeids), 0
+        cls._index = {nodeid: i for i, nodeid in enumerate(cls.order)}
+
+    @classmethod
+    def now_running(cls, nodeid: str) -> None:
+        cls.current = cls._index.get(nodeid, cls.current)
+
+    @classmethod
+    def positions(cls, fragments: tuple[str, ...]) -> list[int]:
+        """Where the tests whose node ids hold one of ``fragments`` are in the run order."""
+        return [i for i, nodeid in enumerate(cls.order) if any(f in nodeid for f in fragments)]
+
+    @classmethod
+    def first_index(cls, fragments: tuple[str, ...]) -> int | None:
+        """How far ahead the first test still to run (the one running now included) whose
+        node id holds one of ``fragments`` is (0: it runs now), or None when none will."""
+        return cls.next_of(cls.positions(fragments))
+
+    @classmethod
+    def next_of(cls, positions: list[int]) -> int | None:
+        """The same for positions already found (:meth:`positions`, sorted)."""
+        at = bisect.bisect_left(positions, cls.current)
+        return positions[at] - cls.current if at < len(positions) else None
 
 
-def next_to_run(
-    specs: dict[str, ServerSpec], after: str | None, test_of: dict[str, str]
-) -> ServerSpec | None:
-    """The first of ``specs`` after ``after`` (None: from the first) whose test
-    (``test_of[name]``, a part of its node id) will still run: the server to launch ahead."""
-    names = list(specs)
-    for name in names[0 if after is None else names.index(after) + 1 :]:
-        if RunSchedule.will_run(test_of[name]):
-            return specs[name]
-    return None
+@dataclasses.dataclass
+class _Plan:
+    specs: Callable[[], dict[str, ServerSpec]]
+    tests: dict[str, tuple[str, ...]]
 
 
 class ServerRegistry:
-    """Servers shared by the test modules of one run, keyed by launch arguments and
-    environment: two modules asking for the same server get one process. A server
-    start costs about a minute of imports and warm-up, mostly on one core; a shared
-    one is paid once, and a test's next server starts on the other core while the
-    current one serves (:meth:`take` with ``ahead``).
+    """The servers of one run. A server start costs about a minute of imports and
+    warm-up, mostly on one core, so:
 
-    At most ``max_alive`` servers wait here at once (the least recently used one
-    stops to make room), besides the one a test holds. Every server stops at the end
-    of the run, on Ctrl-C and on SIGTERM (conftest.py); each also dies with the test
-    process (launch.ProcessGroup)."""
+    * a shared server (:meth:`get`: the plain reference, one DDTREE server two modules
+      use) serves every module that asks for its launch arguments and environment, and
+      stops once the tests planned on it have run (:meth:`release_finished`);
+    * every module declares at import the servers it will take and the tests that take
+      each (:meth:`plan`); while a test uses its server, the next server any remaining
+      test needs is launched (:meth:`launch_next`: at most ``max_ahead`` at once, in the
+      order the tests will ask for them, across modules), so that its start-up runs on
+      the other core and the test that takes it (:meth:`take`) mostly finds it ready.
 
-    def __init__(self, max_alive: int = 2):
-        self.max_alive = max_alive
-        self._servers: dict[tuple, ServerProcess] = {}  # least recently used first
-        self._log_dir: Path | None = None
+    Every server stops at the end of the run, on Ctrl-C and on SIGTERM (conftest.py);
+    each also dies with the test process (launch.ProcessGroup)."""
 
-    def get(self, args: list[str], env: dict[str, str] | None = None, name: str = "shared") -> ServerProcess:
-        key = (tuple(args), tuple(sorted((env or {}).items())))
-        server = self._servers.pop(key, None)
+    def __init__(self, max_ahead: int = 1):
+        self.max_ahead = max_ahead
+        self._shared: dict[tuple, ServerProcess] = {}
+        self._ahead: dict[tuple, ServerProcess] = {}
+        self._plans: list[_Plan] = []
+        self._planned: dict[tuple, tuple[ServerSpec, list[int]]] | None = None
+        self._taken: set[tuple] = set()
+        self._root: Path | None = None
+
+    def folder(self, name: str) -> Path:
+        """A folder of this run for a module's server logs and drafter scripts."""
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="sglang-ddtree-servers-"))
+        path = self._root / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    def plan(self, specs: Callable[[], dict[str, ServerSpec]], tests: dict) -> None:
+        """Declare servers a module will use: ``specs()`` builds them (called when first
+        needed; it must give the same launch arguments and environment as the module's
+        tests use) and ``tests[name]`` are parts of the node ids of the tests that use
+        server ``name`` (one string or a tuple). A shared server (:meth:`get`) stops
+        once its planned tests have run."""
+        as_tuples = {name: (t,) if isinstance(t, str) else tuple(t) for name, t in tests.items()}
+        self._plans.append(_Plan(specs, as_tuples))
+        self._planned = None
+
+    def get(self, spec: ServerSpec) -> ServerProcess:
+        """The shared server of ``spec``, started (or taken from the ones launched ahead)
+        on first use; each caller finds its prefix cache empty."""
+        server = self._shared.get(spec.key)
         if server is not None and server.process.poll() is not None:
             server.stop()  # it died: the module that asks now gets a fresh one
             server = None
         if server is None:
-            self._make_room()
-            server = ServerProcess(
-                args, env=env, name=name, log_path=self._log_path(name), start_timeout=START_TIMEOUT_S
-            )
-            self._servers[key] = server
-            server.start()
+            server = self._ahead.pop(spec.key, None) or spec.create()
+            self._shared[spec.key] = server
+            if server.group is None:
+                server.launch()
+            self.launch_next()
+            server.wait_until_ready()
         else:
-            self._servers[key] = server
             flush_cache(server)  # each module starts from an empty prefix cache, as on its own server
         return server
 
-    def take(self, spec: ServerSpec, ahead: ServerSpec | None = None) -> ServerProcess:
+    def take(self, spec: ServerSpec) -> ServerProcess:
         """The server of ``spec`` for the caller to own (``with``: it waits until ready,
-        stops at the end), launched ahead if it was; then ``ahead`` is launched."""
-        server = self._servers.pop(spec.key, None) or spec.create()
-        if ahead is not None:
-            self.launch_ahead(ahead)
+        stops at the end), launched ahead if it was; then the next server is launched."""
+        server = self._ahead.pop(spec.key, None) or spec.create()
+        self._taken.add(spec.key)
+        if server.group is None:
+            server.launch()
+        self.launch_next()
         return server
 
-    def launch_ahead(self, spec: ServerSpec) -> None:
-        """Start ``spec``'s server without waiting, when there is room for it."""
-        if spec.key not in self._servers and len(self._servers) < self.max_alive:
-            self._servers[spec.key] = spec.create().launch()
+    def launch_next(self) -> None:
+        """Launch the servers the remaining tests will ask for first, up to ``max_ahead``
+        waiting at once, without waiting for them."""
+        while len(self._ahead) < self.max_ahead:
+            spec = self._next_planned()
+            if spec is None:
+                return
+            self._ahead[spec.key] = spec.create().launch()
+
+    def release_finished(self) -> None:
+        """Stop the shared servers whose planned tests have all run."""
+        planned = self._planned_servers()
+        for key in list(self._shared):
+            if key in planned and RunSchedule.next_of(planned[key][1]) is None:
+                self._shared.pop(key).stop()
 
     def stop_all(self) -> None:
-        while self._servers:
-            self._servers.pop(next(iter(self._servers))).stop()
+        for servers in (self._ahead, self._shared):
+            while servers:
+                servers.pop(next(iter(servers))).stop()
 
-    def _make_room(self) -> None:
-        while len(self._servers) >= self.max_alive:
-            self._servers.pop(next(iter(self._servers))).stop()
+    def _planned_servers(self) -> dict[tuple, tuple[ServerSpec, list[int]]]:
+        """Every planned server, with the run-order positions of the tests that use it."""
+        if self._planned is None:
+            tests: dict[tuple, tuple[ServerSpec, tuple[str, ...]]] = {}
+            for plan in self._plans:
+                for name, spec in plan.specs().items():
+                    _, before = tests.get(spec.key, (spec, ()))
+                    tests[spec.key] = (spec, before + plan.tests[name])
+            self._planned = {key: (spec, RunSchedule.positions(t)) for key, (spec, t) in tests.items()}
+        return self._planned
 
-    def _log_path(self, name: str) -> Path:
-        if self._log_dir is None:
-            self._log_dir = Path(tempfile.mkdtemp(prefix="sglang-ddtree-shared-servers-"))
-        return self._log_dir / f"{name}-{len(list(self._log_dir.iterdir()))}.log"
+    def _next_planned(self) -> ServerSpec | None:
+        best, best_index = None, None
+        for key, (spec, positions) in self._planned_servers().items():
+            if key in self._taken or key in self._ahead or key in self._shared:
+                continue
+            index = RunSchedule.next_of(positions)
+            if index is not None and (best_index is None or index < best_index):
+                best, best_index = spec, index
+        return best
 
 
 SHARED_SERVERS = ServerRegistry()
 
 
-def reference_server(servers: ServerRegistry, models) -> ServerProcess:
+def reference_spec(models=None) -> ServerSpec:
+    """The shared non-speculative float32 server on ``models`` (REFERENCE_OPTIONS;
+    default: the tiny models)."""
+    models = models or build_tiny_models()
+    return server_spec(
+        plain_args(models, REFERENCE_OPTIONS), name="reference", tmp=SHARED_SERVERS.folder("shared")
+    )
+
+
+def uses_reference(*tests: str) -> None:
+    """Declare (at a module's import) tests that use the shared reference on the tiny models."""
+    SHARED_SERVERS.plan(lambda: {"reference": reference_spec()}, {"reference": tests})
+
+
+def reference_server(servers: ServerRegistry, models=None) -> ServerProcess:
     """The shared non-speculative float32 server on ``models`` (REFERENCE_OPTIONS)."""
-    return servers.get(plain_args(models, REFERENCE_OPTIONS), name="reference")
+    return servers.get(reference_spec(models))
 
 
 def flush_cache(server: ServerProcess) -> None:
@@ -224,7 +317,10 @@ def oracle_reference(server: ServerProcess, models, tmp: Path) -> dict:
 
 
 def write_json(path: Path, obj) -> Path:
-    path.write_text(json.dumps(obj))
+    """Written whole, by rename: a server may read it at any moment (tests/oracle_plugin.py)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(obj))
+    os.replace(partial, path)
     return path
 
 
@@ -248,6 +344,42 @@ def write_oracle(path: Path, requests, outputs, ranks=ORACLE_RANKS) -> Path:
     """The controlled drafter's script: each request's true continuation."""
     continuations = [r["input_ids"] + out for r, out in zip(requests, outputs)]
     return write_json(path, {"continuations": continuations, "ranks": ranks})
+
+
+_SCRIPT_PARTS: dict[Path, dict[str, dict]] = {}
+
+
+def add_to_script(path: Path, part: str, continuations, overrides=None, ranks=ORACLE_RANKS) -> Path:
+    """Add (or replace) ``part`` of a drafter script that several modules write to, for
+    a server that serves all of them: the script holds every part's continuations, with
+    each part's per-continuation overrides (by index within the part) moved along."""
+    parts = _SCRIPT_PARTS.setdefault(path, {})
+    parts[part] = {"continuations": continuations, "overrides": overrides or {}, "ranks": ranks}
+    assert all(p["ranks"] == ranks for p in parts.values()), "the parts of one script share their ranks"
+    merged, moved = [], {}
+    for p in parts.values():
+        moved.update({str(int(i) + len(merged)): o for i, o in p["overrides"].items()})
+        merged += p["continuations"]
+    return write_json(path, {"continuations": merged, "ranks": ranks, "overrides": moved})
+
+
+def deterministic_tree_spec() -> ServerSpec:
+    """One DDTREE server (overlap on) with deterministic inference (per-request sampling
+    seeds honoured) and custom logit processors allowed, on the tiny models: the request
+    features of test_serving_features.py and the seeded sampling of test_serving_tree.py
+    run on it. Its drafter script (:func:`add_to_script`, ``DETERMINISTIC_TREE_SCRIPT``)
+    holds both modules' requests."""
+    folder = SHARED_SERVERS.folder("shared")
+    args = ddtree_args(
+        build_tiny_models(),
+        budget=24,
+        extra=["--log-level", "info", "--enable-deterministic-inference", "--enable-custom-logit-processor"],
+    )
+    return server_spec(args, oracle_env(deterministic_tree_script()), "ddtree-deterministic", folder)
+
+
+def deterministic_tree_script() -> Path:
+    return SHARED_SERVERS.folder("shared") / "deterministic-tree-oracle.json"
 
 
 def oracle_env(oracle_path: Path, max_topk: int | None = None) -> dict:

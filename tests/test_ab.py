@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+from background import BACKGROUND
 from processes import LOAD_GENERATOR_MARKS, RUN_TAG_ENV, kill_all, tagged_processes, wait_none_left
-from serving import RunSchedule
 
 from sglang_ddtree.launch import live_group_members
 
 AB = [sys.executable, "-m", "sglang_ddtree.bench.ab", "--tiny"]
 SMALL = ["--concurrency", "1", "--num-prompts", "4", "--input-len", "32", "--output-len", "16"]
-SMALL += ["--check-prompts", "2", "--check-tokens", "16"]
+SMALL += ["--check-prompts", "2", "--check-tokens", "16", "--start-timeout", "900"]
 
 
 def _procs_with(*needles: str) -> list[str]:
@@ -60,85 +60,61 @@ def _one_report(out: Path) -> tuple[dict, Path]:
     return json.loads(reports[0].read_text()), reports[0]
 
 
-class AheadRuns:
-    """A/B tool runs launched before their test, so that the tool's and its server's
-    start-up (imports, mostly on one core) overlap the test before on the other core.
-    Each run is launched only if its test will run; the ones left are killed at the end
-    of the module (their watchdogs stop what they started)."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self._runs: dict[str, tuple[subprocess.Popen, Path]] = {}
-
-    def launch(self, test: str, start) -> None:
-        if test not in self._runs and RunSchedule.will_run(f"::{test}"):
-            folder = self.tmp / test
-            folder.mkdir()
-            self._runs[test] = (start(folder), folder)
-
-    def take(self, test: str, start) -> tuple[subprocess.Popen, Path]:
-        """The test's run (launched ahead, or now) and its folder."""
-        if test not in self._runs:
-            self._runs[test] = (start(self.tmp / test), self.tmp / test)
-        return self._runs.pop(test)
-
-    def kill_all(self) -> None:
-        for proc, _ in self._runs.values():
-            proc.kill()
-            proc.wait()
-        self._runs.clear()
-
-
-@pytest.fixture(scope="module")
-def ahead(tmp_path_factory):
-    runs = AheadRuns(tmp_path_factory.mktemp("ab-runs"))
-    yield runs
-    runs.kill_all()
+def _interruptible():
+    # A run started in the background of a non-interactive shell (`make test &`, a CI
+    # runner's script) inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: the tool is started with Ctrl-C's default action, as at a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _popen_tool(folder: Path, args: list[str], env=None) -> subprocess.Popen:
     """The tool, its output in ``folder`` (files: a pipe nobody reads could fill up)."""
     folder.mkdir(exist_ok=True)
     with (folder / "stdout.txt").open("w") as stdout, (folder / "stderr.txt").open("w") as stderr:
-        return subprocess.Popen([*AB, *args], stdout=stdout, stderr=stderr, env=env)
+        return subprocess.Popen(
+            [*AB, *args], stdout=stdout, stderr=stderr, env=env, preexec_fn=_interruptible
+        )
 
 
 def _outputs(folder: Path) -> tuple[str, str]:
     return (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
 
 
-def _start_failing_run(folder: Path) -> subprocess.Popen:
+def _reports(folder: Path) -> list[str]:
+    return ["--out-dir", str(folder / "reports"), "--raw-dir", str(folder / "raw")]
+
+
+# The tool's runs are background jobs (tests/background.py): each is the tool's and its
+# servers' start-ups, mostly on one core, while other tests run; the tests read them.
+def _run_to_end(job, args: list[str]) -> tuple[int, float]:
+    started = time.monotonic()
+    proc = job.track(_popen_tool(job.folder, [*args, *_reports(job.folder)]))
+    returncode = proc.wait(timeout=900)
+    return returncode, time.monotonic() - started
+
+
+def _smoke_run(job):
+    return _run_to_end(job, ["--arms", "ddtree,plain", *SMALL])
+
+
+def _failing_run(job):
     """A run whose ddtree arm's server cannot start (an unknown flag)."""
-    return _popen_tool(
-        folder,
-        [
-            "--arms",
-            "ddtree,plain",
-            "--arm-args",
-            "ddtree=--no-such-flag-for-the-ab-test",
-            *SMALL,
-            "--out-dir",
-            str(folder / "reports"),
-            "--raw-dir",
-            str(folder / "raw"),
-        ],
+    return _run_to_end(
+        job, ["--arms", "ddtree,plain", "--arm-args", "ddtree=--no-such-flag-for-the-ab-test", *SMALL]
     )
+
+
+BACKGROUND.declare("ab-smoke", "test_ab.py::test_ab_smoke_two_arms", _smoke_run)
+BACKGROUND.declare("ab-start-failure", "test_ab.py::test_ab_server_start_failure_is_reported", _failing_run)
 
 
 @pytest.mark.server
-def test_ab_smoke_two_arms(tmp_path, ahead):
-    ahead.launch("test_ab_server_start_failure_is_reported", _start_failing_run)
-    out = tmp_path / "reports"
-    started = time.monotonic()
-    proc = subprocess.run(
-        [*AB, "--arms", "ddtree,plain", *SMALL, "--out-dir", str(out), "--raw-dir", str(tmp_path / "raw")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    elapsed = time.monotonic() - started
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report, path = _one_report(out)
+def test_ab_smoke_two_arms():
+    job = BACKGROUND.job("ab-smoke")
+    returncode, elapsed = BACKGROUND.result("ab-smoke")
+    stdout, stderr = _outputs(job.folder)
+    assert returncode == 0, stdout[-3000:] + stderr[-3000:]
+    report, path = _one_report(job.folder / "reports")
     stem = path.with_suffix("")
     for suffix in (".md", ".png"):
         assert stem.with_suffix(suffix).is_file(), f"missing {stem.with_suffix(suffix)}"
@@ -170,16 +146,15 @@ def test_ab_smoke_two_arms(tmp_path, ahead):
 
 
 @pytest.mark.server
-def test_ab_server_start_failure_is_reported(ahead):
-    proc, folder = ahead.take("test_ab_server_start_failure_is_reported", _start_failing_run)
-    proc.wait(timeout=600)
-    stdout, stderr = _outputs(folder)
-    out = folder / "reports"
-    assert proc.returncode == 2, stdout[-3000:] + stderr[-3000:]
+def test_ab_server_start_failure_is_reported():
+    job = BACKGROUND.job("ab-start-failure")
+    returncode, _ = BACKGROUND.result("ab-start-failure")
+    stdout, stderr = _outputs(job.folder)
+    assert returncode == 2, stdout[-3000:] + stderr[-3000:]
     assert "the 'ddtree' arm's server did not start" in stderr
     assert "--- last lines of" in stderr  # the server log's tail
     assert "--no-such-flag-for-the-ab-test" in stderr.split("--- last lines of", 1)[1]
-    report, _ = _one_report(out)
+    report, _ = _one_report(job.folder / "reports")
     assert report["status"] == "failed" and "did not start" in report["error"]
     arms = {a["name"]: a for a in report["arms"]}
     assert arms["ddtree"]["port"] is not None and arms["ddtree"]["error"]
@@ -191,20 +166,13 @@ def _loaded_run_tag(folder: Path) -> str:
     return f"ab-{folder.name}-{os.getpid()}"
 
 
-def _launch_loaded_run(folder: Path) -> subprocess.Popen:
+def _launch_loaded_run(job) -> subprocess.Popen:
     """The A/B tool with a long load to run (plain arm first); its processes carry
     their own tag, which the test checks."""
     many = ["--concurrency", "1", "--num-prompts", "200", "--output-len", "64", "--check-prompts", "1"]
-    args = [
-        "--arms",
-        "plain,ddtree",
-        *many,
-        "--out-dir",
-        str(folder / "reports"),
-        "--raw-dir",
-        str(folder / "raw"),
-    ]
-    return _popen_tool(folder, args, env={**os.environ, RUN_TAG_ENV: _loaded_run_tag(folder)})
+    args = ["--arms", "plain,ddtree", *many, "--start-timeout", "900", *_reports(job.folder)]
+    env = {**os.environ, RUN_TAG_ENV: _loaded_run_tag(job.folder)}
+    return job.track(_popen_tool(job.folder, args, env=env))
 
 
 def _wait_for_load(proc: subprocess.Popen, folder: Path) -> None:
@@ -220,6 +188,34 @@ def _wait_for_load(proc: subprocess.Popen, folder: Path) -> None:
         time.sleep(0.5)
 
 
+def _interrupted_run(job) -> int:
+    """The tool interrupted (SIGINT) while its load runs; its exit code."""
+    proc = _launch_loaded_run(job)
+    try:
+        _wait_for_load(proc, job.folder)
+        proc.send_signal(signal.SIGINT)
+        return proc.wait(timeout=900)  # no short limit: a loaded machine stops slowly
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # the watchdogs stop what it started
+            proc.wait()
+
+
+def _killed_run(job) -> dict[int, str]:
+    """The tool SIGKILLed while its load runs; what it had started (by tag)."""
+    proc = _launch_loaded_run(job)
+    try:
+        _wait_for_load(proc, job.folder)
+        return tagged_processes(_loaded_run_tag(job.folder))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+BACKGROUND.declare("ab-interrupt", "test_ab.py::test_ab_interrupt_stops_everything", _interrupted_run)
+BACKGROUND.declare("ab-sigkill", "test_ab.py::test_ab_sigkill_leaves_nothing_behind", _killed_run)
+
+
 def _assert_no_process_left(tag: str) -> None:
     # Generous: on a loaded machine a SIGKILLed group can take a while to be reaped.
     left = wait_none_left(tag, timeout=300)
@@ -228,39 +224,27 @@ def _assert_no_process_left(tag: str) -> None:
 
 
 @pytest.mark.server
-def test_ab_interrupt_stops_everything(ahead):
-    proc, folder = ahead.take("test_ab_interrupt_stops_everything", _launch_loaded_run)
-    ahead.launch("test_ab_sigkill_leaves_nothing_behind", _launch_loaded_run)
-    try:
-        _wait_for_load(proc, folder)
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=900)  # no short limit: a loaded machine stops slowly
-    finally:
-        if proc.poll() is None:
-            proc.kill()  # the watchdogs stop what it started
-    _assert_no_process_left(_loaded_run_tag(folder))
-    stdout, stderr = _outputs(folder)
-    assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+def test_ab_interrupt_stops_everything():
+    job = BACKGROUND.job("ab-interrupt")
+    returncode = BACKGROUND.result("ab-interrupt")
+    _assert_no_process_left(_loaded_run_tag(job.folder))
+    stdout, stderr = _outputs(job.folder)
+    assert returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert "interrupted" in stderr
-    report, _ = _one_report(folder / "reports")
+    report, _ = _one_report(job.folder / "reports")
     assert report["status"] == "interrupted"
     assert report["arms"][0]["port"] is not None and report["arms"][1]["port"] is None
     _assert_nothing_left(report)
 
 
 @pytest.mark.server
-def test_ab_sigkill_leaves_nothing_behind(ahead):
+def test_ab_sigkill_leaves_nothing_behind():
     """No clean-up code runs in a SIGKILLed tool: its server (scheduler included)
     and load generator must still go, by parent-death signal and watchdog."""
-    proc, folder = ahead.take("test_ab_sigkill_leaves_nothing_behind", _launch_loaded_run)
-    try:
-        _wait_for_load(proc, folder)
-        started = tagged_processes(_loaded_run_tag(folder))
-        assert any("sglang::scheduler" in cmd or "launch_server" in cmd for cmd in started.values()), started
-    finally:
-        proc.kill()
-        proc.wait()
-    _assert_no_process_left(_loaded_run_tag(folder))
+    job = BACKGROUND.job("ab-sigkill")
+    started = BACKGROUND.result("ab-sigkill")
+    assert any("sglang::scheduler" in cmd or "launch_server" in cmd for cmd in started.values()), started
+    _assert_no_process_left(_loaded_run_tag(job.folder))
 
 
 # --------------------------------------------------------------------------- no server: the report logic

@@ -62,11 +62,12 @@ def test_copy_all_layer_kv_cache_moves_rows_in_order():
         assert torch.equal(layer[[0, 3, 4, 5]], old[[0, 3, 4, 5]])
 
 
-def _hook_state(env_value):
+def _hook_state(env_value, code="import sys"):
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
     if env_value is not None:
         env["SGLANG_USE_CPU_ENGINE"] = env_value
-    code = "import sys; print('sglang_ddtree.cpu.boot:active' in sys.modules, 'sgl_kernel.load_utils' in sys.modules)"
+    code += "; print('sglang_ddtree.cpu.boot:active' in sys.modules, 'sgl_kernel.load_utils' in sys.modules)"
+    code += "; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return result.stdout.split()
 
@@ -75,6 +76,12 @@ def test_startup_hook_only_acts_when_asked():
     from sglang_ddtree.cpu.hook import hook_path
 
     assert hook_path().exists(), "make installs the hook: python -m sglang_ddtree.cpu install-hook"
-    assert _hook_state(None) == ["False", "False"]
-    assert _hook_state("0") == ["False", "False"]
-    assert _hook_state("1") == ["True", "True"]
+    assert _hook_state(None) == ["False", "False", "False"]
+    assert _hook_state("0") == ["False", "False", "False"]
+    # the ops wait for SGLang: a process that never imports it does not import torch for them
+    assert _hook_state("1") == ["True", "True", "False"]
+
+
+def test_ops_are_registered_before_sgl_kernel_is_imported():
+    code = "import sys, sgl_kernel, torch; print(callable(torch.ops.sgl_kernel.murmur_hash32_cpu))"
+    assert _hook_state("1", code) == ["True", "True", "True", "True"]

@@ -1,9 +1,9 @@
 """Registration with SGLang and start-up validation (no model is served here,
-except by the launcher tests, which must stop before loading one)."""
+except by the launcher tests, which must stop before loading one; their launches run
+as background jobs, tests/background.py)."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import shutil
@@ -13,10 +13,11 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from serving import RunSchedule
+from background import BACKGROUND
 
 from sglang_ddtree.adapter import server_args as ddtree_args
 from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError
+from sglang_ddtree.models.tiny import build_tiny_models
 
 
 def test_ddtree_resolves_after_load_plugins():
@@ -311,24 +312,20 @@ def _launch_case(tiny, folder, case):
     return _launch(tiny, extra, env)
 
 
-@pytest.fixture(scope="module")
-def launches(tiny, tmp_path_factory):
-    """Every launcher case that this run will test, two at a time: each is a minute of
-    imports on one core, so two run side by side on a 2-core machine."""
-    cases = [c for c in LAUNCH_CASES if RunSchedule.will_run(f"test_launcher_fails_fast_with_one_line[{c}]")]
-    folders = {case: tmp_path_factory.mktemp(case) for case in cases}
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = {case: pool.submit(_launch_case, tiny, folders[case], case) for case in cases}
-        yield futures
-        for future in futures.values():
-            future.cancel()
+# Each case is a minute of imports on one core: a background job, while other tests run.
+for _case in LAUNCH_CASES:
+    BACKGROUND.declare(
+        f"launcher-{_case}",
+        f"test_launcher_fails_fast_with_one_line[{_case}]",
+        lambda job, case=_case: _launch_case(build_tiny_models(), job.folder, case),
+    )
 
 
 @pytest.mark.server
 @pytest.mark.parametrize("case", list(LAUNCH_CASES))
-def test_launcher_fails_fast_with_one_line(launches, case):
+def test_launcher_fails_fast_with_one_line(case):
     message = LAUNCH_CASES[case]
-    result, seconds = launches[case].result()
+    result, seconds = BACKGROUND.result(f"launcher-{case}")
     assert result.returncode != 0
     assert "error: DDTREE: " in result.stderr and message in result.stderr, result.stderr[-2000:]
     assert sum(line.startswith("error: ") for line in result.stderr.splitlines()) == 1, result.stderr[-2000:]

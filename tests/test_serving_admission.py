@@ -9,9 +9,10 @@ import urllib.error
 import urllib.request
 
 import pytest
-from serving import GREEDY, reference_server
+from serving import GREEDY, reference_server, uses_reference
 
 pytestmark = pytest.mark.server
+uses_reference("test_serving_admission.py::")
 
 BAD_REQUESTS = {
     "empty-text": ({"text": ""}, "The prompt is empty"),

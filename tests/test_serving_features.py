@@ -17,23 +17,29 @@ DDTREE applies the exact counts.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import re
 
 import pytest
 from serving import (
     PROMPTS,
+    SHARED_SERVERS,
     ServerSpec,
+    add_to_script,
     ddtree_args,
+    deterministic_tree_script,
+    deterministic_tree_spec,
     last_tree_stats,
-    next_to_run,
     oracle_env,
     reference_server,
     server_spec,
-    write_json,
+    uses_reference,
 )
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from transformers import AutoTokenizer
+
+from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 
@@ -96,21 +102,48 @@ def _send_all(server, requests) -> list[dict]:
         return list(pool.map(server.generate, payloads))
 
 
-def _oracle(path, requests, outputs, tokenizer):
+def _oracle(requests, outputs, tokenizer):
     overrides = {}
     decoy = tokenizer("{")["input_ids"][0]  # no grammar under test allows it after its first token
     for index, request in enumerate(requests):
         if request["_name"] in INVALID_DECOY:
             overrides[str(index)] = {"ranks": [1], "decoy_token": decoy}
     continuations = [r["input_ids"] + out for r, out in zip(requests, outputs)]
-    return write_json(
-        path, {"continuations": continuations, "ranks": [0, 1, 0, 0, 1, 0, 0], "overrides": overrides}
-    )
+    # Both servers read one script: the overlap server's (test_serving_tree.py adds its part).
+    return add_to_script(deterministic_tree_script(), "features", continuations, overrides)
+
+
+MODULE = "test_serving_features.py::"
+TEST_OF = {
+    "ddtree": (
+        f"{MODULE}test_every_feature_is_token_identical_to_the_plain_server",
+        f"{MODULE}test_accepted_paths_go_through_non_argmax_branches",
+        f"{MODULE}test_grammar_output_is_valid_despite_invalid_rank0_proposals",
+    ),
+    "ddtree-sync": f"{MODULE}test_features_with_the_sync_scheduler",
+}
+
+
+@functools.cache
+def feature_servers() -> dict[str, ServerSpec]:
+    """Launched before the reference answers: the drafter's script is written from those
+    answers before the first request. The overlap server is shared with the seeded-sampling
+    test of test_serving_tree.py (serving.deterministic_tree_spec)."""
+    tiny, folder = build_tiny_models(), SHARED_SERVERS.folder("features")
+    # Without overlap: the grammar advances in the result processor (no barrier) before every round.
+    sync = ddtree_args(tiny, budget=16, extra=["--disable-overlap-schedule", *PLAIN_OPTIONS])
+    return {
+        "ddtree": deterministic_tree_spec(),
+        "ddtree-sync": server_spec(sync, oracle_env(deterministic_tree_script()), "ddtree-sync", folder),
+    }
+
+
+SHARED_SERVERS.plan(feature_servers, TEST_OF)
+uses_reference(MODULE)
 
 
 @pytest.fixture(scope="module")
-def reference(tiny, servers, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("features")
+def reference(tiny, servers):
     tokenizer = AutoTokenizer.from_pretrained(tiny.target)
     requests = _feature_requests(tokenizer)
     server = reference_server(servers, tiny)  # sync scheduler, PLAIN_OPTIONS
@@ -126,38 +159,17 @@ def reference(tiny, servers, tmp_path_factory):
         "outputs": outputs,
         "texts": [r["text"] for r in results],
         "unconstrained": unconstrained,
-        "oracle": _oracle(tmp / "oracle.json", requests, outputs, tokenizer),
-        "tmp": tmp,
+        "oracle": _oracle(requests, outputs, tokenizer),
     }
 
 
-TEST_OF = {
-    "ddtree": "test_every_feature_is_token_identical_to_the_plain_server",
-    "ddtree-sync": "test_features_with_the_sync_scheduler",
-}
-
-
 @pytest.fixture(scope="module")
-def feature_servers(tiny, reference) -> dict[str, ServerSpec]:
-    env, tmp = oracle_env(reference["oracle"]), reference["tmp"]
-    overlap = ddtree_args(tiny, budget=24, extra=["--log-level", "info", *PLAIN_OPTIONS])
-    # Without overlap: the grammar advances in the result processor (no barrier) before every round.
-    sync = ddtree_args(tiny, budget=16, extra=["--disable-overlap-schedule", *PLAIN_OPTIONS])
-    return {
-        "ddtree": server_spec(overlap, env, "ddtree", tmp),
-        "ddtree-sync": server_spec(sync, env, "ddtree-sync", tmp),
-    }
-
-
-def _take(servers, feature_servers, name):
-    return servers.take(feature_servers[name], next_to_run(feature_servers, name, TEST_OF))
-
-
-@pytest.fixture(scope="module")
-def tree_results(servers, feature_servers, reference):
-    with _take(servers, feature_servers, "ddtree") as server:
-        assert server.server_info()["disable_overlap_schedule"] is False
-        results = _send_all(server, reference["requests"])
+def tree_results(servers, reference):
+    server = servers.get(feature_servers()["ddtree"])
+    assert server.server_info()["disable_overlap_schedule"] is False
+    info = server.server_info()["ddtree"]
+    assert (info["budget"], info["stats_interval"]) == (24, 1)
+    results = _send_all(server, reference["requests"])
     return results, server.log_path
 
 
@@ -200,10 +212,10 @@ def test_grammar_output_is_valid_despite_invalid_rank0_proposals(reference, tree
             assert re.fullmatch("x[0-9]*y?", text), text
 
 
-def test_features_with_the_sync_scheduler(servers, feature_servers, reference):
+def test_features_with_the_sync_scheduler(servers, reference):
     """Without overlap: the grammar advances in the result processor (no barrier)
     before every round, and the features still hold token for token."""
-    with _take(servers, feature_servers, "ddtree-sync") as server:
+    with servers.take(feature_servers()["ddtree-sync"]) as server:
         results = _send_all(server, reference["requests"])
     for request, want, got in zip(reference["requests"], reference["outputs"], results):
         assert got["output_ids"] == want, request["_name"]

@@ -6,9 +6,13 @@ tokens accepted through non-argmax branches."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from serving import (
     PROMPTS,
+    SHARED_SERVERS,
+    ServerSpec,
     ddtree_args,
     generate_batch,
     last_tree_stats,
@@ -17,35 +21,51 @@ from serving import (
     output_ids,
     plain_args,
     run_all,
-    run_server,
+    server_spec,
 )
 
 from sglang_ddtree.models.tiny import TinySpec, build_tiny_models
 
 pytestmark = pytest.mark.server
 
+TEST = "test_serving_mla.py::test_mla_moe_target_greedy_identical_with_tree_acceptance"
 
-@pytest.fixture(scope="module")
+
 def mla_models():
-    models = build_tiny_models(TinySpec(arch="deepseek_v3"))
+    return build_tiny_models(TinySpec(arch="deepseek_v3"))
+
+
+@functools.cache
+def mla_servers() -> dict[str, ServerSpec]:
+    """The DDTREE server is launched while the plain one answers: the drafter's script
+    (``oracle.json`` in the folder) is written from those answers before its first request."""
+    models, folder = mla_models(), SHARED_SERVERS.folder("mla")
+    args = ddtree_args(models, budget=32, extra=["--log-level", "info"])
+    return {
+        "plain": server_spec(plain_args(models), name="mla-plain", tmp=folder),
+        "ddtree": server_spec(args, oracle_env(folder / "oracle.json"), "mla-ddtree", folder),
+    }
+
+
+SHARED_SERVERS.plan(mla_servers, {"plain": TEST, "ddtree": TEST})
+
+
+def test_mla_moe_target_greedy_identical_with_tree_acceptance(servers):
+    models = mla_models()
     config = (models.target / "config.json").read_text()
     assert '"DeepseekV3ForCausalLM"' in config and '"kv_lora_rank"' in config
-    return models
-
-
-def test_mla_moe_target_greedy_identical_with_tree_acceptance(mla_models, tmp_path):
-    with run_server(plain_args(mla_models), name="mla-plain", tmp=tmp_path) as server:
-        reference = oracle_reference(server, mla_models, tmp_path)
+    specs = mla_servers()
+    with servers.take(specs["plain"]) as server:
+        reference = oracle_reference(server, models, SHARED_SERVERS.folder("mla"))
     requests, expected = reference["requests"], reference["greedy"]
-    args = ddtree_args(mla_models, budget=32, extra=["--log-level", "info"])
-    with run_server(args, env=oracle_env(reference["oracle"]), name="mla-ddtree", tmp=tmp_path) as server:
+    with servers.take(specs["ddtree"]) as server:
         sequential = output_ids(run_all(server, requests))
         batched = generate_batch(server, PROMPTS)  # 8 requests in flight, text prompts
         accept_length = server.accept_length()
     assert sequential == expected
     assert batched == expected
-    stats = last_tree_stats(tmp_path / "mla-ddtree.log")
+    stats = last_tree_stats(server.log_path)
     assert stats["non_argmax_share"] > 0.1
     assert accept_length > 3.0
-    log = (tmp_path / "mla-ddtree.log").read_text()
+    log = server.log_path.read_text()
     assert "MLA on torch_native" in log  # the absorbed-MLA verify path ran

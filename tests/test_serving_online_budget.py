@@ -20,24 +20,27 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures
-import json
+import functools
 import re
 
 import pytest
 from serving import (
+    SHARED_SERVERS,
     ServerSpec,
     ddtree_args,
     last_tree_stats,
-    next_to_run,
     oracle_env,
     oracle_reference,
     output_ids,
     reference_server,
     run_all,
     server_spec,
+    uses_reference,
+    write_json,
 )
 
 from sglang_ddtree.budget import candidate_widths
+from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 
@@ -52,8 +55,8 @@ def run_batch(server, requests) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, servers, tmp_path_factory):
-    return oracle_reference(reference_server(servers, tiny), tiny, tmp_path_factory.mktemp("online-budget"))
+def plain(tiny, servers):
+    return oracle_reference(reference_server(servers, tiny), tiny, SHARED_SERVERS.folder("online-budget"))
 
 
 # A cost table whose arithmetic leaves no choice (module docstring).
@@ -63,37 +66,44 @@ INJECTED_TABLE = {
     "widths": WIDTHS,
     "ms": [[10.0] * len(WIDTHS)] + [[10.0 * w * w for w in WIDTHS] for _ in INJECTED_BATCH_SIZES[1:]],
 }
+MODULE = "test_serving_online_budget.py::"
 TEST_OF = {
-    "auto-measured": "test_auto_with_measured_costs_is_identical_to_plain",
-    "auto-injected": "test_injected_costs_flip_the_width_where_the_arithmetic_says",
+    "auto-measured": f"{MODULE}test_auto_with_measured_costs_is_identical_to_plain",
+    "auto-injected": f"{MODULE}test_injected_costs_flip_the_width_where_the_arithmetic_says",
 }
 
 
-@pytest.fixture(scope="module")
-def budget_servers(tiny, plain) -> dict[str, ServerSpec]:
+@functools.cache
+def budget_servers() -> dict[str, ServerSpec]:
+    """Launched before the reference answers: the drafter's script (``oracle.json`` in
+    the folder) is written from those answers before the first request."""
+    tiny, folder = build_tiny_models(), SHARED_SERVERS.folder("online-budget")
     args = ddtree_args(
         tiny,
         budget="auto",
         extra=["--speculative-num-draft-tokens", str(MAX_BUDGET + 1), "--log-level", "info"],
     )
-    table = plain["tmp"] / "cost_table.json"
-    table.write_text(json.dumps(INJECTED_TABLE))
+    table = write_json(folder / "cost_table.json", INJECTED_TABLE)
     envs = {
         "auto-measured": {},
         "auto-injected": {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(table), "SGLANG_DDTREE_PHASE_TIMES": "1"},
     }
     return {
-        name: server_spec(args, {**oracle_env(plain["oracle"]), **env}, name, plain["tmp"])
+        name: server_spec(args, {**oracle_env(folder / "oracle.json"), **env}, name, folder)
         for name, env in envs.items()
     }
 
 
-def _take(servers, budget_servers, name):
-    return servers.take(budget_servers[name], next_to_run(budget_servers, name, TEST_OF))
+SHARED_SERVERS.plan(budget_servers, TEST_OF)
+uses_reference(MODULE)
 
 
-def test_auto_with_measured_costs_is_identical_to_plain(servers, budget_servers, plain):
-    with _take(servers, budget_servers, "auto-measured") as server:
+def _take(servers, name):
+    return servers.take(budget_servers()[name])
+
+
+def test_auto_with_measured_costs_is_identical_to_plain(servers, plain):
+    with _take(servers, "auto-measured") as server:
         info = server.server_info()["ddtree"]
         assert info["budget"] == "auto"
         assert info["online_budget"] == {
@@ -117,8 +127,8 @@ def drafter_rounds(log) -> list[bool]:
     return ["draft forward" in ast.literal_eval(re.sub(r"^.*us/round: ", "", line)) for line in lines]
 
 
-def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, budget_servers, plain):
-    with _take(servers, budget_servers, "auto-injected") as server:
+def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, plain):
+    with _take(servers, "auto-injected") as server:
         log = server.log_path
         assert server.server_info()["ddtree"]["online_budget"]["cost_table"] == "fixed"
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]

@@ -9,16 +9,20 @@ samples) stays identical to the non-speculative server.
 from __future__ import annotations
 
 import ast
+import functools
 import urllib.error
 
 import pytest
 from serving import (
     GREEDY,
     PROMPTS,
+    SHARED_SERVERS,
     ServerSpec,
+    add_to_script,
     ddtree_args,
+    deterministic_tree_script,
+    deterministic_tree_spec,
     last_tree_stats,
-    next_to_run,
     oracle_env,
     oracle_reference,
     output_ids,
@@ -26,7 +30,10 @@ from serving import (
     run_all,
     server_spec,
     token_requests,
+    uses_reference,
 )
+
+from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 
@@ -72,11 +79,13 @@ def _logprobs(results):
 
 
 @pytest.fixture(scope="module")
-def plain(tiny, servers, tmp_path_factory):
+def plain(tiny, servers):
     """Everything the non-speculative server answers, and the oracle built from it.
     Its deterministic inference honours per-request sampling seeds."""
     server = reference_server(servers, tiny)
-    reference = oracle_reference(server, tiny, tmp_path_factory.mktemp("oracle"))
+    reference = oracle_reference(server, tiny, SHARED_SERVERS.folder("tree"))
+    continuations = [r["input_ids"] + out for r, out in zip(reference["requests"], reference["greedy"])]
+    add_to_script(deterministic_tree_script(), "tree", continuations)
     tokenizer = reference["tokenizer"]
     stops = _stop_requests(tokenizer, reference["greedy"])
     return {
@@ -99,39 +108,50 @@ SERVERS = {
         ["--page-size", "16", "--disable-overlap-schedule"],
         {"SGLANG_DDTREE_PHASE_TIMES": "5"},
     ),
-    "seeded": (16, ["--enable-deterministic-inference"], {}),
 }
+# Seeded sampling runs on the DDTREE server the request features run on (overlap on,
+# deterministic inference: serving.deterministic_tree_spec); this module adds its
+# requests to that server's drafter script.
+MODULE = "test_serving_tree.py::"
 TEST_OF = {
-    "chain": "test_tree_accepts_through_siblings_and_beats_the_chain",
-    "tree": "test_tree_accepts_through_siblings_and_beats_the_chain",
-    "pages-sync": "test_tree_with_pages_and_without_overlap",
-    "seeded": "test_seeded_sampling_is_stable_and_matches_plain",
+    "chain": f"{MODULE}test_tree_accepts_through_siblings_and_beats_the_chain",
+    "tree": f"{MODULE}test_tree_accepts_through_siblings_and_beats_the_chain",
+    "pages-sync": f"{MODULE}test_tree_with_pages_and_without_overlap",
 }
+SEEDED_TEST = f"{MODULE}test_seeded_sampling_is_stable_and_matches_plain"
 
 
-@pytest.fixture(scope="module")
-def tree_servers(tiny, plain) -> dict[str, ServerSpec]:
+@functools.cache
+def tree_servers() -> dict[str, ServerSpec]:
+    """Launched before the reference answers: the drafter's script (``oracle.json`` in
+    the folder) is written from those answers before the first request."""
+    tiny, folder = build_tiny_models(), SHARED_SERVERS.folder("tree")
     specs = {}
     for name, (budget, extra, env) in SERVERS.items():
         args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
         specs[name] = server_spec(
-            args, {**oracle_env(plain["oracle"]), **env}, f"ddtree-{name}", plain["tmp"]
+            args, {**oracle_env(folder / "oracle.json"), **env}, f"ddtree-{name}", folder
         )
     return specs
 
 
-def _take(servers, tree_servers, name):
-    return servers.take(tree_servers[name], next_to_run(tree_servers, name, TEST_OF))
+SHARED_SERVERS.plan(tree_servers, TEST_OF)
+SHARED_SERVERS.plan(lambda: {"seeded": deterministic_tree_spec()}, {"seeded": SEEDED_TEST})
+uses_reference(MODULE)
 
 
-def test_tree_accepts_through_siblings_and_beats_the_chain(servers, tree_servers, plain):
-    with _take(servers, tree_servers, "chain") as server:
+def _take(servers, name):
+    return servers.take(tree_servers()[name])
+
+
+def test_tree_accepts_through_siblings_and_beats_the_chain(servers, plain):
+    with _take(servers, "chain") as server:
         ddtree_info = server.server_info()["ddtree"]
         assert (ddtree_info["budget"], ddtree_info["max_topk"], ddtree_info["stats_interval"]) == (7, 1, 1)
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         chain_accept = server.accept_length()
         chain_log = server.log_path
-    with _take(servers, tree_servers, "tree") as server:
+    with _take(servers, "tree") as server:
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
         tree_accept = server.accept_length()
         # stop token, stop string and odd max_new_tokens land inside accepted paths
@@ -150,9 +170,9 @@ def test_tree_accepts_through_siblings_and_beats_the_chain(servers, tree_servers
         assert got == pytest.approx(want, abs=1e-4)
 
 
-def test_tree_with_pages_and_without_overlap(servers, tree_servers, plain):
+def test_tree_with_pages_and_without_overlap(servers, plain):
     """Accepted off-spine nodes move their KV inside 16-token pages; sync scheduler."""
-    with _take(servers, tree_servers, "pages-sync") as server:
+    with _take(servers, "pages-sync") as server:
         info = server.server_info()
         assert info["page_size"] == 16 and info["disable_overlap_schedule"] is True
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
@@ -165,15 +185,16 @@ def test_tree_with_pages_and_without_overlap(servers, tree_servers, plain):
     assert 0 < sum(steps.values()) <= phases["round"]
 
 
-def test_seeded_sampling_is_stable_and_matches_plain(servers, tree_servers, plain):
+def test_seeded_sampling_is_stable_and_matches_plain(servers, plain):
     """One target sample per tree slot, drawn by SGLang's sampler with the slot's
     position: a seeded request draws what the plain server draws."""
-    with _take(servers, tree_servers, "seeded") as server:
-        assert server.server_info()["disable_overlap_schedule"] is False
-        first = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
-        second = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            server.generate({"text": "hello", "sampling_params": {"top_k": 1}, "return_sampling_mask": True})
+    server = servers.get(deterministic_tree_spec())
+    assert server.server_info()["disable_overlap_schedule"] is False
+    first = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
+    second = output_ids(run_all(server, token_requests(plain["tokenizer"], SEEDED)))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        server.generate({"text": "hello", "sampling_params": {"top_k": 1}, "return_sampling_mask": True})
+    assert server.process.poll() is None
     assert first == second
     assert first == plain["seeded"]
     assert refused.value.code == 400

@@ -9,13 +9,14 @@ accept walk breaks.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 
 import pytest
+from serving import SHARED_SERVERS, ServerSpec, server_spec
 
 from sglang_ddtree.bench.pair_eval import DEFAULT_PAIR, load_pair
-from sglang_ddtree.launch import ServerProcess, cpu_server_args
+from sglang_ddtree.launch import cpu_server_args
 
 PROMPTS = 4
 PARAMS = {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
@@ -23,6 +24,29 @@ COMMON = ["--dtype", "float32", "--decode-log-interval", "1", "--log-level", "wa
 # The committed pair gives about 3 tokens per round at this budget (docs/pair.md);
 # a drafter that SGLang ran differently from how it was trained gives about 1.
 MIN_ACCEPT_LENGTH = 1.5
+TEST = "test_trained_pair.py::test_trained_pair_greedy_identical_and_accepted"
+
+
+@functools.cache
+def pair_servers() -> dict[str, ServerSpec]:
+    """The DDTREE server is launched while the plain one answers."""
+    pair, folder = load_pair(DEFAULT_PAIR), SHARED_SERVERS.folder("trained-pair")
+    tree = [
+        *COMMON,
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        str(pair["drafter"]),
+        "--speculative-ddtree-budget",
+        "16",
+    ]
+    return {
+        "plain": server_spec(cpu_server_args(pair["target"], COMMON), name="plain", tmp=folder),
+        "ddtree": server_spec(cpu_server_args(pair["target"], tree), name="ddtree", tmp=folder),
+    }
+
+
+SHARED_SERVERS.plan(pair_servers, {"plain": TEST, "ddtree": TEST})
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +72,12 @@ def test_pair_folders_follow_the_drafter_conventions(pair):
 
 
 @pytest.mark.server
-def test_trained_pair_greedy_identical_and_accepted(pair, tmp_path):
+def test_trained_pair_greedy_identical_and_accepted(pair, servers):
     prompts = pair["prompts"][:PROMPTS]
-    plain_args = cpu_server_args(pair["target"], COMMON)
-    tree_args = cpu_server_args(
-        pair["target"],
-        [
-            *COMMON,
-            "--speculative-algorithm",
-            "DDTREE",
-            "--speculative-draft-model-path",
-            str(pair["drafter"]),
-            "--speculative-ddtree-budget",
-            "16",
-        ],
-    )
-    # Both servers start at once: their start-ups (imports, mostly on one core each) overlap.
-    tree = ServerProcess(tree_args, name="ddtree", log_path=tmp_path / "ddtree.log", start_timeout=900)
-    with contextlib.ExitStack() as stack:
-        stack.callback(tree.stop)
-        tree.launch()
-        with ServerProcess(
-            plain_args, name="plain", log_path=tmp_path / "plain.log", start_timeout=900
-        ) as server:
-            expected = _generate(server, prompts)
-        with tree as server:
-            got = _generate(server, prompts)
-            accept = server.accept_length()
+    with servers.take(pair_servers()["plain"]) as server:
+        expected = _generate(server, prompts)
+    with servers.take(pair_servers()["ddtree"]) as server:
+        got = _generate(server, prompts)
+        accept = server.accept_length()
     assert got == expected
     assert accept is not None and accept > MIN_ACCEPT_LENGTH, f"accept length {accept}"

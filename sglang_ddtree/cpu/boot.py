@@ -6,12 +6,15 @@ It must run before anything imports ``sgl_kernel``: that package loads a
 CUDA-only shared library at import time, which fails on a machine without a GPU
 driver. A stand-in for ``sgl_kernel.load_utils`` keeps the package's Python API
 importable; the few CPU ops SGLang then calls are registered by
-:mod:`sglang_ddtree.cpu.ops` (pure torch) and the remaining CPU gaps are closed
-by :mod:`sglang_ddtree.cpu.fallbacks` once SGLang is imported.
+:mod:`sglang_ddtree.cpu.ops` (pure torch) right before the process first imports
+``sglang`` or ``sgl_kernel`` (a process that never does, such as multiprocessing's
+resource tracker, does not import torch for them), and the remaining CPU gaps are
+closed by :mod:`sglang_ddtree.cpu.fallbacks` once SGLang is imported.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import sys
 import types
@@ -39,6 +42,28 @@ def activate() -> None:
     sys.modules["sglang_ddtree.cpu.boot:active"] = types.ModuleType("marker")
     if "sgl_kernel" not in sys.modules:
         sys.modules.setdefault("sgl_kernel.load_utils", _stub_load_utils())
+    if any(name in sys.modules for name in _OPS_USERS):
+        _register_ops()
+    else:
+        sys.meta_path.insert(0, _OpsBeforeFirstUser())
+
+
+# The packages that call the ops; the ops are registered before either is imported.
+_OPS_USERS = ("sglang", "sgl_kernel")
+
+
+class _OpsBeforeFirstUser(importlib.abc.MetaPathFinder):
+    """Registers the CPU ops when the process first looks for ``sglang`` or
+    ``sgl_kernel`` (before their code runs), then leaves the import to the others."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in _OPS_USERS:
+            _register_ops()
+        return None
+
+
+def _register_ops() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _OpsBeforeFirstUser)]
     from . import ops
 
     ops.register_cpu_ops()
