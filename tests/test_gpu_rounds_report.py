@@ -10,7 +10,7 @@ import pytest
 
 from sglang_ddtree.bench import gpu_rounds_report
 from sglang_ddtree.bench.gpu_rounds import arm_args, parallel_args
-from sglang_ddtree.bench.round_profile import categorise, summarise_trace
+from sglang_ddtree.bench.round_profile import categorise, host_time_by_area, summarise_trace
 
 
 def _kernel(name, ts, dur):
@@ -47,6 +47,51 @@ def test_trace_summary_per_round(tmp_path):
     assert s["graph_launches_per_round"] == 1 and s["kernel_launches_per_round"] == 1
     assert s["host_syncs_per_round"] == 1 and s["kernels_per_round"] == 3
     assert s["phase_host_us"] == {"build": 8.0} and s["phase_gpu_us"] == {"build": 20.0}
+
+
+def _host(cat, name, ts, dur, tid=1):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def test_host_time_goes_to_the_innermost_event_of_the_scheduler_thread():
+    # per round (100 us): the scheduler's loop calls our round, which calls SGLang's verify
+    # prepare, which dispatches a torch op that launches a kernel
+    events = []
+    for r in range(2):
+        t = 100.0 * r
+        events += [
+            _host("python_function", "sglang/srt/managers/scheduler.py(10): event_loop", t, 100),
+            _host("python_function", "sglang_ddtree/adapter/worker.py(200): _tree_round", t + 10, 60),
+            _host(
+                "python_function", "sglang/srt/speculative/dflash_info.py(5): prepare_for_verify", t + 20, 30
+            ),
+            _host("cpu_op", "aten::index_select", t + 25, 10),
+            _host("cuda_runtime", "cudaLaunchKernel", t + 30, 4),
+            _host("python_function", "torch/nn/modules/module.py(1): _call_impl", t + 55, 5),
+            _host("python_function", f"<built-in method to of Tensor object at 0x7f{r}a>", t + 62, 3),
+        ]
+    events += [_host("python_function", "threading.py(1): run", 0, 50, tid=2)]  # another thread
+    events += [_kernel("k", 0, 5)]
+    summary = host_time_by_area(events, steps=2, top=3)
+    assert summary["host_us_by_area"] == {
+        "sglang scheduler": 40.0,  # 100 - 60
+        "sglang_ddtree": 22.0,  # 60 - 30 - 5 - 3
+        "sglang speculative": 20.0,  # 30 - 10
+        "torch (Python)": 5.0,
+        "torch ops (dispatch)": 6.0,  # 10 - 4
+        "CUDA runtime": 4.0,
+        "Python builtins": 3.0,
+    }
+    assert dict((n, us) for n, us in summary["host_us_top_functions"]) == {
+        "sglang/srt/managers/scheduler.py(10): event_loop": 40.0,
+        "sglang_ddtree/adapter/worker.py(200): _tree_round": 22.0,
+        "sglang/srt/speculative/dflash_info.py(5): prepare_for_verify": 20.0,
+    }
+    # one entry per method, whatever object it was called on
+    assert "<built-in method to of Tensor object>" in dict(
+        host_time_by_area(events, 2)["host_us_top_functions"]
+    )
+    assert host_time_by_area([_kernel("k", 0, 5)], steps=1) == {}  # no Python stacks
 
 
 def test_phase_line_of_the_server_log(tmp_path):
@@ -184,6 +229,19 @@ def test_report_targets_and_files(tmp_path):
     assert "| ddtree@32 | 1 | 820" in report
     assert "| all-reduce us |" in report
     assert "| ddtree@32 | 8 | 4500 | 3000 | 1500 | 40.0 | 2 | 0.0 | 321.5 | gemm 900" in report
+    assert "Host time per round by area" not in report  # no stack profiles in this run
+    results["arms"][0]["stack_profile"] = {
+        "bs": 8,
+        "round_us": 2500.0,
+        "host_us_by_area": {"sglang scheduler": 900.0, "CUDA runtime": 100.0},
+        "host_us_top_functions": [["sglang/srt/managers/scheduler.py(10): event_loop", 700.0]],
+    }
+    results["arms"][1]["stack_profile"] = {"bs": 8, "error": "no complete trace"}
+    gpu_rounds_report.write_report(results, tmp_path, "r")
+    report = (tmp_path / "r.md").read_text()
+    assert "| arm | round us | sglang scheduler | CUDA runtime |" in report
+    assert "| plain | 2500 | 900 | 100 |" in report and "| dflash | no complete trace |" in report
+    assert "| `sglang/srt/managers/scheduler.py(10): event_loop` | 700 |" in report
 
 
 def test_report_judges_the_online_budget_against_the_best_fixed_budget_and_plain():

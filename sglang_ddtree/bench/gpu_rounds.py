@@ -198,9 +198,13 @@ def last_phase_times(log_path: Path) -> dict | None:
 PROFILE_OUTPUT_LEN = 2048  # tokens per profiled request (the pairs' context is 4096)
 
 
-def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> dict:
-    """Keep ``bs`` requests decoding while SGLang's profiler records ``--profile-steps`` steps."""
-    out = trace_dir / f"{arm.replace('@', '_')}_bs{bs}"
+def profile_level(
+    server, prompts, args, arm: str, bs: int, trace_dir: Path, with_stack: bool = False
+) -> dict:
+    """Keep ``bs`` requests decoding while SGLang's profiler records ``--profile-steps`` steps
+    (``with_stack``: with Python stacks, for the host time by area; they slow the profiled
+    steps and the trace's export, so the other profiles go without)."""
+    out = trace_dir / f"{arm.replace('@', '_')}_bs{bs}{'_stack' if with_stack else ''}"
     out.mkdir(parents=True, exist_ok=True)
     # Long enough to outlast the profiled steps: on the H200 a 512-token request of the
     # trained pair finished before the profiler started, and SGLang stops its profiler (and
@@ -213,13 +217,11 @@ def profile_level(server, prompts, args, arm: str, bs: int, trace_dir: Path) -> 
             return {"bs": bs, "error": "a request finished before the profiler started"}
         http_text(  # answers in plain text
             f"{server.url}/start_profile",
-            # No Python stacks: the summary does not read them, and they make the trace
-            # slow to write.
             {
                 "output_dir": str(out),
                 "num_steps": args.profile_steps,
                 "activities": ["CPU", "GPU"],
-                "with_stack": False,
+                "with_stack": with_stack,
             },
         )
         for f in running:
@@ -280,6 +282,19 @@ def run_profiles(server, prompts, args, record: dict, trace_dir: Path) -> None:
             record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
 
 
+def run_stack_profile(server, prompts, args, record: dict, trace_dir: Path) -> None:
+    """One profile with Python stacks at ``--stack-profile-bs``: where the host time goes."""
+    bs = args.stack_profile_bs
+    if _time_left(args) < 0:
+        record["skipped"].append(f"stack profile bs={bs}: deadline")
+        return
+    try:
+        profile = profile_level(server, prompts, args, record["arm"], bs, trace_dir, with_stack=True)
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+        profile = {"bs": bs, "error": repr(error)[:300]}
+    record["stack_profile"] = profile
+
+
 def measure_all(live: dict, prompts, args, results: dict, save) -> None:
     """The levels (arms interleaved), then each profiled arm's profiles; saved as it goes."""
     records = {arm: {"arm": arm, "levels": [], "profiles": [], "skipped": []} for arm in live}
@@ -289,6 +304,9 @@ def measure_all(live: dict, prompts, args, results: dict, save) -> None:
     trace_dir = Path(args.out) / f"{args.label}_work" / "traces"
     for arm in [a for a in live if a != "plain" and a in args.profile_arms]:
         run_profiles(live[arm], prompts, args, records[arm], trace_dir)
+        save()
+    for arm in [a for a in live if a in args.stack_profile_arms]:
+        run_stack_profile(live[arm], prompts, args, records[arm], trace_dir)
         save()
     for arm, server in live.items():
         try:
@@ -369,6 +387,12 @@ def main(argv=None) -> int:
     p.add_argument("--profile-export-s", type=float, default=180.0, help="wait this long for a trace file")
     p.add_argument("--profile-arms", default="dflash,ddtree@7,ddtree@32", help="arms that get a profile")
     p.add_argument(
+        "--stack-profile-arms",
+        default="",
+        help="arms (plain included) that get one more profile, with Python stacks: host time by area",
+    )
+    p.add_argument("--stack-profile-bs", type=int, default=8, help="batch size of the stack profiles")
+    p.add_argument(
         "--phase-times",
         type=int,
         default=50,
@@ -401,6 +425,7 @@ def main(argv=None) -> int:
     args.t0 = time.monotonic()
     args.common = args.common.split()
     args.profile_arms = set(args.profile_arms.split(","))
+    args.stack_profile_arms = {a for a in args.stack_profile_arms.split(",") if a}
 
     out = Path(args.out)
     work = out / f"{args.label}_work"

@@ -119,6 +119,7 @@ def to_markdown(results: dict) -> str:
     lines.append(throughput_table(levels))
     lines += phase_section(results)
     lines += online_budget_section(results)
+    lines += host_area_section(results)
     lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
     prof_rows = []
     for arm in results["arms"]:
@@ -159,6 +160,39 @@ def to_markdown(results: dict) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def host_area_section(results: dict) -> list[str]:
+    """Host time per round by area, and the Python functions with the most own time, of the
+    arms profiled with Python stacks (``--stack-profile-arms``)."""
+    profiles = [(arm["arm"], arm["stack_profile"]) for arm in results["arms"] if arm.get("stack_profile")]
+    if not profiles:
+        return []
+    lines = [
+        "",
+        f"## Host time per round by area (us, own time, Python stacks, bs {profiles[0][1].get('bs')})",
+        "",
+        "Python stacks slow the profiled steps, so `round us` here is above the unprofiled round;"
+        " the shares are what to read.",
+        "",
+    ]
+    areas = list(dict.fromkeys(a for _, p in profiles for a in p.get("host_us_by_area", {})))
+    rows = []
+    for arm, p in profiles:
+        if "error" in p:
+            rows.append([arm, p["error"][:80], *([""] * len(areas))])
+            continue
+        by_area = p.get("host_us_by_area", {})
+        rows.append(
+            [arm, round(p["round_us"]), *(round(by_area[a]) if a in by_area else None for a in areas)]
+        )
+    lines.append(_stamp.md_table(["arm", "round us", *areas], rows))
+    for arm, p in profiles:
+        top = p.get("host_us_top_functions") or []
+        if top:
+            lines += ["", f"`{arm}`, the Python functions with the most own time (us per round):", ""]
+            lines.append(_stamp.md_table(["function", "us"], [[f"`{name}`", round(us)] for name, us in top]))
+    return lines
 
 
 def online_budget_section(results: dict) -> list[str]:

@@ -10,7 +10,10 @@ host synchronisation. Per round (one decode step = one draft + verify round):
 * kernel launches, CUDA-graph launches and host synchronisations (stream / device /
   event syncs, device-to-host copies) per round;
 * for DDTREE servers run with ``SGLANG_DDTREE_PHASE_TIMES``, the host and GPU time of each
-  phase of the round (the worker's ``ddtree.<phase>`` ranges and their GPU projections).
+  phase of the round (the worker's ``ddtree.<phase>`` ranges and their GPU projections);
+* for traces recorded with Python stacks, the host time per round by area (our plugin,
+  SGLang's speculative code, its scheduler, its model executor, torch dispatch, the CUDA
+  runtime) and the Python functions with the most own time (:func:`host_time_by_area`).
 """
 
 from __future__ import annotations
@@ -80,8 +83,8 @@ def summarise_events(events: list[dict], steps: int) -> dict:
     kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
     copies = [e for e in events if e.get("ph") == "X" and e.get("cat") == "gpu_memcpy"]
-    if not kernels:
-        return {"error": "no GPU kernels in the trace"}
+    if not kernels:  # a CPU server's trace: its host time is all there is
+        return {"error": "no GPU kernels in the trace", **host_time_by_area(events, steps)}
     timed = kernels + runtime
     span = max(e["ts"] + e.get("dur", 0) for e in timed) - min(e["ts"] for e in timed)
     by_category: dict[str, float] = defaultdict(float)
@@ -105,6 +108,79 @@ def summarise_events(events: list[dict], steps: int) -> dict:
         "device_to_host_copies_per_round": sum("DtoH" in e.get("name", "") for e in copies) * per_round,
         "phase_host_us": _phase_us(events, "user_annotation", steps),
         "phase_gpu_us": _phase_us(events, "gpu_user_annotation", steps),
+        **host_time_by_area(events, steps),
+    }
+
+
+# Where a round's host time goes, from a trace recorded with Python stacks: each event's own
+# time (its duration minus its children's) goes to an area, first match of its name wins.
+HOST_AREAS = [
+    ("sglang_ddtree", re.compile(r"sglang_ddtree/")),
+    ("sglang speculative", re.compile(r"sglang/srt/speculative/")),
+    ("sglang scheduler", re.compile(r"sglang/srt/managers/")),
+    ("sglang model executor", re.compile(r"sglang/srt/model_executor/")),
+    ("sglang layers + models", re.compile(r"sglang/srt/(layers|models)/")),
+    ("sglang other", re.compile(r"sglang/")),
+    ("torch (Python)", re.compile(r"torch/")),
+    ("Python builtins", re.compile(r"^<built-in")),
+]
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # "<built-in method to of Tensor object at 0x7f..>"
+HOST_EVENT_CATEGORIES = ("python_function", "cpu_op", "cuda_runtime", "cuda_driver")
+
+
+def host_area(event: dict) -> str:
+    category = event.get("cat")
+    if category == "cpu_op":
+        return "torch ops (dispatch)"
+    if category in ("cuda_runtime", "cuda_driver"):
+        return "CUDA runtime"
+    name = event.get("name", "")
+    for area, pattern in HOST_AREAS:
+        if pattern.search(name):
+            return area
+    return "Python other"
+
+
+def _own_times(events: list[dict]) -> list[tuple[dict, float]]:
+    """(event, own time) of properly nested events of one thread: the duration minus the
+    durations of the events directly inside it."""
+    ordered = sorted(events, key=lambda e: (e["ts"], -e.get("dur", 0)))
+    own = {id(e): float(e.get("dur", 0)) for e in ordered}
+    stack: list[dict] = []
+    for e in ordered:
+        while stack and e["ts"] >= stack[-1]["ts"] + stack[-1].get("dur", 0):
+            stack.pop()
+        if stack:
+            own[id(stack[-1])] -= e.get("dur", 0)
+        stack.append(e)
+    return [(e, max(own[id(e)], 0.0)) for e in ordered]
+
+
+def host_time_by_area(events: list[dict], steps: int, top: int = 15) -> dict:
+    """Own host time per round by area and by Python function, on the thread with the most
+    Python time (the scheduler's, which runs the round); empty without Python stacks."""
+    by_thread: dict = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in HOST_EVENT_CATEGORIES:
+            by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    python_us = {
+        key: sum(e.get("dur", 0) for e in evs if e.get("cat") == "python_function")
+        for key, evs in by_thread.items()
+    }
+    if not python_us or max(python_us.values()) == 0:
+        return {}
+    thread = max(python_us, key=python_us.get)
+    areas: dict[str, float] = defaultdict(float)
+    functions: dict[str, float] = defaultdict(float)
+    for e, own in _own_times(by_thread[thread]):
+        areas[host_area(e)] += own
+        if e.get("cat") == "python_function":
+            functions[_ADDRESS.sub("", e.get("name", ""))] += own
+    per_round = 1.0 / steps
+    ranked = sorted(functions.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "host_us_by_area": {k: v * per_round for k, v in sorted(areas.items(), key=lambda kv: -kv[1])},
+        "host_us_top_functions": [[name, us * per_round] for name, us in ranked],
     }
 
 
