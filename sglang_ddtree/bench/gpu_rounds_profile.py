@@ -1,0 +1,109 @@
+"""The profiles of :mod:`.gpu_rounds`: SGLang's torch profiler over a few decode steps of a
+served batch (``/start_profile``), summarised by :mod:`.round_profile`; one profile per
+profiled batch size, and one with Python stacks per ``--stack-profile-arms`` arm."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import glob
+import time
+import urllib.error
+from pathlib import Path
+
+from ..launch import ServerProcess, http_text
+from .round_profile import summarise_trace
+
+
+def request_tokens(server: ServerProcess, prompt: list[int], output_len: int) -> dict:
+    params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+    meta = server.generate({"input_ids": prompt, "sampling_params": params})["meta_info"]
+    return {
+        "tokens": meta["completion_tokens"],
+        "rounds": meta.get("spec_verify_ct") or meta["completion_tokens"],
+    }
+
+
+def time_left(args) -> float:
+    return args.deadline_s - (time.monotonic() - args.t0)
+
+
+PROFILE_OUTPUT_LEN = 2048  # tokens per profiled request (the pairs' context is 4096)
+
+
+def profile_level(
+    server, prompts, args, arm: str, bs: int, trace_dir: Path, with_stack: bool = False
+) -> dict:
+    """Keep ``bs`` requests decoding while SGLang's profiler records ``--profile-steps`` steps
+    (``with_stack``: with Python stacks, for the host time by area; they slow the profiled
+    steps and the trace's export, so the other profiles go without)."""
+    out = trace_dir / f"{arm.replace('@', '_')}_bs{bs}{'_stack' if with_stack else ''}"
+    out.mkdir(parents=True, exist_ok=True)
+    # Long enough to outlast the profiled steps: on the H200 a 512-token request of the
+    # trained pair finished before the profiler started, and SGLang stops its profiler (and
+    # writes the trace) only from a later batch, so no trace came.
+    long_len = max(args.output_len, PROFILE_OUTPUT_LEN)
+    with concurrent.futures.ThreadPoolExecutor(bs + 1) as pool:
+        running = [
+            pool.submit(request_tokens, server, prompts[i % len(prompts)], long_len) for i in range(bs)
+        ]
+        time.sleep(0.3)  # past prefill, into steady decode
+        if any(f.done() for f in running):
+            return {"bs": bs, "error": "a request finished before the profiler started"}
+        http_text(  # answers in plain text
+            f"{server.url}/start_profile",
+            {
+                "output_dir": str(out),
+                "num_steps": args.profile_steps,
+                "activities": ["CPU", "GPU"],
+                "with_stack": with_stack,
+            },
+        )
+        for f in running:
+            f.result()
+    trace = _finished_trace(out, args.profile_export_s)
+    if trace is None:
+        return {"bs": bs, "error": f"no complete trace in {out} after {args.profile_export_s:.0f} s"}
+    return {"bs": bs, **summarise_trace(trace, args.profile_steps)}
+
+
+def _finished_trace(folder: Path, timeout_s: float) -> str | None:
+    """The profiler writes its trace after the last profiled step, which takes a while for a
+    trace with host stacks: wait until the file stops growing and parses."""
+    deadline, last_size = time.monotonic() + timeout_s, -1
+    while time.monotonic() < deadline:
+        # One file per rank (``...-TP-<rank>.trace.json.gz``): rank 0's sorts first.
+        traces = sorted(glob.glob(str(folder / "*.trace.json*")))
+        size = Path(traces[0]).stat().st_size if traces else -1
+        if traces and size > 0 and size == last_size:
+            try:
+                summarise_trace(traces[0], 1)
+                return traces[0]
+            except (ValueError, EOFError, OSError):
+                pass
+        last_size = size
+        time.sleep(2.0)
+    return None
+
+
+def run_profiles(server, prompts, args, record: dict, trace_dir: Path) -> None:
+    for bs in args.profile_bs:
+        if time_left(args) < 0:
+            record["skipped"].append(f"profile bs={bs}: deadline")
+            continue
+        try:
+            record["profiles"].append(profile_level(server, prompts, args, record["arm"], bs, trace_dir))
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+            record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
+
+
+def run_stack_profile(server, prompts, args, record: dict, trace_dir: Path) -> None:
+    """One profile with Python stacks at ``--stack-profile-bs``: where the host time goes."""
+    bs = args.stack_profile_bs
+    if time_left(args) < 0:
+        record["skipped"].append(f"stack profile bs={bs}: deadline")
+        return
+    try:
+        profile = profile_level(server, prompts, args, record["arm"], bs, trace_dir, with_stack=True)
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+        profile = {"bs": bs, "error": repr(error)[:300]}
+    record["stack_profile"] = profile
