@@ -235,7 +235,7 @@ def test_validation_rejects_bad_arguments(tiny, overrides, message):
 # --- the real launcher: one line, non-zero exit, no traceback, no model loaded -------------
 
 
-def _launch(tiny, extra, env_changes):
+def _launch(job, tiny, extra, env_changes):
     env = {**os.environ, **env_changes}
     for key, value in env_changes.items():
         if value is None:
@@ -257,7 +257,16 @@ def _launch(tiny, extra, env_changes):
         *extra,
     ]
     started = time.monotonic()
-    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+    # Tracked by the background job: a run that ends (or is stopped) meanwhile kills it.
+    proc = job.track(
+        subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    result = subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
     return result, time.monotonic() - started
 
 
@@ -292,7 +301,8 @@ LAUNCH_CASES = {
 }
 
 
-def _launch_case(tiny, folder, case):
+def _launch_case(job, tiny, case):
+    folder = job.folder
     env = {}
     extra = ["--speculative-draft-model-path", str(tiny.drafter)]
     if case == "missing-drafter":
@@ -309,7 +319,7 @@ def _launch_case(tiny, folder, case):
         extra += ["--attention-backend", "triton"]
     elif case == "bogus-tree-backend":
         env = {"SGLANG_DDTREE_TREE_BACKEND": "bogus"}
-    return _launch(tiny, extra, env)
+    return _launch(job, tiny, extra, env)
 
 
 # Each case is a minute of imports on one core: a background job, while other tests run.
@@ -317,7 +327,7 @@ for _case in LAUNCH_CASES:
     BACKGROUND.declare(
         f"launcher-{_case}",
         f"test_launcher_fails_fast_with_one_line[{_case}]",
-        lambda job, case=_case: _launch_case(build_tiny_models(), job.folder, case),
+        lambda job, case=_case: _launch_case(job, build_tiny_models(), case),
     )
 
 
