@@ -11,7 +11,7 @@ import urllib.error
 from pathlib import Path
 
 from ..launch import ServerProcess, http_text
-from .round_profile import summarise_trace
+from .round_profile import load_trace, summarise_trace
 
 
 def request_tokens(server: ServerProcess, prompt: list[int], output_len: int) -> dict:
@@ -76,7 +76,7 @@ def _finished_trace(folder: Path, timeout_s: float) -> str | None:
         size = Path(traces[0]).stat().st_size if traces else -1
         if traces and size > 0 and size == last_size:
             try:
-                summarise_trace(traces[0], 1)
+                load_trace(traces[0])  # parses: the file is whole (summarised once, by the caller)
                 return traces[0]
             except (ValueError, EOFError, OSError):
                 pass
@@ -85,15 +85,21 @@ def _finished_trace(folder: Path, timeout_s: float) -> str | None:
     return None
 
 
+def _profile_or_error(server, prompts, args, arm: str, bs: int, trace_dir: Path, with_stack: bool) -> dict:
+    try:
+        return profile_level(server, prompts, args, arm, bs, trace_dir, with_stack)
+    except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
+        return {"bs": bs, "error": repr(error)[:300]}
+
+
 def run_profiles(server, prompts, args, record: dict, trace_dir: Path) -> None:
     for bs in args.profile_bs:
         if time_left(args) < 0:
             record["skipped"].append(f"profile bs={bs}: deadline")
             continue
-        try:
-            record["profiles"].append(profile_level(server, prompts, args, record["arm"], bs, trace_dir))
-        except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
-            record["profiles"].append({"bs": bs, "error": repr(error)[:300]})
+        record["profiles"].append(
+            _profile_or_error(server, prompts, args, record["arm"], bs, trace_dir, False)
+        )
 
 
 def run_stack_profile(server, prompts, args, record: dict, trace_dir: Path) -> None:
@@ -102,8 +108,4 @@ def run_stack_profile(server, prompts, args, record: dict, trace_dir: Path) -> N
     if time_left(args) < 0:
         record["skipped"].append(f"stack profile bs={bs}: deadline")
         return
-    try:
-        profile = profile_level(server, prompts, args, record["arm"], bs, trace_dir, with_stack=True)
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
-        profile = {"bs": bs, "error": repr(error)[:300]}
-    record["stack_profile"] = profile
+    record["stack_profile"] = _profile_or_error(server, prompts, args, record["arm"], bs, trace_dir, True)

@@ -54,7 +54,7 @@ def categorise(kernel_name: str) -> str:
     return OTHER
 
 
-def _load(path: str) -> list[dict]:
+def load_trace(path: str) -> list[dict]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
         trace = json.load(f)
@@ -185,4 +185,4 @@ def host_time_by_area(events: list[dict], steps: int, top: int = 15) -> dict:
 
 
 def summarise_trace(path: str, steps: int) -> dict:
-    return {"trace": path.rsplit("/", 1)[-1], **summarise_events(_load(path), steps)}
+    return {"trace": path.rsplit("/", 1)[-1], **summarise_events(load_trace(path), steps)}
