@@ -32,6 +32,7 @@ from ..kernels.mla_tree_attention import (
     TreeVerifyProblem,
     naive_tree_attention,
 )
+from .sglang_verify_attention import SGLangVerifyAttention
 
 # =========================================================================== trees
 
@@ -105,8 +106,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def check(configs: Sequence[SplitConfig], sms: int) -> list[dict]:
-    """split == naive == float32 reference on awkward sizes; every output element written."""
+def check(configs: Sequence[SplitConfig], sms: int, sglang: bool = False) -> list[dict]:
+    """split == naive == float32 reference on awkward sizes; every output element written.
+    ``sglang``: SGLang's own verify kernel is checked against the reference as well."""
     out = []
     for heads in (8, 64):
         for n_nodes in (1, 17, 33, 65):
@@ -114,6 +116,10 @@ def check(configs: Sequence[SplitConfig], sms: int) -> list[dict]:
                 p = make_problem(2, L, n_nodes, heads, seed=L + n_nodes + heads)
                 ref = naive_tree_attention(p, fp32=True)
                 naive = naive_tree_attention(p)
+                if sglang:
+                    e = _rel(SGLangVerifyAttention(p)(), ref)
+                    out.append({"heads": heads, "n_nodes": n_nodes, "prefix": L, "config": "sglang",
+                                "rel_err_split": e, "rel_err_naive": _rel(naive, ref), "ok": e < 1e-2})  # fmt: skip
                 for cfg in configs:
                     att = SplitTreeAttention(p, cfg, sms)
                     att.out.fill_(float("nan"))
@@ -177,7 +183,7 @@ def run_sweep(
 ) -> dict:
     nodes_list = [b + 1 for b in args.budgets]
     t0 = time.time()
-    checks = check(CANDIDATE_CONFIGS if args.check_all_configs else CANDIDATE_CONFIGS[:2], sms)
+    checks = check(CANDIDATE_CONFIGS if args.check_all_configs else CANDIDATE_CONFIGS[:2], sms, args.sglang)
     done = [c for c in checks if c["ok"] is not None]
     print(f"[mla] checks: {sum(c['ok'] for c in done)}/{len(done)} ok ({time.time() - t0:.0f} s)", flush=True)
     best = tune(sms, args.heads, nodes_list, CANDIDATE_CONFIGS)
@@ -200,6 +206,8 @@ def run_sweep(
                     r["prefix_ms"] = _time(lambda att=att: att._launch_partial(False, False))
                     r["tail_ms"] = _time(lambda att=att: att._launch_partial(True, False))
                     r["merge_ms"] = _time(att.combine)
+                    if args.sglang:
+                        r["sglang_ms"] = _time(SGLangVerifyAttention(p))
                     if heads == 8 and n_nodes in (1, 17) and L >= 8192:
                         # What bounds the prefix pass: the same launch with index arithmetic instead
                         # of the per-token gather through kv_indices (valid here: slots are consecutive).
@@ -239,7 +247,8 @@ def run_sweep(
 def render_markdown(res: dict) -> str:
     from sglang_ddtree.bench._stamp import md_table, stamp_markdown
 
-    done = [c for c in res["checks"] if c["ok"] is not None]
+    sglang_checks = [c for c in res["checks"] if c["config"] == "sglang"]
+    done = [c for c in res["checks"] if c["ok"] is not None and c["config"] != "sglang"]
     ok = sum(c["ok"] for c in done)
     worst = max(done, key=lambda c: c["rel_err_split"])
     out = [
@@ -262,6 +271,16 @@ def render_markdown(res: dict) -> str:
         )
         + ".",
         "",
+        *(
+            [
+                f"SGLang's target-verify kernel (`extend_attention_fwd`, flat custom mask): "
+                f"{sum(c['ok'] for c in sglang_checks)}/{len(sglang_checks)} checks within 1e-2 of the reference, "
+                f"worst {max(c['rel_err_split'] for c in sglang_checks):.1e}.",
+                "",
+            ]
+            if sglang_checks
+            else []
+        ),  # fmt: skip
         "Tuned prefix-kernel configs: " + ", ".join(f"{k}: {v}" for k, v in res["tuned"].items()),
         "",
     ]
@@ -275,11 +294,13 @@ def render_markdown(res: dict) -> str:
              r["naive_ms"] if r["naive_ms"] else "-", f"{r['speedup_vs_naive']:.1f}x" if r["speedup_vs_naive"] else "-",
              f"{100 * r['prefix_bw_frac']:.0f}%", f"{100 * r['prefix_mm_frac']:.0f}%", r["prefix_bound"],
              f"{100 * r['prefix_roofline_frac']:.0f}%"]
+            + ([r["sglang_ms"], f"{r['sglang_ms'] / r['split_ms']:.1f}x"] if "sglang_ms" in r else [])
             for r in res["rows"] if r["heads"] == heads
         ]  # fmt: skip
+        sglang_cols = ["SGLang ms", "split vs SGLang"] if any("sglang_ms" in r for r in res["rows"]) else []
         out.append(md_table(
             ["budget", "bs", "prefix", "split ms", "prefix ms", "tail ms", "merge ms", "naive ms", "split speedup",
-             "prefix of copy BW", "prefix of mm rate", "prefix bound", "prefix of roofline"], rows))  # fmt: skip
+             "prefix of copy BW", "prefix of mm rate", "prefix bound", "prefix of roofline", *sglang_cols], rows))  # fmt: skip
         out.append("")
     probe = [r for r in res["rows"] if "prefix_contig_ms" in r]
     if probe:
@@ -351,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--max-naive-elems", type=float, default=1.1e9, help="skip naive above this score count")
     ap.add_argument("--check-all-configs", action="store_true")
+    ap.add_argument(
+        "--sglang", action="store_true", help="also check and time SGLang's own target-verify kernel"
+    )
     args = ap.parse_args(argv)
 
     st = _stamp.stamp()

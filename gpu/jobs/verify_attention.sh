@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# GPU job: tree-verify attention at K2.6-rank MLA shapes (8 heads): this project's split kernel
+# beside SGLang's own target-verify path (extend_attention_fwd, which walks each request's
+# prefix serially: one program per request, head and query tile), both checked against the
+# float32 reference first. Why: the K2.6 rank's speculative rounds cost 71 ms at 4096-token
+# prompts against 18 ms at 96 (bench_results/k26_rank_ab_4k_h200_e967973.md).
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/verify_attention.sh
+set -o pipefail
+NAME=${NAME:-verify_attention_sglang_h200}
+timeout "${JOB_S:-200}" python -m sglang_ddtree.bench.mla_tree_attention --out "$OUT" --name "$NAME" --sglang \
+  --heads 8 --budgets ${BUDGETS:-7 16} --bs ${BS:-1 8 32} --prefix ${PREFIX:-96 4096 16384}
+rc=$?
+head -40 "$OUT/$NAME.md" 2>/dev/null
+exit $rc
