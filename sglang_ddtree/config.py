@@ -36,6 +36,9 @@ ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tre
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
 ENV_ONLINE_BUDGET = "SGLANG_DDTREE_ONLINE_BUDGET"  # set from --speculative-ddtree-budget auto
+ENV_VERIFY_ATTENTION = (
+    "SGLANG_DDTREE_VERIFY_ATTENTION"  # debugging: "sglang" keeps SGLang's MLA verify kernel
+)
 ENV_BUDGET_COST_TABLE = "SGLANG_DDTREE_BUDGET_COST_TABLE"  # tests/debugging: a fixed T(bs, width) JSON file
 
 
@@ -71,6 +74,14 @@ def tree_backend_override() -> str:
     if value not in ("auto", "cuda", "cpp", "python"):
         raise DDTreeConfigError(f"{ENV_TREE_BACKEND}={value!r}: expected auto, cuda, cpp or python")
     return value
+
+
+def sglang_verify_attention_requested() -> bool:
+    """Keep SGLang's own MLA target-verify kernel instead of the split tree kernel (debugging)."""
+    value = os.environ.get(ENV_VERIFY_ATTENTION, "split").strip().lower()
+    if value not in ("split", "sglang"):
+        raise DDTreeConfigError(f"{ENV_VERIFY_ATTENTION}={value!r}: expected split or sglang")
+    return value == "sglang"
 
 
 def test_plugin_module() -> str | None:

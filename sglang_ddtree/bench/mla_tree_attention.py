@@ -247,8 +247,8 @@ def run_sweep(
 def render_markdown(res: dict) -> str:
     from sglang_ddtree.bench._stamp import md_table, stamp_markdown
 
-    sglang_checks = [c for c in res["checks"] if c["config"] == "sglang"]
-    done = [c for c in res["checks"] if c["ok"] is not None and c["config"] != "sglang"]
+    sglang_checks = [c for c in res["checks"] if c.get("config") == "sglang"]
+    done = [c for c in res["checks"] if c["ok"] is not None and c.get("config") != "sglang"]
     ok = sum(c["ok"] for c in done)
     worst = max(done, key=lambda c: c["rel_err_split"])
     out = [
@@ -265,8 +265,8 @@ def render_markdown(res: dict) -> str:
         f"(H={worst['heads']}, W={worst['n_nodes']}, L={worst['prefix']}), naive bf16 error up to "
         f"{max(c['rel_err_naive'] for c in done):.1e}"
         + (
-            f"; {len(res['checks']) - len(done)} config(s) did not compile"
-            if len(done) < len(res["checks"])
+            f"; {len(res['checks']) - len(done) - len(sglang_checks)} config(s) did not compile"
+            if len(done) + len(sglang_checks) < len(res["checks"])
             else ""
         )
         + ".",

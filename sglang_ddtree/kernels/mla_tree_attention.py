@@ -115,7 +115,8 @@ if triton is not None:
         kv_indptr,
         kv_indices,
         KT,  # [bs, W, 576] tree latent rows
-        MASK,  # [bs, W, W] int8 ancestor-or-self
+        MASK,  # [bs, W, W] int8 ancestor-or-self, or SGLang's flat verify mask (FLAT_MASK)
+        mask_indptr,  # FLAT_MASK: [bs + 1] start of each request's [W, prefix + W] block
         O_part,  # [bs, n_splits + 1, rows, 512] bf16, normalised per part
         LSE_part,  # [bs, n_splits + 1, rows] fp32, log2 domain
         qk_scale,  # sm_scale * log2(e)
@@ -141,11 +142,14 @@ if triton is not None:
         BLOCK_N: tl.constexpr,
         IS_TAIL: tl.constexpr,
         CONTIG: tl.constexpr,
+        FLAT_MASK: tl.constexpr,
     ):
         """Prefix launch (IS_TAIL=False): part p = slice p of the prefix.  Tail launch: part
         n_splits = the tree tail under the ancestor mask.  Two specialisations of one kernel, so
         each compiles only its own loop.  The W x H query rows of a request share every key tile.
         CONTIG: the request's cache slots are consecutive (index arithmetic instead of a gather).
+        FLAT_MASK: the tree mask is SGLang's target-verify mask (per request ``W`` rows over
+        ``prefix + W`` keys, row-major, at ``mask_indptr[b]``); its tree columns are read.
         """
         tile = tl.program_id(0)
         part = tl.program_id(1) + (n_splits if IS_TAIL else 0)
@@ -164,8 +168,8 @@ if triton is not None:
             )  # fmt: skip
         else:
             m_i, l_i, acc = _tail_part(
-                q_nope, q_pe, KT, MASK, b, offs_m, m_mask, n_heads, n_nodes, stride_kb, stride_kt,
-                stride_mb, stride_mi, qk_scale, D_NOPE, D_PE, BLOCK_M, BLOCK_N,
+                q_nope, q_pe, KT, MASK, mask_indptr, kv_indptr, b, offs_m, m_mask, n_heads, n_nodes,
+                stride_kb, stride_kt, stride_mb, stride_mi, qk_scale, D_NOPE, D_PE, BLOCK_M, BLOCK_N, FLAT_MASK,
             )  # fmt: skip
 
         has = l_i > 0
@@ -231,25 +235,28 @@ if triton is not None:
 
     @triton.jit
     def _tail_part(
-        q_nope, q_pe, KT, MASK, b, offs_m, m_mask, n_heads, n_nodes, stride_kb, stride_kt,
-        stride_mb, stride_mi, qk_scale,
+        q_nope, q_pe, KT, MASK, mask_indptr, kv_indptr, b, offs_m, m_mask, n_heads, n_nodes,
+        stride_kb, stride_kt, stride_mb, stride_mi, qk_scale,
         D_NOPE: tl.constexpr, D_PE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        FLAT_MASK: tl.constexpr,
     ):  # fmt: skip
         """Request b's tree nodes, each row seeing its node's ancestors (and itself) only."""
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, D_NOPE], dtype=tl.float32)
         node = offs_m // n_heads
+        if FLAT_MASK:
+            prefix_len = (tl.load(kv_indptr + b + 1) - tl.load(kv_indptr + b)).to(tl.int64)
+            mask_rows = MASK + tl.load(mask_indptr + b).to(tl.int64) + prefix_len
+            mask_rows += node[:, None].to(tl.int64) * (prefix_len + n_nodes)
+        else:
+            mask_rows = MASK + b * stride_mb + node[:, None] * stride_mi
         for t0 in range(0, n_nodes, BLOCK_N):
             offs_t = t0 + tl.arange(0, BLOCK_N)
             t_mask = offs_t < n_nodes
             k_ptr = KT + b.to(tl.int64) * stride_kb + offs_t[:, None] * stride_kt
             s, v = _scores(q_nope, q_pe, k_ptr, t_mask, D_NOPE, D_PE)
-            vis = tl.load(
-                MASK + b * stride_mb + node[:, None] * stride_mi + offs_t[None, :],
-                mask=m_mask[:, None] & t_mask[None, :],
-                other=0,
-            )
+            vis = tl.load(mask_rows + offs_t[None, :], mask=m_mask[:, None] & t_mask[None, :], other=0)
             s = tl.where(vis != 0, s * qk_scale, float("-inf"))
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc, True)
         return m_i, l_i, acc
@@ -331,6 +338,38 @@ def choose_d_chunks(bs: int, rows: int, sms: int) -> int:
     return chunks
 
 
+def launch_partial(q, kv, kv_indptr, kv_indices, k_tree, mask, mask_indptr, o_part, lse_part, qk_scale: float,
+                   heads: int, n_nodes: int, cfg: SplitConfig, tail: bool, contiguous: bool = False,
+                   flat_mask: bool = False) -> None:  # fmt: skip
+    """One launch of the partial kernel: the prefix parts (``tail=False``) or the tree-tail part.
+    ``q`` ``[bs, rows, 576]``, ``kv`` ``[tokens, 576]``, ``k_tree`` ``[bs, W, 576]``; the parts
+    ``[bs, n_splits + 1, rows, 512]`` and ``[bs, n_splits + 1, rows]``."""
+    bs, rows = q.shape[0], q.shape[1]
+    n_splits = o_part.shape[1] - 1
+    grid = (-(-rows // cfg.block_m), 1 if tail else n_splits, bs)
+    mask_strides = (0, 0) if flat_mask else (mask.stride(0), mask.stride(1))
+    _partial_kernel[grid](
+        q, kv, kv_indptr, kv_indices, k_tree, mask, mask_indptr, o_part, lse_part,
+        qk_scale, rows, heads, n_nodes, n_splits,
+        q.stride(0), q.stride(1), kv.stride(0), k_tree.stride(0), k_tree.stride(1), *mask_strides,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+        D_NOPE=D_LATENT, D_PE=D_ROPE, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_TAIL=tail, CONTIG=contiguous,
+        FLAT_MASK=flat_mask, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def launch_combine(o_part, lse_part, out, d_chunks: int) -> None:
+    """The log-sum-exp merge of every part into ``out`` ``[bs, rows, 512]``."""
+    bs, n_parts, rows = o_part.shape[0], o_part.shape[1], o_part.shape[2]
+    _combine_kernel[(rows, d_chunks, bs)](
+        o_part, lse_part, out, n_parts,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1), out.stride(0), out.stride(1),
+        NS_PAD=max(2, triton.next_power_of_2(n_parts)), D_CHUNK=D_LATENT // d_chunks,
+        num_warps=4 if D_LATENT // d_chunks >= 256 else 2,
+    )  # fmt: skip
+
+
 class SplitTreeAttention:
     """Prefix split-KV parts + masked tree tail part, then one LSE merge; buffers owned (graph-safe)."""
 
@@ -356,30 +395,14 @@ class SplitTreeAttention:
         self._launch_partial(True, False)
 
     def _launch_partial(self, tail: bool, contiguous: bool):
-        p, c = self.p, self.cfg
-        grid = (-(-self.rows // c.block_m), 1 if tail else self.n_splits, p.bs)
-        _partial_kernel[grid](
-            self.q, p.kv_pool, p.kv_indptr, p.kv_indices, p.k_tree, p.tree_mask, self.o_part, self.lse_part,
-            SM_SCALE * LOG2E, self.rows, p.heads, p.n_nodes, self.n_splits,
-            self.q.stride(0), self.q.stride(1), p.kv_pool.stride(0), p.k_tree.stride(0), p.k_tree.stride(1),
-            p.tree_mask.stride(0), p.tree_mask.stride(1),
-            self.o_part.stride(0), self.o_part.stride(1), self.o_part.stride(2),
-            self.lse_part.stride(0), self.lse_part.stride(1),
-            D_NOPE=D_LATENT, D_PE=D_ROPE, BLOCK_M=c.block_m, BLOCK_N=c.block_n, IS_TAIL=tail, CONTIG=contiguous,
-            num_warps=c.num_warps, num_stages=c.num_stages,
+        p = self.p
+        launch_partial(
+            self.q, p.kv_pool, p.kv_indptr, p.kv_indices, p.k_tree, p.tree_mask, p.kv_indptr,
+            self.o_part, self.lse_part, SM_SCALE * LOG2E, p.heads, p.n_nodes, self.cfg, tail, contiguous,
         )  # fmt: skip
 
     def combine(self):
-        p = self.p
-        n_parts = self.n_splits + 1
-        grid = (self.rows, self.d_chunks, p.bs)
-        _combine_kernel[grid](
-            self.o_part, self.lse_part, self.out, n_parts,
-            self.o_part.stride(0), self.o_part.stride(1), self.o_part.stride(2),
-            self.lse_part.stride(0), self.lse_part.stride(1), self.out.stride(0), self.out.stride(1),
-            NS_PAD=max(2, triton.next_power_of_2(n_parts)), D_CHUNK=D_LATENT // self.d_chunks,
-            num_warps=4 if D_LATENT // self.d_chunks >= 256 else 2,
-        )  # fmt: skip
+        launch_combine(self.o_part, self.lse_part, self.out, self.d_chunks)
 
     def __call__(self) -> torch.Tensor:
         self.partials()

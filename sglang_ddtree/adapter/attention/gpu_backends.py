@@ -143,5 +143,8 @@ def install() -> None:
     install_capture_input()
     import torch
 
-    if torch.cuda.is_available():  # FA3 is CUDA-only; do not import it elsewhere
+    if torch.cuda.is_available():  # FA3 and the split verify kernel are CUDA-only
         install_fa3_tree_path()
+        from . import mla_verify
+
+        mla_verify.install()

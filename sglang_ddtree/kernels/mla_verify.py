@@ -1,0 +1,67 @@
+"""The target's MLA tree-verify attention, served by the split tree kernel.
+
+Same contract as SGLang 0.5.23's ``extend_attention_fwd`` on a target-verify forward of
+absorbed MLA (what its triton backend launches): queries ``[bs * W, H, 576]``, the verify
+tokens' own latent rows ``k_extend`` ``[bs * W, 1, 576]`` (values: their first 512 columns),
+the pool's latent rows ``k_buffer`` ``[slots, 1, 576]`` read through ``kv_indptr`` /
+``kv_indices``, every prefix key visible, the tree under SGLang's flat custom mask. SGLang's
+kernel walks each request's prefix serially in one program per (request, head, query tile);
+this one splits the prefix over the whole GPU and shares each key tile between all the
+request's ``W x H`` query rows (``mla_tree_attention.py``).
+
+Graph-safe: every launch shape depends on ``(bs, W, heads)`` alone, never on the prefix
+lengths a CUDA-graph replay changes. The prefix splits are fixed per shape; each split finds
+its keys on the device, and a split past a short prefix writes an empty part.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mla_tree_attention import (
+    D_LATENT,
+    D_QK,
+    LOG2E,
+    SplitConfig,
+    choose_d_chunks,
+    launch_combine,
+    launch_partial,
+)
+
+MAX_SPLITS = 64  # prefix parts per (request, row tile); the merge reads them all
+PART_DTYPE = torch.float32  # the parts stay float32: the merge adds no bf16 rounding of its own
+
+
+def config_for(heads: int, n_nodes: int) -> SplitConfig:
+    """Prefix-kernel tile per shape, as tuned on the H200 (bench_results/mla_tree_attention.md:
+    one config wins everywhere but 8 heads x 17 nodes)."""
+    if heads <= 8 and 9 <= n_nodes <= 24:
+        return SplitConfig(32, 64, 4, 2)
+    return SplitConfig(64, 64, 8, 2)
+
+
+def graph_safe_splits(bs: int, rows: int, block_m: int, sms: int) -> int:
+    """About two programs per SM over the longest prefix, from the shape alone."""
+    tiles = -(-rows // block_m)
+    return max(1, min(MAX_SPLITS, -(-2 * sms // (bs * tiles))))
+
+
+def tree_verify_attention(
+    q, k_extend, o, k_buffer, kv_indptr, kv_indices, custom_mask, mask_indptr, n_nodes: int, sm_scale: float, sms: int
+) -> None:  # fmt: skip
+    """Writes ``o`` ``[bs * W, H, 512]``; ``bs = len(kv_indptr) - 1``, ``W = n_nodes``."""
+    bs, heads = kv_indptr.shape[0] - 1, q.shape[1]
+    rows = n_nodes * heads
+    cfg = config_for(heads, n_nodes)
+    n_splits = graph_safe_splits(bs, rows, cfg.block_m, sms)
+    o_part = torch.empty(bs, n_splits + 1, rows, D_LATENT, device=q.device, dtype=PART_DTYPE)
+    lse_part = torch.empty(bs, n_splits + 1, rows, device=q.device, dtype=torch.float32)
+    q_rows = q.view(bs, rows, D_QK)  # a request's rows node-major, as the kernel reads them
+    kv = k_buffer.view(k_buffer.shape[0], D_QK)
+    k_tree = k_extend.view(bs, n_nodes, D_QK)
+    for tail in (False, True):
+        launch_partial(
+            q_rows, kv, kv_indptr, kv_indices, k_tree, custom_mask, mask_indptr, o_part, lse_part,
+            sm_scale * LOG2E, heads, n_nodes, cfg, tail, flat_mask=True,
+        )  # fmt: skip
+    launch_combine(o_part, lse_part, o.view(bs, rows, D_LATENT), choose_d_chunks(bs, rows, sms))

@@ -1,0 +1,80 @@
+"""The MLA tree verify served by the split kernel == SGLang's own verify kernel == float32.
+
+On CPU, under Triton's interpreter in float32 (``mla_verify_cases.main``): the plugin's hook on
+the backend's kernel launch, SGLang's ``extend_attention_fwd`` and a torch reference on the same
+SGLang-laid-out tensors (scattered cache slots, uneven and empty prefixes, random trees), and a
+call outside the split kernel's contract left to SGLang. On the GPU in bfloat16 at the K2.6
+rank's shapes, and once more through a CUDA-graph replay whose prefixes changed after capture.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+
+
+def test_split_verify_matches_sglang_in_triton_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
+    out = subprocess.run(
+        [sys.executable, str(HERE / "mla_verify_cases.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_nodes", [1, 8, 17, 65])
+@pytest.mark.parametrize("prefix_lens", [[96], [4096, 1, 3000, 96]])
+def test_split_verify_matches_sglang_on_gpu(prefix_lens, n_nodes):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from mla_verify_cases import make_case, reference, rel, sglang_kernel, through_hook
+
+    case, trees = make_case(prefix_lens, n_nodes, heads=8, dtype=torch.bfloat16, device="cuda", seed=n_nodes)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    split, fell_back = through_hook(case, sms)
+    ref = reference(case, trees)
+    assert not fell_back and torch.isfinite(split).all()
+    assert rel(split, ref) < 1e-2 and rel(split, sglang_kernel(case)) < 2e-2
+
+
+@pytest.mark.gpu
+def test_split_verify_replays_under_cuda_graph_with_new_prefixes():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from mla_verify_cases import make_case, reference, rel, through_hook
+
+    W, heads = 17, 8
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    captured, _ = make_case([2000, 5], W, heads, torch.bfloat16, "cuda", seed=1, slots=4000)
+    after, trees = make_case([7, 3000], W, heads, torch.bfloat16, "cuda", seed=2, slots=4000)
+    # The graph's buffers hold the largest layout; a replay sees the new one written into them.
+    for name in ("kv_indices", "custom_mask"):
+        grown = torch.zeros(
+            max(captured[name].numel(), after[name].numel()), dtype=captured[name].dtype, device="cuda"
+        )
+        grown[: captured[name].numel()] = captured[name]
+        captured[name] = grown
+    through_hook(captured, sms)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = through_hook(captured, sms)
+    for name in ("q", "k_extend", "k_buffer", "kv_indptr", "mask_indptr"):
+        captured[name].copy_(after[name])
+    captured["kv_indices"][: after["kv_indices"].numel()] = after["kv_indices"]
+    captured["custom_mask"][: after["custom_mask"].numel()] = after["custom_mask"]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel(out, reference(after, trees)) < 1e-2
