@@ -76,6 +76,11 @@ def tree_backend_override() -> str:
     return value
 
 
+def serving_ddtree(spec_algorithm) -> bool:
+    """Whether SGLang's speculative algorithm (by name) is this plugin's."""
+    return getattr(spec_algorithm, "name", None) == ALGORITHM_NAME
+
+
 def sglang_verify_attention_requested() -> bool:
     """Keep SGLang's own MLA target-verify kernel instead of the split tree kernel (debugging)."""
     value = os.environ.get(ENV_VERIFY_ATTENTION, "split").strip().lower()

@@ -183,3 +183,13 @@ def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
     for bad in ("ddtree@", "ddtree@autox", "tree@8"):
         with pytest.raises(ValueError):
             arm_args(bad, "D", 16)
+
+
+def test_k26_sglang_verify_suffix_keeps_the_arm_and_sets_the_kernel_switch():
+    from sglang_ddtree.bench.k26_ab import base_arm
+    from sglang_ddtree.bench.k26_ab_report import verify_width
+    from sglang_ddtree.config import ENV_VERIFY_ATTENTION
+
+    assert base_arm("ddtree@16+sglang-verify") == ("ddtree@16", {ENV_VERIFY_ATTENTION: "sglang"})
+    assert base_arm("ddtree@16") == ("ddtree@16", {})
+    assert verify_width("ddtree@16+sglang-verify") == verify_width("ddtree@16") == 17

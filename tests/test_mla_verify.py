@@ -78,3 +78,19 @@ def test_split_verify_replays_under_cuda_graph_with_new_prefixes():
     graph.replay()
     torch.cuda.synchronize()
     assert rel(out, reference(after, trees)) < 1e-2
+
+
+def test_verify_kernel_switch_is_validated(monkeypatch):
+    from sglang_ddtree.config import (
+        ENV_VERIFY_ATTENTION,
+        DDTreeConfigError,
+        sglang_verify_attention_requested,
+    )
+
+    monkeypatch.setenv(ENV_VERIFY_ATTENTION, "sglang")
+    assert sglang_verify_attention_requested()
+    monkeypatch.setenv(ENV_VERIFY_ATTENTION, "split")
+    assert not sglang_verify_attention_requested()
+    monkeypatch.setenv(ENV_VERIFY_ATTENTION, "fast")
+    with pytest.raises(DDTreeConfigError):
+        sglang_verify_attention_requested()

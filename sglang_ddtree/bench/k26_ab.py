@@ -25,6 +25,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..config import ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .replay_drafter import recorded_row
@@ -47,6 +48,14 @@ COMMON = [
     "--enable-metrics",
 ]  # fmt: skip
 REPLAY_PLUGIN = "sglang_ddtree.bench.replay_drafter"
+SGLANG_VERIFY = "+sglang-verify"  # arm suffix: the same arm on SGLang's own MLA verify kernel
+
+
+def base_arm(arm: str) -> tuple[str, dict]:
+    """An arm name without its suffix, and the environment the suffix asks for."""
+    if arm.endswith(SGLANG_VERIFY):
+        return arm.removesuffix(SGLANG_VERIFY), {ENV_VERIFY_ATTENTION: "sglang"}
+    return arm, {}
 
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
@@ -133,9 +142,13 @@ def measure(server, prompts, output_len: int, concurrency: int, repeats: int) ->
 
 
 def start(arm: str, args, env: dict | None, log_dir: Path) -> ServerProcess:
-    flags = ["--model-path", args.model, *args.common, *arm_args(arm, args.drafter, args.graph_max_bs)]
+    name, arm_env = base_arm(arm)
+    flags = ["--model-path", args.model, *args.common, *arm_args(name, args.drafter, args.graph_max_bs)]
     server = ServerProcess(
-        flags, env=env, log_path=log_dir / f"{arm.replace('@', '_')}.log", start_timeout=args.start_timeout
+        flags,
+        env={**(env or {}), **arm_env},
+        log_path=log_dir / f"{arm.replace('@', '_')}.log",
+        start_timeout=args.start_timeout,
     )
     began = time.monotonic()
     server.start()

@@ -47,7 +47,8 @@ def allreduce_ms(tokens: int) -> float:
 
 def verify_width(arm: str) -> int:
     """Tokens per request in the target forward of one round: 1 (plain), 8 (the chain's
-    budget 7 + the root), ``B + 1`` (``ddtree@B``)."""
+    budget 7 + the root), ``B + 1`` (``ddtree@B``); a ``+suffix`` changes no width."""
+    arm = arm.partition("+")[0]
     if arm == "plain":
         return 1
     if arm == "chain":

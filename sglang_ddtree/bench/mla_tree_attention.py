@@ -244,6 +244,17 @@ def run_sweep(
     return res
 
 
+def _sglang_check_lines(checks: list[dict]) -> list[str]:
+    if not checks:
+        return []
+    ok, worst = sum(c["ok"] for c in checks), max(c["rel_err_split"] for c in checks)
+    return [
+        f"SGLang's target-verify kernel (`extend_attention_fwd`, flat custom mask): {ok}/{len(checks)} "
+        f"checks within 1e-2 of the reference, worst {worst:.1e}.",
+        "",
+    ]
+
+
 def render_markdown(res: dict) -> str:
     from sglang_ddtree.bench._stamp import md_table, stamp_markdown
 
@@ -271,16 +282,7 @@ def render_markdown(res: dict) -> str:
         )
         + ".",
         "",
-        *(
-            [
-                f"SGLang's target-verify kernel (`extend_attention_fwd`, flat custom mask): "
-                f"{sum(c['ok'] for c in sglang_checks)}/{len(sglang_checks)} checks within 1e-2 of the reference, "
-                f"worst {max(c['rel_err_split'] for c in sglang_checks):.1e}.",
-                "",
-            ]
-            if sglang_checks
-            else []
-        ),  # fmt: skip
+        *_sglang_check_lines(sglang_checks),
         "Tuned prefix-kernel configs: " + ", ".join(f"{k}: {v}" for k, v in res["tuned"].items()),
         "",
     ]

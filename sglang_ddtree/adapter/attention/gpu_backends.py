@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 
+from ...config import serving_ddtree
+
 logger = logging.getLogger("sglang_ddtree")
 
 TREE_MASK_BACKENDS = {
@@ -64,13 +66,6 @@ def check_live_backend(attn_backend) -> None:
             )
 
 
-def _serving_ddtree(spec_algorithm) -> bool:
-    # by name: importing spec.py here would close a cycle (spec -> server_args -> here)
-    from ...config import ALGORITHM_NAME
-
-    return getattr(spec_algorithm, "name", None) == ALGORITHM_NAME
-
-
 def install_capture_input() -> None:
     """Capture target-verify CUDA graphs with a tree mask present.
 
@@ -88,7 +83,7 @@ def install_capture_input() -> None:
         model_runner = runner.model_runner
         if (
             spec_info is not None
-            and _serving_ddtree(model_runner.spec_algorithm)
+            and serving_ddtree(model_runner.spec_algorithm)
             and not model_runner.is_draft_worker
             and spec_info.custom_mask is None
         ):
@@ -102,7 +97,7 @@ def install_capture_input() -> None:
     )
 
     def around(original, spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker, *args, **kwargs):
-        if not _serving_ddtree(spec_algorithm) or is_draft_worker:
+        if not serving_ddtree(spec_algorithm) or is_draft_worker:
             return original(spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker, *args, **kwargs)
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
@@ -127,7 +122,7 @@ def install_fa3_tree_path() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def after(result, backend, model_runner, *args, **kwargs):
-        if _serving_ddtree(getattr(model_runner, "spec_algorithm", None)) and not backend.is_draft_runner:
+        if serving_ddtree(getattr(model_runner, "spec_algorithm", None)) and not backend.is_draft_runner:
             backend.topk = max(int(backend.topk or 0), 2)
             logger.info("DDTREE: FA3 target backend uses its tree (cascade) verify path")
         return result

@@ -23,8 +23,7 @@ import logging
 
 import torch
 
-from ...config import sglang_verify_attention_requested
-from .gpu_backends import _serving_ddtree
+from ...config import serving_ddtree, sglang_verify_attention_requested
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -94,7 +93,7 @@ def install() -> None:
 
     def after(result, backend, model_runner, *args, **kwargs):
         if (
-            _serving_ddtree(getattr(model_runner, "spec_algorithm", None))
+            serving_ddtree(getattr(model_runner, "spec_algorithm", None))
             and not model_runner.is_draft_worker
             and getattr(backend, "use_mla", False)
             and not sglang_verify_attention_requested()
