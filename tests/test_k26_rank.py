@@ -142,6 +142,7 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
                 "memory_usage": {"weight": 80.1},
             },
             {"arm": "ddtree@64", "error": "server did not start: out of memory"},
+            {"arm": "ddtree@auto64", "cells": [], "online_budget_log": ["{'width_steps': {1: 5, 65: 9}}"]},
         ],
     }
     said = verdicts(results)
@@ -166,6 +167,7 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
     header = next(line for line in text.splitlines() if line.startswith("| arm | start s"))
     error_row = next(line for line in text.splitlines() if line.startswith("| ddtree@64"))
     assert header.count("|") == error_row.count("|")  # the error sits in its column
+    assert "widths chosen" in text and "`{'width_steps': {1: 5, 65: 9}}`" in text
 
 
 def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
@@ -180,6 +182,7 @@ def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
     assert fixed[fixed.index("--speculative-ddtree-budget") + 1] == "32"
     assert auto[auto.index("--speculative-ddtree-budget") + 1] == "auto"
     assert auto[auto.index("--speculative-num-draft-tokens") + 1] == "65"
+    assert auto[auto.index("--log-level") + 1] == "info"  # its chosen widths reach the log
     for bad in ("ddtree@", "ddtree@autox", "tree@8"):
         with pytest.raises(ValueError):
             arm_args(bad, "D", 16)

@@ -28,6 +28,8 @@ from pathlib import Path
 from ..config import ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
+from .gpu_rounds import online_budget_lines
+from .k26_ab_report import write_report
 from .replay_drafter import recorded_row
 
 PAIR_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
@@ -75,6 +77,8 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
             "auto",
             "--speculative-num-draft-tokens",
             str(int(largest) + 1),
+            "--log-level",  # the widths it chooses are logged at info (read back into the report)
+            "info",
         ]
     if name != "ddtree" or not budget.isdigit():
         raise ValueError(f"unknown arm {arm!r}: expected plain, chain, ddtree@BUDGET or ddtree@autoBUDGET")
@@ -200,6 +204,9 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
     state = (info.get("internal_states") or [{}])[0]
     record["max_total_num_tokens"] = info.get("max_total_num_tokens") or state.get("max_total_num_tokens")
     record["memory_usage"] = state.get("memory_usage")
+    widths = online_budget_lines(server.log_path)
+    if widths:
+        record["online_budget_log"] = widths
     return record
 
 
@@ -264,10 +271,9 @@ def main(argv=None) -> int:
             )
         finally:
             server.stop()
+        # after every arm: a job cut by its time limit still leaves a report of what it ran
         _stamp.write_json(out / f"{args.label}.json", results)
-    from .k26_ab_report import write_report
-
-    write_report(results, out, args.label)
+        write_report(results, out, args.label)
     return 0
 
 
