@@ -8,7 +8,8 @@
 set -o pipefail
 NAME=${NAME:-verify_attention_sglang_h200}
 timeout "${JOB_S:-200}" python -m sglang_ddtree.bench.mla_tree_attention --out "$OUT" --name "$NAME" --sglang \
-  --heads 8 --budgets ${BUDGETS:-7 16} --bs ${BS:-1 8 32} --prefix ${PREFIX:-96 4096 16384}
+  --heads 8 --budgets ${BUDGETS:-7 16} --bs ${BS:-1 8 32} --prefix ${PREFIX:-96 4096 16384} \
+  --drafter-shape 8 8 1 128  # the K2.6 DFlash drafter rank: block 8, 8 heads, 1 KV head, dim 128
 rc=$?
 head -40 "$OUT/$NAME.md" 2>/dev/null
 exit $rc

@@ -32,7 +32,7 @@ from ..kernels.mla_tree_attention import (
     TreeVerifyProblem,
     naive_tree_attention,
 )
-from .sglang_verify_attention import SGLangVerifyAttention
+from .sglang_verify_attention import SGLangVerifyAttention, drafter_markdown, drafter_sweep
 
 # =========================================================================== trees
 
@@ -334,6 +334,7 @@ def render_markdown(res: dict) -> str:
             ),  # fmt: skip
             "",
         ]
+    out += drafter_markdown(res.get("drafter_rows") or [])
     return "\n".join(out)
 
 
@@ -377,6 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--sglang", action="store_true", help="also check and time SGLang's own target-verify kernel"
     )
+    ap.add_argument(
+        "--drafter-shape", type=int, nargs=4, metavar=("BLOCK", "HEADS", "KV_HEADS", "HEAD_DIM"),
+        help="also time SGLang's verify-mode attention at a DFlash drafter's shape (e.g. 8 8 1 128)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
 
     st = _stamp.stamp()
@@ -394,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         into=res,
         on_row=lambda: _stamp.write_json(out_dir / f"{args.name}.json", res),
     )
+    if args.drafter_shape:
+        res["drafter_rows"] = drafter_sweep(args.drafter_shape, args.bs, args.prefix, copy_gbs, _time)
     paths = _stamp.write_outputs(out_dir, args.name, res, render_markdown(res))
     png = plot(res, out_dir / f"{args.name}.png")
     print("[mla] wrote", [str(p) for p in paths + ([png] if png else [])], flush=True)

@@ -52,3 +52,79 @@ class SGLangVerifyAttention:
             p.n_nodes, 1.0, 1.0, sm_scale=SM_SCALE,
         )  # fmt: skip
         return self.out.view(p.bs, p.n_nodes, p.heads, D_LATENT)
+
+
+def drafter_attention(
+    bs: int, prefix: int, block: int, heads: int, kv_heads: int, head_dim: int, device="cuda"
+):
+    """SGLang's verify-mode attention at a DFlash drafter's shape (GQA, the block's tokens
+    seeing the whole context and each other, no mask): the call its triton backend makes for
+    every drafter layer of a round. Returns a zero-argument launcher (inputs built once)."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    gen = torch.Generator(device=device).manual_seed(bs * 131 + prefix)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
+
+    q, o = randn(bs * block, heads, head_dim), randn(bs * block, heads, head_dim)
+    k_extend, v_extend = randn(bs * block, kv_heads, head_dim), randn(bs * block, kv_heads, head_dim)
+    k_buffer, v_buffer = randn(bs * prefix, kv_heads, head_dim), randn(bs * prefix, kv_heads, head_dim)
+    qo_indptr = torch.arange(bs + 1, device=device, dtype=torch.int32) * block
+    kv_indptr = torch.arange(bs + 1, device=device, dtype=torch.int32) * prefix
+    kv_indices = torch.arange(bs * prefix, device=device, dtype=torch.int64)
+
+    def launch():
+        extend_attention_fwd(
+            q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+            None, False, None, block, 1.0, 1.0, sm_scale=head_dim**-0.5,
+        )  # fmt: skip
+
+    return launch
+
+
+def drafter_prefix_bytes(bs: int, prefix: int, kv_heads: int, head_dim: int) -> int:
+    """The fewest bytes one drafter layer's verify must read: its context K and V, once."""
+    return 2 * bs * prefix * kv_heads * head_dim * 2
+
+
+def drafter_sweep(shape, bs_list, prefixes, copy_gbs: float, timer) -> list[dict]:
+    """SGLang's verify-mode attention per drafter layer at ``shape`` (block, heads, kv heads,
+    head dim), against the time to read the layer's context once at copy bandwidth."""
+    block, heads, kv_heads, head_dim = shape
+    rows = []
+    for bs in bs_list:
+        for prefix in prefixes:
+            ms = timer(drafter_attention(bs, prefix, block, heads, kv_heads, head_dim))
+            floor = drafter_prefix_bytes(bs, prefix, kv_heads, head_dim) / (copy_gbs * 1e9) * 1e3
+            rows.append({"bs": bs, "prefix": prefix, "block": block, "heads": heads, "kv_heads": kv_heads,
+                         "head_dim": head_dim, "sglang_ms": ms, "read_floor_ms": floor})  # fmt: skip
+            print(
+                f"[mla] drafter bs={bs} L={prefix}: SGLang {ms:.3f} ms (read floor {floor:.4f})", flush=True
+            )
+    return rows
+
+
+def drafter_markdown(rows: list[dict]) -> list[str]:
+    from ._stamp import md_table
+
+    if not rows:
+        return []
+    r0 = rows[0]
+    table = [
+        [
+            r["bs"],
+            r["prefix"],
+            r["sglang_ms"],
+            r["read_floor_ms"],
+            f"{r['sglang_ms'] / r['read_floor_ms']:.0f}x",
+        ]
+        for r in rows
+    ]
+    return [
+        f"## The drafter's verify-mode attention (SGLang's kernel; block {r0['block']}, {r0['heads']} heads, "
+        f"{r0['kv_heads']} KV heads, head dim {r0['head_dim']}; per layer)",
+        "",
+        md_table(["bs", "prefix", "SGLang ms", "read floor ms", "x floor"], table),
+        "",
+    ]
