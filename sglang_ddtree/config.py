@@ -33,6 +33,7 @@ ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash ch
 ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
 ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host phase-time log lines
 ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tree step out of the draft graph
+ENV_EAGER_DRAFT_KV = "SGLANG_DDTREE_EAGER_DRAFT_KV"  # debugging: the drafter KV append outside CUDA graphs
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
 ENV_ONLINE_BUDGET = "SGLANG_DDTREE_ONLINE_BUDGET"  # set from --speculative-ddtree-budget auto
@@ -113,6 +114,10 @@ def stats_log_interval() -> int:
 
 def eager_tree_step_requested() -> bool:
     return os.environ.get(ENV_EAGER_TREE_STEP, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def eager_draft_kv_requested() -> bool:
+    return os.environ.get(ENV_EAGER_DRAFT_KV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def phase_times_interval() -> int:

@@ -50,6 +50,8 @@ from ..config import (
 )
 from ..kernels.backend import get_tree_backend
 from .draft_head import DraftTreeHead, draft_topk
+from .draft_kv_graphs import committed_rows
+from .draft_kv_graphs import install as install_draft_kv_graphs
 from .phases import RoundPhases
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
@@ -94,6 +96,7 @@ class DDTreeWorker(DFlashWorkerV2):
             k=self.ddtree.topk(int(self.model_runner.model_config.vocab_size)),
         )
         self.widths = self._online_widths() if online_budget_requested() else None
+        self.draft_kv_graphs = None  # captured with the CUDA graphs (init_cuda_graphs)
         self.check_tp_round = tp_tree_check(get_dp_tp_group())  # a no-op unless debugging
         self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
         if self.widths is not None:
@@ -159,6 +162,8 @@ class DDTreeWorker(DFlashWorkerV2):
             from .width_graphs import install
 
             install(self.widths, self.model_runner, self.draft_model_runner)
+        widths = self.widths.widths if self.widths else [self.width]
+        self.draft_kv_graphs = install_draft_kv_graphs(self, widths)
 
     @property
     def _uses_custom_mask(self) -> bool:
@@ -183,18 +188,13 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _idle_result(self, on_publish):
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        next_draft_input = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
+        draft = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
         if on_publish is not None:
-            on_publish(next_draft_input.new_seq_lens)
+            on_publish(draft.new_seq_lens)
         return GenerationBatchResult(
-            logits_output=None,
-            next_token_ids=empty,
-            accept_lens=torch.empty((0,), dtype=torch.int32, device=self.device),
-            next_draft_input=next_draft_input,
-            can_run_cuda_graph=False,
-            speculative_num_draft_tokens=self.width,
-            new_seq_lens=next_draft_input.new_seq_lens,
-        )
+            logits_output=None, next_token_ids=empty, accept_lens=empty.to(torch.int32), next_draft_input=draft,
+            can_run_cuda_graph=False, speculative_num_draft_tokens=self.width, new_seq_lens=draft.new_seq_lens,
+        )  # fmt: skip
 
     def _tree_round(self, batch, on_publish, grammar_barrier=None):
         if not self._backend_checked:
@@ -422,21 +422,21 @@ class DDTreeWorker(DFlashWorkerV2):
         pool.move_kv_cache(slots.reshape(-1), src)
 
     def _commit_draft_kv(self, plan, logits_output, sources, prefix_lens, commit_lens, bs):
-        """The drafter's context KV for the committed tokens, from the target's
-        hidden features of the accepted nodes, at their final positions."""
+        """The drafter's context KV for the committed tokens, from the target's hidden features
+        of the accepted nodes at their final positions (replayed from a CUDA graph if captured)."""
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify returned no target hidden states.")
         width = sources.shape[1]  # the step's verify width
-        hidden = hidden.view(bs, width, -1)
-        accepted_hidden = hidden.gather(1, sources[:, :, None].expand(-1, -1, hidden.shape[-1]))
-        positions = prefix_lens[:, None].to(torch.int64) + torch.arange(width, device=self.device)
-        positions.clamp_(max=self._last_position)
         cache_loc = self._draft_write_ids(plan)
         if width != self.width:
             cache_loc = cache_loc.view(bs, self.width)[:, :width].reshape(-1)
+        graphs = self.draft_kv_graphs
+        if graphs is not None and graphs.append(hidden, sources, prefix_lens, cache_loc, commit_lens):
+            return
+        rows, positions = committed_rows(hidden, sources, prefix_lens, width, self._last_position)
         self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=accepted_hidden.reshape(bs * width, -1),
+            target_hidden=rows.reshape(bs * width, -1),
             cache_loc=cache_loc,
             cache_loc_2d=cache_loc.view(bs, width),
             positions=positions.reshape(-1),

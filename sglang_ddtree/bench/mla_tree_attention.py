@@ -334,8 +334,7 @@ def render_markdown(res: dict) -> str:
             ),  # fmt: skip
             "",
         ]
-    out += drafter_markdown(res.get("drafter_rows") or [])
-    return "\n".join(out)
+    return "\n".join(out + drafter_markdown(res.get("drafter_rows") or []))
 
 
 def plot(res: dict, path) -> object:

@@ -59,6 +59,8 @@ ARMS: dict[str, list[str]] = {
     + PAGE16_CHUNKED
     + ["--disable-overlap-schedule"],
     "ddtree_fp32_eager": FP32 + EAGER + DDTREE,
+    # the drafter KV append outside CUDA graphs (arm_env): the graph append must write the same
+    "ddtree_fp32_graphs_eager_kv": FP32 + GRAPHS + DDTREE,
     "plain_bf16_graphs": BF16 + GRAPHS,
     "ddtree_bf16_graphs": BF16 + GRAPHS + DDTREE,
     "dflash_bf16_graphs": BF16 + GRAPHS + DFLASH,
@@ -120,6 +122,8 @@ def arm_env(arm: str) -> dict[str, str]:
     env = {}
     if tp_size() > 1 and "DDTREE" in ARMS[arm]:
         env["SGLANG_DDTREE_CHECK_TP_TREES"] = "1"
+    if arm == "ddtree_fp32_graphs_eager_kv":
+        env["SGLANG_DDTREE_EAGER_DRAFT_KV"] = "1"
     if arm == "ddtree_fp32_graphs_auto_width1":
         env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
     return env

@@ -155,6 +155,24 @@ def test_graph_arms_decode_on_graphs(fleet):
     assert "cuda graph: True" not in fleet.log_text("ddtree_fp32_eager")
 
 
+def test_draft_kv_graphs_write_what_the_eager_append_writes(fleet, prompts, results):
+    """The drafter KV append replayed from CUDA graphs == the eager append. One request at a
+    time, a drafter that reads a wrong context proposes differently, so the verify rounds each
+    request takes differ; with the same context KV they are the same in both arms."""
+    assert "drafter KV append captured" in fleet.log_text("ddtree_fp32_graphs")
+    assert "drafter KV append captured" not in fleet.log_text("ddtree_fp32_graphs_eager_kv")
+    params = {"max_new_tokens": N_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    rounds = {}
+    for arm in ("ddtree_fp32_graphs", "ddtree_fp32_graphs_eager_kv"):
+        metas = [
+            fleet[arm].generate({"input_ids": p, "sampling_params": params})["meta_info"] for p in prompts
+        ]
+        rounds[arm] = [m.get("spec_verify_ct") for m in metas]
+    results["draft_kv_graphs/rounds_per_request"] = rounds
+    assert None not in rounds["ddtree_fp32_graphs"]
+    assert rounds["ddtree_fp32_graphs"] == rounds["ddtree_fp32_graphs_eager_kv"]
+
+
 def test_tp_ranks_build_the_same_trees(fleet, results):
     """Above TP-1 (``GPU_SERVER_TP``) every DDTREE arm runs the rank-agreement check each
     round (``arm_env``); its log must show the check ran and never saw ranks diverge."""

@@ -1,0 +1,135 @@
+"""The drafter's KV append after each verify, replayed from CUDA graphs.
+
+After a verify, the DFlash worker writes the drafter's context KV for the committed tokens
+(SGLang's ``_append_target_hidden_to_draft_kv_by_loc``: the drafter's input projection, then
+per drafter layer its K/V projection, norm, rope and a prefix-valid write). Eagerly that is
+dozens of launches and ~0.7 ms of host time per round on the H200 (docs/gpu.md, the round's
+largest host step), in the chain's round as in DDTREE's. Every shape in it is fixed by
+(batch size, verify width), so it is captured once per pair at start-up; a round writes its
+inputs into the graph's buffers and replays. A batch between captured sizes replays the next
+larger one: the extra requests commit nothing (their ``commit_lens`` are 0), which the
+prefix-valid write honours on the device.
+
+CPU servers, eager servers and tensor parallelism keep the eager append (TP would put the
+drafter's collectives inside these graphs; not done).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger("sglang_ddtree")
+
+
+def committed_rows(
+    hidden, sources, prefix_lens, width: int, last_position: int, out_hidden=None, out_positions=None
+):
+    """The target's hidden features of each request's committed path ``[bs, width, features]``
+    (accepted nodes gathered into their final positions) and those positions ``[bs, width]``."""
+    bs = sources.shape[0]
+    hidden = hidden.view(bs, width, -1)
+    index = sources[:, :, None].expand(-1, -1, hidden.shape[-1])
+    rows = torch.gather(hidden, 1, index, out=out_hidden)
+    offsets = torch.arange(width, device=sources.device)
+    positions = torch.add(prefix_lens[:, None].to(torch.int64), offsets, out=out_positions)
+    return rows, positions.clamp_(max=last_position)
+
+
+class DraftKVGraphs:
+    """One graph per (captured batch size, verify width), sharing buffers and a memory pool."""
+
+    def __init__(self, append, features: int, dtype, batch_sizes, widths, last_position: int, device):
+        self._append = append
+        self.batch_sizes = sorted(int(b) for b in batch_sizes)
+        self.widths = sorted({int(w) for w in widths})
+        self.last_position = last_position
+        rows = self.batch_sizes[-1] * self.widths[-1]
+        self.hidden = torch.zeros(rows, features, dtype=dtype, device=device)
+        self.cache_loc = torch.zeros(
+            rows, dtype=torch.int64, device=device
+        )  # slot 0: the pool's padding slot
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.commit_lens = torch.zeros(
+            self.batch_sizes[-1], dtype=torch.int32, device=device
+        )  # 0: writes nothing
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def _run(self, bs: int, width: int) -> None:
+        n = bs * width
+        self._append(
+            target_hidden=self.hidden[:n],
+            cache_loc=self.cache_loc[:n],
+            cache_loc_2d=self.cache_loc[:n].view(bs, width),
+            positions=self.positions[:n],
+            commit_lens=self.commit_lens[:bs],
+        )
+
+    def capture(self) -> None:
+        """Largest first, so smaller graphs reuse the pool; each after one eager warm-up run
+        (which, with every ``commit_lens`` 0, writes nothing)."""
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        for width in reversed(self.widths):
+            for bs in reversed(self.batch_sizes):
+                with torch.cuda.stream(stream):
+                    self._run(bs, width)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self._run(bs, width)
+                self.graphs[(bs, width)] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+
+    def padded_batch(self, bs: int) -> int | None:
+        return next((b for b in self.batch_sizes if b >= bs), None)
+
+    def append(self, hidden, sources, prefix_lens, cache_loc, commit_lens) -> bool:
+        """Replay the append for this round; False where no graph covers it (append eagerly)."""
+        bs, width = sources.shape
+        if hidden.dtype != self.hidden.dtype or hidden.shape[-1] != self.hidden.shape[-1]:
+            return False
+        padded = self.padded_batch(bs)
+        graph = self.graphs.get((padded, width)) if padded is not None else None
+        if graph is None:
+            return False
+        n = bs * width
+        committed_rows(
+            hidden, sources, prefix_lens, width, self.last_position,
+            out_hidden=self.hidden[:n].view(bs, width, -1), out_positions=self.positions[:n].view(bs, width),
+        )  # fmt: skip
+        self.cache_loc[:n].copy_(cache_loc)
+        self.commit_lens[:bs].copy_(commit_lens)
+        if padded > bs:
+            self.commit_lens[bs:padded].zero_()
+        graph.replay()
+        return True
+
+
+def install(worker, widths) -> DraftKVGraphs | None:
+    """The graphs for a DDTREE worker whose target verifies in CUDA graphs (TP 1), or None
+    where the eager append stays (logged when a capture fails)."""
+    from sglang.srt.runtime_context import get_exec, get_parallel
+
+    from ..config import eager_draft_kv_requested
+    from .width_graphs import captured_verify_graphs
+
+    if (
+        not captured_verify_graphs(worker.model_runner)
+        or get_parallel().tp_size != 1
+        or eager_draft_kv_requested()
+    ):
+        return None
+    fc = worker.draft_model.fc
+    features = int(getattr(fc, "input_size", None) or fc.in_features)
+    graphs = DraftKVGraphs(
+        worker._append_target_hidden_to_draft_kv_by_loc, features, worker.model_runner.dtype,
+        get_exec().graph.cuda_graph_config.decode.bs, widths, worker._last_position, worker.device,
+    )  # fmt: skip
+    try:
+        graphs.capture()
+    except Exception as why:  # a drafter whose append cannot be captured keeps the eager one
+        logger.warning("DDTREE: drafter KV append stays eager (capture failed: %s)", why)
+        return None
+    logger.info("DDTREE: drafter KV append captured for %d (batch size, width) pairs", len(graphs.graphs))
+    return graphs
