@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU job: the round benchmark on the trained pair: plain, stock DFLASH, DDTREE at budgets
-# 7/16/32/64, the online budget (ddtree@auto64) and its fallback alone (+width1: every step at
-# width 1, no drafter; what falling back to no speculation costs), interleaved per concurrency level
+# 7/16/32/64 (7 also with the drafter KV append eager, +eagerkv: what its CUDA graphs save), the
+# online budget (ddtree@auto64) and its fallback alone (+width1: every step at width 1, no
+# drafter; what falling back to no speculation costs), interleaved per concurrency level
 # (1 8 32 64 4 16: the first levels are the ones that must finish), CUDA graphs up to bs 64 in
 # every arm, then per-round torch profiles of DFLASH and DDTREE@7 at bs 1, and profiles with
 # Python stacks at bs 8 (plain, DFLASH, DDTREE@7, the width-1 fallback): where the host time
@@ -18,7 +19,7 @@ if [ "${PRECOMPILE_K26:-0}" = 1 ]; then
   timeout 480 python gpu/jobs/precompile_k26.py > "$OUT/precompile_k26.log" 2>&1 &
 fi
 timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
-  --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" \
+  --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+eagerkv,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" \
   --concurrency ${CONC:-1 8 32 64 4 16} --repeats "${REPEATS:-5}" --graph-max-bs 64 \
   --profile-bs ${PROFILE_BS:-1} --profile-arms dflash,ddtree@7 --profile-export-s 30 \
   --stack-profile-arms "${STACK_PROFILE_ARMS:-plain,dflash,ddtree@7,ddtree@auto64+width1}" --stack-profile-bs 8 \

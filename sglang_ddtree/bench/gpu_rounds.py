@@ -70,6 +70,7 @@ def parallel_args(tp: int, nccl_port: int | None) -> list[str]:
 VARIANTS = {
     "+phases": "SGLANG_DDTREE_PHASE_TIMES",  # host time per round phase (value: --phase-times)
     "+eagerstep": "SGLANG_DDTREE_EAGER_TREE_STEP",  # the tree step outside the drafter's graph
+    "+eagerkv": "SGLANG_DDTREE_EAGER_DRAFT_KV",  # the drafter KV append outside CUDA graphs
     # ddtree@autoB only: an injected cost table that makes every step width 1 (no drafter, the
     # root alone through the verify path): what the online budget's fallback to no speculation
     # costs against plain decoding.
