@@ -67,18 +67,19 @@ class DraftKVGraphs:
         )
 
     def capture(self) -> None:
-        """Largest first, so smaller graphs reuse the pool; each after one eager warm-up run
+        """Most rows first, so smaller graphs reuse the pool (and a workspace SGLang's append
+        keeps is never regrown under an earlier graph); each after one eager warm-up run
         (which, with every ``commit_lens`` 0, writes nothing)."""
         pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        for width in reversed(self.widths):
-            for bs in reversed(self.batch_sizes):
-                with torch.cuda.stream(stream):
-                    self._run(bs, width)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self._run(bs, width)
-                self.graphs[(bs, width)] = graph
+        pairs = [(bs, width) for width in self.widths for bs in self.batch_sizes]
+        for bs, width in sorted(pairs, key=lambda pair: pair[0] * pair[1], reverse=True):
+            with torch.cuda.stream(stream):
+                self._run(bs, width)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self._run(bs, width)
+            self.graphs[(bs, width)] = graph
         torch.cuda.current_stream().wait_stream(stream)
 
     def padded_batch(self, bs: int) -> int | None:
