@@ -142,7 +142,12 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
                 "memory_usage": {"weight": 80.1},
             },
             {"arm": "ddtree@64", "error": "server did not start: out of memory"},
-            {"arm": "ddtree@auto64", "cells": [], "online_budget_log": ["{'width_steps': {1: 5, 65: 9}}"]},
+            {
+                "arm": "ddtree@auto64",
+                "cells": [],
+                "online_budget_log": ["{'width_steps': {1: 5, 65: 9}}"],
+                "profiles": [{"bs": 1, "error": "no complete trace"}],
+            },  # fmt: skip
         ],
     }
     said = verdicts(results)
@@ -168,6 +173,7 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
     error_row = next(line for line in text.splitlines() if line.startswith("| ddtree@64"))
     assert header.count("|") == error_row.count("|")  # the error sits in its column
     assert "widths chosen" in text and "`{'width_steps': {1: 5, 65: 9}}`" in text
+    assert "## Per-round profile" in text and "| ddtree@auto64 | 1 | no complete trace |" in text
 
 
 def test_k26_arms_share_the_graph_flags_and_name_their_speculation():

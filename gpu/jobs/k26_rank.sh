@@ -23,6 +23,7 @@ timeout "${JOB_S:-540}" python -m sglang_ddtree.bench.k26_ab --model "$MODEL/tar
   --profiles dflash-k25-code,pycode-4l --prompt-lens 96 4096 --concurrency 1 8 32 4 16 2 \
   --graph-max-bs "${GRAPH_MAX_BS:-32}" --repeats "${REPEATS:-2}" ${K26_AB_ARGS:-}
 rc=$?
+rm -rf "$OUT/${LABEL}_work/traces"  # summarised into the JSON (--torch-profile-arms); too big to bring back
 tar czf "$OUT/${LABEL}_logs.tar.gz" -C "$OUT" "${LABEL}_work" && rm -rf "$OUT/${LABEL}_work"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 head -80 "$OUT/$LABEL.md" 2>/dev/null

@@ -41,7 +41,7 @@ def profile_level(
     # Long enough to outlast the profiled steps: on the H200 a 512-token request of the
     # trained pair finished before the profiler started, and SGLang stops its profiler (and
     # writes the trace) only from a later batch, so no trace came.
-    long_len = max(args.output_len, PROFILE_OUTPUT_LEN)
+    long_len = max(args.output_len, getattr(args, "profile_output_len", PROFILE_OUTPUT_LEN))
     with concurrent.futures.ThreadPoolExecutor(bs + 1) as pool:
         running = [
             pool.submit(request_tokens, server, prompts[i % len(prompts)], long_len) for i in range(bs)
@@ -85,7 +85,7 @@ def _finished_trace(folder: Path, timeout_s: float) -> str | None:
     return None
 
 
-def _profile_or_error(server, prompts, args, arm: str, bs: int, trace_dir: Path, with_stack: bool) -> dict:
+def profile_or_error(server, prompts, args, arm: str, bs: int, trace_dir: Path, with_stack: bool) -> dict:
     try:
         return profile_level(server, prompts, args, arm, bs, trace_dir, with_stack)
     except (urllib.error.URLError, OSError, KeyError, ValueError) as error:
@@ -98,7 +98,7 @@ def run_profiles(server, prompts, args, record: dict, trace_dir: Path) -> None:
             record["skipped"].append(f"profile bs={bs}: deadline")
             continue
         record["profiles"].append(
-            _profile_or_error(server, prompts, args, record["arm"], bs, trace_dir, False)
+            profile_or_error(server, prompts, args, record["arm"], bs, trace_dir, False)
         )
 
 
@@ -108,4 +108,4 @@ def run_stack_profile(server, prompts, args, record: dict, trace_dir: Path) -> N
     if time_left(args) < 0:
         record["skipped"].append(f"stack profile bs={bs}: deadline")
         return
-    record["stack_profile"] = _profile_or_error(server, prompts, args, record["arm"], bs, trace_dir, True)
+    record["stack_profile"] = profile_or_error(server, prompts, args, record["arm"], bs, trace_dir, True)

@@ -120,10 +120,19 @@ def to_markdown(results: dict) -> str:
     lines += phase_section(results)
     lines += online_budget_section(results)
     lines += host_area_section(results)
-    lines += ["", "## Per-round profile (torch profiler, decode steps)", ""]
+    lines += profile_section(results)
+    return "\n".join(lines)
+
+
+def profile_section(results: dict) -> list[str]:
+    """The per-round torch profiles of every profiled arm (GPU busy and idle time, launches,
+    synchronisations, the largest GPU parts)."""
+    if not any(arm.get("profiles") for arm in results["arms"]):
+        return []
+    lines = ["", "## Per-round profile (torch profiler, decode steps)", ""]
     prof_rows = []
     for arm in results["arms"]:
-        for p in arm["profiles"]:
+        for p in arm.get("profiles") or []:
             if "error" in p:
                 prof_rows.append([arm["arm"], p["bs"], p["error"][:80], "", "", "", "", "", "", ""])
                 continue
@@ -159,7 +168,7 @@ def to_markdown(results: dict) -> str:
             prof_rows,
         )
     )
-    return "\n".join(lines)
+    return lines
 
 
 def host_area_section(results: dict) -> list[str]:

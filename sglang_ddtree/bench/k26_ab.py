@@ -29,6 +29,7 @@ from ..config import ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds import online_budget_lines
+from .gpu_rounds_profile import profile_or_error
 from .k26_ab_report import write_report
 from .replay_drafter import recorded_row
 
@@ -207,7 +208,22 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
     widths = online_budget_lines(server.log_path)
     if widths:
         record["online_budget_log"] = widths
+    if arm in args.torch_profile_arms:
+        run_torch_profiles(server, arm, sets, args, record, deadline)
     return record
+
+
+def run_torch_profiles(server, arm: str, sets: dict, args, record: dict, deadline: float) -> None:
+    """Per-round torch profiles of ``arm`` at the longest prompts (where the verify's
+    attention reads the most): GPU time by kernel family, launches, synchronisations."""
+    key = (max(args.prompt_lens), args.profiles[0])
+    trace_dir = Path(args.out) / f"{args.label}_work" / "traces"
+    record["profiles"] = []
+    for bs in args.torch_profile_bs:
+        if time.monotonic() > deadline:
+            record["skipped"].append(f"profile bs={bs}: deadline")
+            continue
+        record["profiles"].append(profile_or_error(server, sets[key], args, arm, bs, trace_dir, False))
 
 
 def main(argv=None) -> int:
@@ -233,8 +249,18 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out", default="bench_results")
     p.add_argument("--label", default="k26_rank_ab")
+    p.add_argument(
+        "--torch-profile-arms", default="", help="comma list: arms profiled per round (torch profiler)"
+    )
+    p.add_argument(
+        "--torch-profile-bs", type=int, nargs="+", default=[1, 8], help="batch sizes of those profiles"
+    )
+    p.add_argument("--profile-steps", type=int, default=10, help="decode steps per profile")
+    p.add_argument("--profile-export-s", type=float, default=90.0, help="wait this long for a trace file")
+    p.add_argument("--profile-output-len", type=int, default=512, help="tokens per profiled request")
     args = p.parse_args(argv)
-    t0 = time.monotonic()
+    t0 = args.t0 = time.monotonic()
+    args.torch_profile_arms = [arm for arm in args.torch_profile_arms.split(",") if arm]
     args.common = args.common.split() + [flag for flag in args.common_extra.split(",") if flag]
     args.profiles = args.profiles.split(",")
     out = Path(args.out)

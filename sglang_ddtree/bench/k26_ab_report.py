@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import _stamp
-from .gpu_rounds_report import online_budget_section
+from .gpu_rounds_report import online_budget_section, profile_section
 
 LIVE_SERVICE = "live K2.6 service (8x RTX PRO 6000, TP-8, DDTree): 138.7 tok/s c1, 322 c4, 466 c8, 517 c10"
 # The same hardware without speculation (another harness, a vLLM fork; ../shared/docs/anchors.md):
@@ -207,6 +207,7 @@ def to_markdown(results: dict) -> str:
     ]
     lines.append(_stamp.md_table(["arm", "prompt len", "profile", "identical share"], exactness(results)))
     lines += online_budget_section(results)
+    lines += profile_section(results)
     return "\n".join(lines) + "\n"
 
 
