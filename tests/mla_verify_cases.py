@@ -116,7 +116,24 @@ def main() -> None:
     assert rel(split, ref) < 1e-5 and rel(split, sglang) < 1e-5
     _, fell_back = through_hook(case, sms=6, logit_cap=30.0)
     assert fell_back, "a soft-capped verify must stay on SGLang's kernel"
+    check_before_serving()
     print("ok")
+
+
+def check_before_serving():
+    """The start-up self-check passes against SGLang's kernel and fails against a wrong one."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from sglang_ddtree.kernels.mla_verify import self_check
+
+    def sglang(*args):
+        extend_attention_fwd(*args[:15], sm_scale=args[15])
+
+    def wrong(*args):
+        args[3].zero_()
+
+    assert self_check(sglang, 2, torch.float32, torch.device("cpu"), 6) is None
+    assert "relative difference" in self_check(wrong, 2, torch.float32, torch.device("cpu"), 6)
 
 
 if __name__ == "__main__":

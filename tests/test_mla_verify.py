@@ -94,3 +94,24 @@ def test_verify_kernel_switch_is_validated(monkeypatch):
     monkeypatch.setenv(ENV_VERIFY_ATTENTION, "fast")
     with pytest.raises(DDTreeConfigError):
         sglang_verify_attention_requested()
+
+
+@pytest.mark.gpu
+def test_start_up_self_check_passes_on_this_gpu():
+    """What a server runs before the split kernel serves: on the GPU the suite runs on it
+    must agree with SGLang's kernel (else every MLA verify would stay on SGLang's)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from sglang_ddtree.adapter.attention.mla_verify import _CHECKED, _checked
+
+    class Backend:
+        num_head = 8
+
+        def _forward_extend_kernel(self, layer, *args):
+            extend_attention_fwd(*args[:15], sm_scale=args[15])
+
+    _CHECKED.clear()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert _checked(Backend(), torch.bfloat16, sms) is None

@@ -65,3 +65,40 @@ def tree_verify_attention(
             sm_scale * LOG2E, heads, n_nodes, cfg, tail, flat_mask=True,
         )  # fmt: skip
     launch_combine(o_part, lse_part, o.view(bs, rows, D_LATENT), choose_d_chunks(bs, rows, sms))
+
+
+def self_check(reference, heads: int, dtype, device, sms: int) -> str | None:
+    """The split kernel against ``reference`` (a launcher with ``extend_attention_fwd``'s
+    arguments) on small verify problems in this server's head count and dtype, at widths that
+    take each prefix-kernel tile: None when they agree, else why not (an exception included,
+    e.g. a tile that does not fit this GPU's shared memory)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    prefix_lens = [37, 150]  # neither a multiple of a key tile
+    for width in (2, 17):
+        bs = len(prefix_lens)
+        q = torch.randn(bs * width, heads, D_QK, generator=gen, device=device).to(dtype)
+        k_extend = torch.randn(bs * width, 1, D_QK, generator=gen, device=device).to(dtype)
+        pool = torch.randn(sum(prefix_lens) + 1, 1, D_QK, generator=gen, device=device).to(dtype)
+        kv_indptr = torch.tensor([0, prefix_lens[0], sum(prefix_lens)], dtype=torch.int32, device=device)
+        kv_indices = torch.arange(1, sum(prefix_lens) + 1, device=device)
+        chain = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        mask = torch.cat([torch.cat([torch.ones(width, n, dtype=torch.bool, device=device), chain], 1).flatten()
+                          for n in prefix_lens])  # fmt: skip
+        sizes = [width * (n + width) for n in prefix_lens]
+        mask_indptr = torch.tensor([0, sizes[0], sum(sizes)], dtype=torch.int64, device=device)
+        split, want = (
+            torch.full((bs * width, heads, D_LATENT), float("nan"), dtype=dtype, device=device) for _ in "ab"
+        )
+        try:
+            tree_verify_attention(
+                q, k_extend, split, pool, kv_indptr, kv_indices, mask, mask_indptr, width, 0.07, sms
+            )
+            qo_indptr = torch.arange(bs + 1, dtype=torch.int32, device=device) * width
+            reference(q, k_extend, k_extend[..., :D_LATENT].contiguous(), want, pool, pool[..., :D_LATENT],
+                      qo_indptr, kv_indptr, kv_indices, mask, True, mask_indptr, width, 1.0, 1.0, 0.07)  # fmt: skip
+        except Exception as why:  # noqa: BLE001 - any failure means: keep SGLang's kernel
+            return f"{type(why).__name__}: {str(why)[:200]}"
+        error = float((split.float() - want.float()).norm() / want.float().norm())
+        if not torch.isfinite(split).all() or error > 2e-2:
+            return f"width {width}: relative difference {error:.1e} from SGLang's kernel"
+    return None

@@ -88,6 +88,23 @@ def use_split_kernel(backend, sms: int) -> None:
     backend._forward_extend_kernel = functools.partial(_split_or_sglang, backend._forward_extend_kernel, sms)
 
 
+_CHECKED: dict[tuple, str | None] = {}  # (heads, dtype) -> the self-check's verdict, once per process
+
+
+def _checked(backend, dtype, sms: int) -> str | None:
+    """The split kernel checked against SGLang's on this GPU before it serves (a tile that
+    does not fit a smaller GPU's shared memory, say, keeps SGLang's kernel, logged)."""
+    from ...kernels.mla_verify import self_check
+
+    key = (int(backend.num_head), dtype)
+    if key not in _CHECKED:
+        reference = functools.partial(backend._forward_extend_kernel, None)  # no layer needed for MLA
+        _CHECKED[key] = self_check(
+            reference, key[0], dtype, torch.device("cuda", torch.cuda.current_device()), sms
+        )
+    return _CHECKED[key]
+
+
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -99,8 +116,15 @@ def install() -> None:
             and not sglang_verify_attention_requested()
         ):
             sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-            use_split_kernel(backend, sms)
-            logger.info("DDTREE: the MLA target verifies its trees with the split tree-attention kernel")
+            failure = _checked(backend, model_runner.dtype, sms)
+            if failure is None:
+                use_split_kernel(backend, sms)
+                logger.info("DDTREE: the MLA target verifies its trees with the split tree-attention kernel")
+            else:
+                logger.warning(
+                    "DDTREE: the MLA target keeps SGLang's verify kernel (split kernel self-check: %s)",
+                    failure,
+                )
         return result
 
     HookRegistry.register(
