@@ -202,3 +202,34 @@ def test_k26_sglang_verify_suffix_keeps_the_arm_and_sets_the_kernel_switch():
     assert base_arm("ddtree@16+sglang-verify") == ("ddtree@16", {ENV_VERIFY_ATTENTION: "sglang"})
     assert base_arm("ddtree@16") == ("ddtree@16", {})
     assert verify_width("ddtree@16+sglang-verify") == verify_width("ddtree@16") == 17
+
+
+def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):
+    from sglang_ddtree.bench import k26_ab_merge
+
+    def call(plain_tok_s, tree_tok_s, variant_tok_s):
+        return {
+            "stamp": {"commit": "c", "date_utc": "d"},
+            "args": {"profiles": ["p"], "graph_max_bs": 32},
+            "arms": [
+                {"arm": "plain", "cells": [{**_cell(1, plain_tok_s, 1, 10.0), "profile": None}]},
+                {"arm": "ddtree@16", "cells": [_cell(1, tree_tok_s, 3, 20.0)]},
+                {"arm": "ddtree@16+sglang-verify", "cells": [_cell(1, variant_tok_s, 3, 20.0)]},
+            ],
+        }
+
+    calls = [("slow_call", call(100.0, 150.0, 900.0)), ("fast_call", call(200.0, 240.0, 10.0))]
+    rows = k26_ab_merge.best_tree_rows(calls)
+    by_call = {r[3]: r for r in rows}
+    assert by_call["slow_call"][4] == "ddtree@16"  # the variant arm is a comparison, not a candidate
+    assert by_call["slow_call"][7] == pytest.approx(1.5) and by_call["fast_call"][7] == pytest.approx(1.2)
+    paths = []
+    for name, results in calls:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(results))
+        paths.append(str(path))
+    assert k26_ab_merge.main([*paths, "--out", str(tmp_path / "out"), "--label", "merged"]) == 0
+    text = (tmp_path / "out" / "merged.md").read_text()
+    assert (
+        "## Call slow_call" in text and "## Call fast_call" in text and text.count("live K2.6 service") == 1
+    )
