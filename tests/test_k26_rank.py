@@ -223,6 +223,7 @@ def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):
     by_call = {r[3]: r for r in rows}
     assert by_call["slow_call"][4] == "ddtree@16"  # the variant arm is a comparison, not a candidate
     assert by_call["slow_call"][7] == pytest.approx(1.5) and by_call["fast_call"][7] == pytest.approx(1.2)
+    assert by_call["slow_call"][-1] == ""  # c=1 ran on graphs (graph_max_bs 32)
     paths = []
     for name, results in calls:
         path = tmp_path / f"{name}.json"

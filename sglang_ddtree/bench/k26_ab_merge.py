@@ -23,10 +23,12 @@ from .k26_ab_report import NOTES, _cells, exactness, to_markdown
 
 
 def best_tree_rows(calls: list[tuple[str, dict]]) -> list[list]:
-    """``[len, profile, c, call, best DDTREE arm, tok/s, accept, x plain, x chain]``; arm
-    variants (``+suffix``) are comparisons, not candidates."""
+    """``[len, profile, c, call, best DDTREE arm, tok/s, accept, x plain, x chain, eager]``;
+    arm variants (``+suffix``) are comparisons, not candidates. ``eager``: above the call's
+    captured batch sizes every arm decoded eagerly (launch-bound plain decoding)."""
     out = []
     for name, results in calls:
+        graph_max_bs = results.get("args", {}).get("graph_max_bs")
         for (length, profile, c), arms in _cells(results).items():
             trees = {a: cell for a, cell in arms.items() if a.startswith("ddtree@") and "+" not in a}
             if not trees:
@@ -34,7 +36,8 @@ def best_tree_rows(calls: list[tuple[str, dict]]) -> list[list]:
             best = max(trees, key=lambda a: trees[a]["tok_per_s"])
             tok_s = trees[best]["tok_per_s"]
             over = [tok_s / arms[b]["tok_per_s"] if b in arms else None for b in ("plain", "chain")]
-            out.append([length, profile, c, name, best, tok_s, trees[best]["accept_length"], *over])
+            eager = "eager" if graph_max_bs is not None and c > graph_max_bs else ""
+            out.append([length, profile, c, name, best, tok_s, trees[best]["accept_length"], *over, eager])
     return sorted(out, key=lambda r: (r[0], r[1], r[2], r[3]))
 
 
@@ -57,6 +60,7 @@ def to_merged_markdown(calls: list[tuple[str, dict]]) -> str:
         "accept len",
         "x plain",
         "x chain",
+        "",
     ]
     lines += [_stamp.md_table(header, best_tree_rows(calls)), ""]
     identity = [[name, *row] for name, r in calls for row in exactness(r)]
@@ -75,17 +79,18 @@ def to_merged_markdown(calls: list[tuple[str, dict]]) -> str:
 
 
 def plot(calls: list[tuple[str, dict]], path: Path) -> Path | None:
-    """Best DDTREE / plain per concurrency: a panel per (prompt length, profile), a line per call."""
+    """Best DDTREE / plain per concurrency, a line per (prompt length, profile, call); cells
+    that ran eagerly are left out."""
     series: dict = {}
-    for length, profile, c, name, _, _, _, x_plain, _ in best_tree_rows(calls):
-        if x_plain is not None:
+    for length, profile, c, name, _, _, _, x_plain, _, eager in best_tree_rows(calls):
+        if x_plain is not None and not eager:
             series.setdefault(f"{length} {profile} {name}", ([], []))
             series[f"{length} {profile} {name}"][0].append(c)
             series[f"{length} {profile} {name}"][1].append(x_plain)
     if not series:
         return None
     return _stamp.plot_lines(
-        path, series, title="best DDTREE / plain, K2.6 rank", xlabel="concurrency", ylabel="x plain",
+        path, series, title="best DDTREE / plain, K2.6 rank (CUDA-graph cells)", xlabel="concurrency", ylabel="x plain",
         hlines={"plain": 1.0},
     )  # fmt: skip
 
