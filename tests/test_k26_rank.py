@@ -4,6 +4,7 @@ TP-8 rank, and the INT4 scheme landing on the routed experts only (the Marlin Mo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,6 +203,18 @@ def test_k26_sglang_verify_suffix_keeps_the_arm_and_sets_the_kernel_switch():
     assert base_arm("ddtree@16+sglang-verify") == ("ddtree@16", {ENV_VERIFY_ATTENTION: "sglang"})
     assert base_arm("ddtree@16") == ("ddtree@16", {})
     assert verify_width("ddtree@16+sglang-verify") == verify_width("ddtree@16") == 17
+
+
+def test_k26_width1_suffix_injects_a_table_where_only_width_1_pays(tmp_path):
+    from sglang_ddtree.bench.k26_ab import base_arm
+    from sglang_ddtree.config import ENV_BUDGET_COST_TABLE
+
+    name, env = base_arm("ddtree@auto64+width1", tmp_path)
+    table = json.loads(Path(env[ENV_BUDGET_COST_TABLE]).read_text())
+    assert name == "ddtree@auto64" and table["widths"][0] == 1
+    assert all(row[0] < min(row[1:]) for row in table["ms"])
+    with pytest.raises(ValueError):
+        base_arm("ddtree@16+width1", tmp_path)  # a fixed budget has no width to fall back to
 
 
 def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):

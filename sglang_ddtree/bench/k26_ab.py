@@ -22,13 +22,14 @@ import argparse
 import concurrent.futures
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
-from ..config import ENV_VERIFY_ATTENTION
+from ..config import ENV_BUDGET_COST_TABLE, ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
-from .gpu_rounds import online_budget_lines
+from .gpu_rounds import online_budget_lines, width1_cost_table
 from .gpu_rounds_profile import profile_or_error
 from .k26_ab_report import write_report
 from .replay_drafter import recorded_row
@@ -52,12 +53,19 @@ COMMON = [
 ]  # fmt: skip
 REPLAY_PLUGIN = "sglang_ddtree.bench.replay_drafter"
 SGLANG_VERIFY = "+sglang-verify"  # arm suffix: the same arm on SGLang's own MLA verify kernel
+# ddtree@autoB only: every step at width 1, no drafter (an injected cost table): what the online
+# budget's fallback to no speculation costs against plain decoding at the rank's shapes.
+WIDTH1 = "+width1"
 
 
-def base_arm(arm: str) -> tuple[str, dict]:
+def base_arm(arm: str, work: Path | None = None) -> tuple[str, dict]:
     """An arm name without its suffix, and the environment the suffix asks for."""
     if arm.endswith(SGLANG_VERIFY):
         return arm.removesuffix(SGLANG_VERIFY), {ENV_VERIFY_ATTENTION: "sglang"}
+    if arm.endswith(WIDTH1):
+        name = arm.removesuffix(WIDTH1)
+        table = width1_cost_table(name, work or Path(tempfile.gettempdir()))
+        return name, {ENV_BUDGET_COST_TABLE: str(table)}
     return arm, {}
 
 
@@ -147,7 +155,7 @@ def measure(server, prompts, output_len: int, concurrency: int, repeats: int) ->
 
 
 def start(arm: str, args, env: dict | None, log_dir: Path) -> ServerProcess:
-    name, arm_env = base_arm(arm)
+    name, arm_env = base_arm(arm, log_dir)
     flags = ["--model-path", args.model, *args.common, *arm_args(name, args.drafter, args.graph_max_bs)]
     server = ServerProcess(
         flags,

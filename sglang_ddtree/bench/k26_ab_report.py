@@ -124,7 +124,8 @@ def verdicts(results: dict) -> list[str]:
     lines = []
     for (length, profile, c), arms in sorted(_cells(results).items()):
         best = max(arms, key=lambda a: arms[a]["tok_per_s"])
-        trees = {a: cell for a, cell in arms.items() if a.startswith("ddtree@")}
+        # arm variants (``+suffix``) are comparisons, not candidates for the best budget
+        trees = {a: cell for a, cell in arms.items() if a.startswith("ddtree@") and "+" not in a}
         text = f"prompt {length}, {profile}, c={c}: {best} wins"
         others = sorted((cell["tok_per_s"] for a, cell in arms.items() if a != best), reverse=True)
         if others:
