@@ -47,13 +47,11 @@ class DraftKVGraphs:
         self.last_position = last_position
         rows = self.batch_sizes[-1] * self.widths[-1]
         self.hidden = torch.zeros(rows, features, dtype=dtype, device=device)
-        self.cache_loc = torch.zeros(
-            rows, dtype=torch.int64, device=device
-        )  # slot 0: the pool's padding slot
+        # Zeros until a round writes them: slot 0 is the pool's padding slot, and a commit
+        # length of 0 writes nothing (the warm-up and capture runs write no KV).
+        self.cache_loc = torch.zeros(rows, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.commit_lens = torch.zeros(
-            self.batch_sizes[-1], dtype=torch.int32, device=device
-        )  # 0: writes nothing
+        self.commit_lens = torch.zeros(self.batch_sizes[-1], dtype=torch.int32, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
     def _run(self, bs: int, width: int) -> None:
