@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from sglang_ddtree.bench.mla_tree_attention import ancestor_mask, random_tree_parents
+from sglang_ddtree.tree.layout import flat_custom_mask
 
 D_QK, D_V = 576, 512
 
@@ -26,9 +27,6 @@ def make_case(prefix_lens, n_nodes, heads, dtype, device, seed=0, slots=None):
         [0, *torch.tensor(prefix_lens).cumsum(0).tolist()], dtype=torch.int32, device=device
     )
     trees = [ancestor_mask(random_tree_parents(W, gen)) for _ in range(bs)]
-    rows = [
-        torch.cat([torch.ones(W, L, dtype=torch.bool), t], 1).reshape(-1) for L, t in zip(prefix_lens, trees)
-    ]
     mask_sizes = torch.tensor([W * (L + W) for L in prefix_lens])
     k_extend = torch.randn(bs * W, 1, D_QK, generator=gen).to(device, dtype)
     return dict(
@@ -41,7 +39,7 @@ def make_case(prefix_lens, n_nodes, heads, dtype, device, seed=0, slots=None):
         qo_indptr=torch.arange(bs + 1, dtype=torch.int32, device=device) * W,
         kv_indptr=kv_indptr,
         kv_indices=kv_indices,
-        custom_mask=torch.cat(rows).to(device),
+        custom_mask=flat_custom_mask(torch.stack(trees), prefix_lens).to(device),
         is_causal=True,
         mask_indptr=torch.tensor([0, *mask_sizes.cumsum(0).tolist()], dtype=torch.int64, device=device),
         max_extend_len=W,

@@ -13,17 +13,17 @@ from __future__ import annotations
 import torch
 
 from ..kernels.mla_tree_attention import D_LATENT, D_QK, SM_SCALE, TreeVerifyProblem
+from ..tree.layout import flat_custom_mask as layout_flat_custom_mask
 
 
 def flat_custom_mask(p: TreeVerifyProblem) -> tuple[torch.Tensor, torch.Tensor]:
-    """SGLang's target-verify mask: per request ``W`` rows over ``L + W`` keys, row-major,
-    requests back to back (prefix columns all visible); and its ``mask_indptr``."""
+    """SGLang's target-verify mask of the problem (:func:`sglang_ddtree.tree.layout.flat_custom_mask`)
+    and its ``mask_indptr``."""
     bs, W = p.bs, p.n_nodes
     L = p.kv_pool.shape[0] // bs
-    prefix = torch.ones(bs, W, L, dtype=torch.bool, device=p.q.device)
-    mask = torch.cat([prefix, p.tree_mask != 0], dim=-1)  # [bs, W, L + W]
+    mask = layout_flat_custom_mask(p.tree_mask != 0, [L] * bs)
     indptr = torch.arange(bs + 1, device=p.q.device, dtype=torch.int64) * (W * (L + W))
-    return mask.reshape(-1), indptr
+    return mask, indptr
 
 
 class SGLangVerifyAttention:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..tree.layout import flat_custom_mask
 from .mla_tree_attention import (
     D_LATENT,
     D_QK,
@@ -82,8 +83,7 @@ def self_check(reference, heads: int, dtype, device, sms: int) -> str | None:
         kv_indptr = torch.tensor([0, prefix_lens[0], sum(prefix_lens)], dtype=torch.int32, device=device)
         kv_indices = torch.arange(1, sum(prefix_lens) + 1, device=device)
         chain = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        mask = torch.cat([torch.cat([torch.ones(width, n, dtype=torch.bool, device=device), chain], 1).flatten()
-                          for n in prefix_lens])  # fmt: skip
+        mask = flat_custom_mask(chain[None].expand(bs, -1, -1), prefix_lens)  # SGLang's layout
         sizes = [width * (n + width) for n in prefix_lens]
         mask_indptr = torch.tensor([0, sizes[0], sum(sizes)], dtype=torch.int64, device=device)
         split, want = (
