@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from sglang_ddtree.bench import _stamp, tree_kernels_cases, tree_kernels_report
@@ -158,3 +159,25 @@ def test_case_and_draft_logits():
     case = tree_kernels_cases.Case(8, 4, 2, lp, ids, torch.zeros(2), torch.zeros(2))
     assert (case.depth, case.width, str(case)) == (7, 5, "block=8 budget=4 bs=2")
     assert [a.shape for a in case.on_host()] == [(2, 3, 4), (2, 3, 4), (2,), (2,)]
+
+
+def test_plots_draw_beside_the_gpu_bundles_ipython_stand_in(tmp_path):
+    """The GPU bundle ships a stand-in IPython (sglang imports IPython.display); a bench that
+    imports sglang's kernels must still draw its PNG with that stand-in loaded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("matplotlib")  # plot_lines draws nothing without it
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys, IPython, IPython.display\n"
+        "assert 'shims' in IPython.__file__, IPython.__file__\n"
+        "from sglang_ddtree.bench._stamp import plot_lines\n"
+        "from pathlib import Path\n"
+        f"out = plot_lines(Path(r'{tmp_path / 'p.png'}'), {{'a': ([1, 2], [3, 4])}}, title='t', xlabel='x', ylabel='y')\n"
+        "assert out is not None and out.stat().st_size > 0\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root / 'gpu' / 'shims'}:{root}", "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -247,3 +247,14 @@ def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):
     assert (
         "## Call slow_call" in text and "## Call fast_call" in text and text.count("live K2.6 service") == 1
     )
+
+
+def test_k26_arms_past_the_deadline_are_reported_as_not_started(tmp_path):
+    from sglang_ddtree.bench import k26_ab
+
+    argv = ["--model", "unused", "--drafter", "unused", "--arms", "plain,chain", "--deadline-s", "0"]
+    assert k26_ab.main([*argv, "--out", str(tmp_path), "--label", "cut"]) == 0
+    results = json.loads((tmp_path / "cut.json").read_text())
+    assert [a["arm"] for a in results["arms"]] == ["plain", "chain"]
+    assert all(a["skipped"] == ["not started: deadline or no plain recording"] for a in results["arms"])
+    assert "not started" in (tmp_path / "cut.md").read_text()

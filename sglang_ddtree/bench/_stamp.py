@@ -19,7 +19,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -307,9 +306,6 @@ def plot_lines(
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    ipython = sys.modules.get("IPython")
-    if ipython is not None and not hasattr(ipython, "get_ipython"):
-        ipython.get_ipython = lambda: None  # a stand-in module from the GPU bundle; pyplot asks for a shell
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     for label, (xs, ys) in series.items():
         ax.plot(list(xs), list(ys), marker="o", ms=3, label=label)

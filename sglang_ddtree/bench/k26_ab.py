@@ -283,6 +283,7 @@ def main(argv=None) -> int:
         left = args.deadline_s - (time.monotonic() - t0)
         if left < 60 or (arm != "plain" and recording is None):
             results["arms"].append({"arm": arm, "skipped": ["not started: deadline or no plain recording"]})
+            write_results(results, out, args.label)
             continue
         env = None
         if arm != "plain":
@@ -305,10 +306,15 @@ def main(argv=None) -> int:
             )
         finally:
             server.stop()
-        # after every arm: a job cut by its time limit still leaves a report of what it ran
-        _stamp.write_json(out / f"{args.label}.json", results)
-        write_report(results, out, args.label)
+        write_results(results, out, args.label)
     return 0
+
+
+def write_results(results: dict, out: Path, label: str) -> None:
+    """JSON and report after every arm, run or not: a job cut by its time limit still leaves a
+    report of what it ran and of which arms never started."""
+    _stamp.write_json(out / f"{label}.json", results)
+    write_report(results, out, label)
 
 
 if __name__ == "__main__":
