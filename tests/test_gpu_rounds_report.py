@@ -10,7 +10,7 @@ import pytest
 
 from sglang_ddtree.bench import gpu_rounds_report
 from sglang_ddtree.bench.gpu_rounds import arm_args, parallel_args
-from sglang_ddtree.bench.round_profile import categorise, host_time_by_area, summarise_trace
+from sglang_ddtree.bench.round_profile import categorise, host_time_by_area, summarise_trace, sync_sites
 
 
 def _kernel(name, ts, dur):
@@ -92,6 +92,49 @@ def test_host_time_goes_to_the_innermost_event_of_the_scheduler_thread():
         host_time_by_area(events, 2)["host_us_top_functions"]
     )
     assert host_time_by_area([_kernel("k", 0, 5)], steps=1) == {}  # no Python stacks
+
+
+def test_each_wait_for_the_device_goes_to_its_innermost_sglang_or_plugin_frame():
+    def copy(ts, correlation, direction):
+        launch = _host("cuda_runtime", "cudaMemcpyAsync", ts, 2)
+        launch["args"] = {"correlation": correlation}
+        done = {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": f"Memcpy {direction} (Device -> Pinned)",
+            "ts": ts + 5,
+        }
+        done.update(dur=1, args={"correlation": correlation})
+        return [launch, done]
+
+    events = []
+    for r in range(2):
+        t = 1000.0 * r
+        events += [
+            _host("python_function", "sglang/srt/managers/scheduler.py(10): event_loop", t, 900),
+            _host(
+                "python_function",
+                "sglang/srt/speculative/dflash_info_v2.py(114): prepare_for_decode",
+                t + 10,
+                100,
+            ),
+            _host("python_function", "torch/_tensor.py(1): tolist", t + 20, 50),  # below: says nothing
+            _host("cuda_runtime", "cudaStreamSynchronize", t + 30, 20),
+            _host(
+                "python_function", f"sglang_ddtree/adapter/worker.py(300): _commit at 0x7f{r}", t + 200, 100
+            ),
+            *copy(t + 210, 10 * r + 1, "DtoH"),
+            *copy(t + 250, 10 * r + 2, "HtoD"),  # host to device: no wait
+            _host("cuda_runtime", "cudaEventSynchronize", t + 500, 5),  # in the scheduler loop only
+        ]
+    events += [_host("cuda_runtime", "cudaStreamSynchronize", 5, 1, tid=2)]  # a thread without frames
+    assert sync_sites(events, steps=2) == [
+        ["sglang/srt/speculative/dflash_info_v2.py(114): prepare_for_decode", "sync", 1.0],
+        ["sglang_ddtree/adapter/worker.py(300): _commit", "device-to-host copy", 1.0],
+        ["sglang/srt/managers/scheduler.py(10): event_loop", "sync", 1.0],
+        ["(no Python frame)", "sync", 0.5],
+    ]
+    assert sync_sites([e for e in events if e["cat"] != "python_function"], steps=2) == []
 
 
 def test_phase_line_of_the_server_log(tmp_path):
@@ -353,3 +396,22 @@ def test_the_online_budget_lines_come_from_the_arm_log(tmp_path):
         "{'width_steps': {1: 500, 3: 1500}}",
     ]
     assert online_budget_lines(tmp_path / "missing.log") == []
+
+
+def test_profile_section_lists_where_each_profiled_arm_waits():
+    profile = {
+        "bs": 1,
+        "round_us": 100.0,
+        "gpu_busy_us": 60.0,
+        "gpu_idle_us": 40.0,
+        "kernel_launches_per_round": 3.0,
+        "graph_launches_per_round": 1.0,
+        "host_syncs_per_round": 1.0,
+        "device_to_host_copies_per_round": 0.0,
+        "gpu_us_by_category": {"gemm": 50.0},
+        "sync_sites": [["sglang/srt/x.py(1): f", "sync", 1.0]],
+    }
+    lines = gpu_rounds_report.profile_section({"arms": [{"arm": "ddtree@16", "profiles": [profile]}]})
+    text = "\n".join(lines)
+    assert "`ddtree@16 bs 1`, where the host waits for the device" in text
+    assert "| `sglang/srt/x.py(1): f` | sync | 1 |" in text

@@ -168,7 +168,10 @@ def profile_section(results: dict) -> list[str]:
             prof_rows,
         )
     )
-    return lines
+    profiled = [
+        (f"{arm['arm']} bs {p['bs']}", p) for arm in results["arms"] for p in arm.get("profiles") or []
+    ]
+    return lines + sync_site_lines(profiled)
 
 
 def host_area_section(results: dict) -> list[str]:
@@ -201,6 +204,23 @@ def host_area_section(results: dict) -> list[str]:
         if top:
             lines += ["", f"`{arm}`, the Python functions with the most own time (us per round):", ""]
             lines.append(_stamp.md_table(["function", "us"], [[f"`{name}`", round(us)] for name, us in top]))
+    lines += sync_site_lines(profiles)
+    return lines
+
+
+def sync_site_lines(profiles: list[tuple[str, dict]]) -> list[str]:
+    """Per arm, the Python frames (SGLang's or this plugin's) where the host waited for the
+    device: each one drains the GPU's queue, and the GPU idles until the host launches again."""
+    lines = []
+    for arm, p in profiles:
+        sites = p.get("sync_sites") or []
+        if sites:
+            lines += ["", f"`{arm}`, where the host waits for the device (per round):", ""]
+            lines.append(
+                _stamp.md_table(
+                    ["Python frame", "kind", "per round"], [[f"`{s}`", k, n] for s, k, n in sites]
+                )
+            )
     return lines
 
 

@@ -231,7 +231,9 @@ def run_torch_profiles(server, arm: str, sets: dict, args, record: dict, deadlin
         if time.monotonic() > deadline:
             record["skipped"].append(f"profile bs={bs}: deadline")
             continue
-        record["profiles"].append(profile_or_error(server, sets[key], args, arm, bs, trace_dir, False))
+        record["profiles"].append(
+            profile_or_error(server, sets[key], args, arm, bs, trace_dir, args.torch_profile_stack)
+        )
 
 
 def main(argv=None) -> int:
@@ -262,6 +264,11 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--torch-profile-bs", type=int, nargs="+", default=[1, 8], help="batch sizes of those profiles"
+    )
+    p.add_argument(
+        "--torch-profile-stack",
+        action="store_true",
+        help="record those profiles with Python stacks: host time by area and where the host waits",
     )
     p.add_argument("--profile-steps", type=int, default=10, help="decode steps per profile")
     p.add_argument("--profile-export-s", type=float, default=90.0, help="wait this long for a trace file")

@@ -108,6 +108,7 @@ def summarise_events(events: list[dict], steps: int) -> dict:
         "device_to_host_copies_per_round": sum("DtoH" in e.get("name", "") for e in copies) * per_round,
         "phase_host_us": _phase_us(events, "user_annotation", steps),
         "phase_gpu_us": _phase_us(events, "gpu_user_annotation", steps),
+        "sync_sites": sync_sites(events, steps),
         **host_time_by_area(events, steps),
     }
 
@@ -182,6 +183,51 @@ def host_time_by_area(events: list[dict], steps: int, top: int = 15) -> dict:
         "host_us_by_area": {k: v * per_round for k, v in sorted(areas.items(), key=lambda kv: -kv[1])},
         "host_us_top_functions": [[name, us * per_round] for name, us in ranked],
     }
+
+
+# A Python frame that names where a synchronisation comes from: SGLang's or this plugin's code
+# (torch's Python and builtins sit below them and say nothing about which step waited).
+_SITE = re.compile(r"(sglang_ddtree|sglang)/")
+MEMCPY = re.compile(r"^(cudaMemcpy|cuMemcpy)")
+
+
+def _device_to_host_correlations(events: list[dict]) -> set:
+    return {
+        e.get("args", {}).get("correlation")
+        for e in events
+        if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")
+    }
+
+
+def sync_sites(events: list[dict], steps: int, top: int = 12) -> list[list]:
+    """Where the host waits for the device, per round: every stream / device / event
+    synchronisation and device-to-host copy of the trace, attributed to the innermost
+    enclosing Python frame of SGLang or this plugin on its thread (traces with Python stacks;
+    empty without). ``[[site, kind, per round], ...]``, most frequent first."""
+    dtoh = _device_to_host_correlations(events)
+    frames: dict = defaultdict(list)
+    waits = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        if e.get("cat") == "python_function" and _SITE.search(e.get("name", "")):
+            frames[key].append(e)
+        elif e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            name = e.get("name", "")
+            if SYNC.match(name):
+                waits.append((key, e, "sync"))
+            elif MEMCPY.match(name) and e.get("args", {}).get("correlation") in dtoh:
+                waits.append((key, e, "device-to-host copy"))
+    if not frames:
+        return []
+    counts: dict = defaultdict(int)
+    for key, e, kind in waits:
+        inside = [f for f in frames[key] if f["ts"] <= e["ts"] and e["ts"] <= f["ts"] + f.get("dur", 0)]
+        site = max(inside, key=lambda f: f["ts"]).get("name", "?") if inside else "(no Python frame)"
+        counts[_ADDRESS.sub("", site), kind] += 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    return [[site, kind, n / steps] for (site, kind), n in ranked]
 
 
 def summarise_trace(path: str, steps: int) -> dict:
