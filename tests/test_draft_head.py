@@ -43,17 +43,29 @@ def _inputs(bs: int, seed: int):
 def test_capture_hook_writes_the_eager_trees_per_batch_size():
     weight = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(0))
     head, runner = _head(), SimpleNamespace(capture_tail_hooks=[])
-    head.fold_into_graph(runner, _propose(weight), max_bs=8, device="cpu")
+    seen = []
+
+    def proposal(roots, prefix_lens, req_pool_indices):  # the batch's rows, not the padding
+        seen.append((roots.clone(), prefix_lens.clone(), req_pool_indices.clone()))
+        return _propose(weight)
+
+    head.fold_into_graph(runner, proposal, max_bs=8, device="cpu")
     assert head.in_graph and len(runner.capture_tail_hooks) == 1
     hook = runner.capture_tail_hooks[0]
     for bs, seed in ((8, 1), (5, 2), (1, 3)):  # captured largest first, as SGLang does
         hidden, roots, input_ids, prefix_lens = _inputs(bs, seed)
         # the graph's static buffers are longer than the batch: padded rows past bs
         padded_ids = torch.cat([input_ids, torch.zeros(3 * BLOCK, dtype=input_ids.dtype)])
+        pool_rows = torch.arange(bs + 3) + 100
         batch = SimpleNamespace(
-            input_ids=padded_ids, seq_lens=torch.cat([prefix_lens, torch.ones(3, dtype=torch.int32)])
+            input_ids=padded_ids,
+            seq_lens=torch.cat([prefix_lens, torch.ones(3, dtype=torch.int32)]),
+            req_pool_indices=pool_rows,
         )
         hook(None, SimpleNamespace(hidden_states=hidden), batch, bs * BLOCK)
+        got_roots, got_lens, got_rows = seen.pop()
+        assert torch.equal(got_roots, roots) and torch.equal(got_lens, prefix_lens)
+        assert torch.equal(got_rows, pool_rows[:bs])
         replayed, top1 = head.replayed(bs)
         eager, eager_top1 = head.run(hidden, roots, prefix_lens.to(torch.int64), _propose(weight))
         for field in ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words"):

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from sglang_ddtree.bench.replay_drafter import Recording, recorded_row
+from sglang_ddtree.bench.replay_drafter import Recording, draw_keys, recorded_row
 from sglang_ddtree.bench.replay_profiles import (
     PROFILES,
     RankSampler,
@@ -28,7 +28,8 @@ def test_sampled_ranks_follow_the_profile_per_depth(k):
     profile = geometric_profile("t", "test", [0.9, 0.6, 0.3], tail_share=0.6, decay=0.5)
     other = geometric_profile("u", "test", [0.5, 0.5, 0.5])
     sampler = RankSampler([other, profile], depth=3, k=k, device="cpu", seed=1)
-    ranks = sampler.sample(torch.ones(200_000, dtype=torch.int64))  # [n, depth], all of `profile`
+    keys = torch.arange(200_000, dtype=torch.int64)  # [n, depth], all of `profile`, one key each
+    ranks = sampler.sample(torch.ones(200_000, dtype=torch.int64), keys)
     for d in range(3):
         observed = torch.bincount(ranks[:, d], minlength=k + 1).double() / ranks.shape[0]
         wanted = torch.tensor(list(profile.probs[d][:k]), dtype=torch.float64)
@@ -36,6 +37,20 @@ def test_sampled_ranks_follow_the_profile_per_depth(k):
         assert torch.allclose(observed, wanted, atol=4e-3), (d, observed[:5], wanted[:5])
     assert torch.allclose(sampler.log_probs[1].exp()[:, 0], torch.tensor([0.9, 0.6, 0.3]), atol=1e-6)
     assert bool((sampler.log_probs[..., :-1] >= sampler.log_probs[..., 1:]).all())  # sorted, as top-k is
+
+
+def test_a_key_draws_the_same_ranks_in_any_batch_and_keys_draw_apart():
+    """The draw of a request at a position is a function of its key (recorded row and
+    position): the same in every batch it lands in, so every arm sees the same luck there."""
+    profile = geometric_profile("t", "test", [0.6, 0.4, 0.2])
+    sampler = RankSampler([profile], depth=3, k=8, device="cpu", seed=3)
+    keys = draw_keys(torch.arange(64), torch.full((64,), 100))
+    alone = torch.cat([sampler.sample(torch.zeros(1, dtype=torch.int64), keys[i : i + 1]) for i in range(64)])
+    batched = sampler.sample(torch.zeros(64, dtype=torch.int64), keys.flip(0)).flip(0)
+    assert torch.equal(alone, batched)
+    assert len({tuple(r) for r in alone.tolist()}) > 16  # distinct keys do not share one draw
+    moved = draw_keys(torch.arange(64), torch.full((64,), 101))  # the next position draws anew
+    assert not torch.equal(sampler.sample(torch.zeros(64, dtype=torch.int64), moved), alone)
 
 
 def test_true_token_at_its_rank_among_the_drafters_own_candidates():

@@ -66,8 +66,8 @@ class DraftTreeHead:
     Where decode CUDA graphs are captured, the step is folded into the drafter's graph (a
     capture tail hook, as stock DFLASH folds its greedy head): a replay leaves the round's
     trees in buffers allocated once for the largest captured batch, with no host work and
-    no kernel launches of its own. Batches the graphs do not cover, CPU servers and test
-    drafters (which override the worker's ``_propose``) run the same step eagerly.
+    no kernel launches of its own. Batches the graphs do not cover, CPU servers and scripted
+    test drafters (which override the worker's ``_propose``) run the same step eagerly.
     """
 
     def __init__(self, *, trees_backend, budget: int, width: int, block: int, k: int, last_position: int):
@@ -95,9 +95,11 @@ class DraftTreeHead:
     def in_graph(self) -> bool:
         return self._static is not None
 
-    def fold_into_graph(self, draft_model_runner, propose, max_bs: int, device) -> None:
+    def fold_into_graph(self, draft_model_runner, proposal, max_bs: int, device) -> None:
         """Capture the step in every decode graph of ``draft_model_runner`` (call before the
-        capture). ``propose`` must be capturable: device work only, no host reads."""
+        capture). ``proposal(roots, prefix_lens, req_pool_indices)`` gives the captured batch's
+        ``propose(hidden, k)`` from its graph buffers; it must be capturable: device work only,
+        no host reads."""
         self._static = Trees.allocate(max_bs, self.width, device)
         self._static_top1 = torch.empty((max_bs, self.block - 1), dtype=torch.int64, device=device)
 
@@ -108,9 +110,9 @@ class DraftTreeHead:
                     f"DDTREE: the drafter captures batch size {bs}, above the {max_bs} sized for"
                 )
             roots = forward_batch.input_ids[: bs * self.block].view(bs, self.block)[:, 0]
-            _, top1 = self.run(
-                out.hidden_states, roots, forward_batch.seq_lens[:bs], propose, out=self._static.rows(bs)
-            )
+            prefix_lens = forward_batch.seq_lens[:bs]
+            propose = proposal(roots, prefix_lens, forward_batch.req_pool_indices[:bs])
+            _, top1 = self.run(out.hidden_states, roots, prefix_lens, propose, out=self._static.rows(bs))
             self._static_top1[:bs].copy_(top1)
 
         draft_model_runner.capture_tail_hooks.append(capture_tail)

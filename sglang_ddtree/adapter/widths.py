@@ -197,12 +197,13 @@ class StepWidths:
 
         return watched
 
-    def keep_log_probs(self, propose, max_bs: int, device):
-        """``propose`` for the drafter's graph: it also keeps the log-probs the choice reads."""
+    def keep_log_probs(self, max_bs: int, device):
+        """The buffer the drafter's graph keeps the log-probs the choice reads in (its
+        ``keeping(propose)`` wraps the graph's proposals)."""
         from .width_graphs import KeptLogProbs
 
         self.kept = KeptLogProbs(max_bs, self.depth, self.heads[self.widths[-1]].k, device)
-        return self.kept.keeping(propose)
+        return self.kept
 
     def from_graph(self, replayed, width: int):
         """The drafter graph's widest trees (and top-1 ids) cut to this step's ``width``; the

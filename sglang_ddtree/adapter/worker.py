@@ -20,6 +20,7 @@ issues no host synchronisation: all shapes are fixed by ``(bs, width)``.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -146,10 +147,11 @@ class DDTreeWorker(DFlashWorkerV2):
             and not eager_tree_step_requested()
         ):
             max_bs = max(get_exec().graph.cuda_graph_config.decode.bs)
-            propose = self._lm_head_topk
+            proposal = self._device_proposal
             if self.widths is not None:  # the graph builds the widest tree; a step takes its width
-                propose = self.widths.keep_log_probs(propose, max_bs, self.device)
-            self.head.fold_into_graph(self.draft_model_runner, propose, max_bs=max_bs, device=self.device)
+                kept = self.widths.keep_log_probs(max_bs, self.device)
+                proposal = lambda *batch_rows: kept.keeping(self._device_proposal(*batch_rows))  # noqa: E731
+            self.head.fold_into_graph(self.draft_model_runner, proposal, max_bs=max_bs, device=self.device)
         elif get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE tree step kept eager (tree builder %s, a test drafter or asked)", self.trees.name
@@ -300,7 +302,10 @@ class DDTreeWorker(DFlashWorkerV2):
             if out.can_run_graph and self.head.in_graph:
                 replayed = self.head.replayed(len(prefix_lens))
                 return replayed if self.widths is None else self.widths.from_graph(replayed, width)
-            propose = lambda hidden, k: self._propose(batch, hidden, prefix_lens, k)  # noqa: E731
+            if DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD:
+                propose = self._device_proposal(roots, prefix_lens, batch.req_pool_indices)
+            else:  # a scripted test drafter
+                propose = lambda hidden, k: self._propose(batch, hidden, prefix_lens, k)  # noqa: E731
             if self.widths is None:
                 return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
             head = self.widths.heads[width]
@@ -340,9 +345,23 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _propose(self, batch, hidden, prefix_lens, k):
         """The drafter's hidden states ``[bs * depth, hidden]`` to top-k log-probs and ids
-        ``[bs * depth, k]``. A test plugin may replace it (to script proposals); the tree step
-        then stays out of the drafter's CUDA graph."""
+        ``[bs * depth, k]``. A test plugin may replace it (to script proposals from the host);
+        the tree step then stays out of the drafter's CUDA graph."""
         return self._lm_head_topk(hidden, k)
+
+    # A benchmark seam (``bench/replay_drafter.py``): proposals made from the batch's device
+    # state alone, ``(self, hidden, k, roots=, prefix_lens=, req_pool_indices=)`` -> top-k
+    # log-probs and ids, capturable, so the tree step stays in the drafter's CUDA graph.
+    replay_proposal = None
+
+    def _device_proposal(self, roots, prefix_lens, req_pool_indices):
+        """``propose(hidden, k)`` of one batch, device work only (the graph's and the eager
+        step's): the LM head's top-k, or the replay drafter's where a benchmark installed it."""
+        if self.replay_proposal is None:
+            return self._lm_head_topk
+        return functools.partial(
+            self.replay_proposal, roots=roots, prefix_lens=prefix_lens, req_pool_indices=req_pool_indices
+        )
 
     def _lm_head_topk(self, hidden, k):
         """Through the target's LM head (vocabulary-parallel top-k merged over its ranks)."""

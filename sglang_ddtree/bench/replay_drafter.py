@@ -4,8 +4,9 @@ With random weights (``--load-format dummy``) a drafter accepts nothing, so a be
 tree speculation at real shapes needs a drafter whose acceptance is set, while every cost
 stays real. This module, loaded through the test-plugin seam
 (``SGLANG_DDTREE_TEST_PLUGIN=sglang_ddtree.bench.replay_drafter``; never in a normal launch),
-wraps the worker's ``_propose``: the drafter's forward and the LM head's top-k run as
-always, then on the device each depth's top-k is replaced by a calibrated one
+takes the worker's proposal seam (``DDTreeWorker.replay_proposal``): the drafter's forward and
+the LM head's top-k run as always, inside the drafter's CUDA graph as in a normal launch, then
+on the device each depth's top-k is replaced by a calibrated one
 (:mod:`.replay_profiles`): log-probs ``log q_d(r)`` and the target's true next token at a rank
 drawn from ``q_d``, the drafter's own candidates around it.
 
@@ -31,7 +32,7 @@ import os
 
 import torch
 
-from .replay_profiles import PROFILES, RankSampler, place_true_token
+from .replay_profiles import PROFILES, RankSampler, mix32, place_true_token
 
 ENV_TOKENS = "SGLANG_DDTREE_REPLAY_TOKENS"
 ENV_PROFILE = "SGLANG_DDTREE_REPLAY_PROFILE"
@@ -81,61 +82,90 @@ class Recording:
 
 
 class ReplayDrafter:
-    def __init__(self, recording: Recording, default_profile: str):
+    """The calibrated replacement of the drafter's top-k, from the batch's device state alone
+    (capturable): the recorded row of every request-pool slot is a device table the host
+    fills once per request (:meth:`register`), and each rank draw is a hash of (recorded row,
+    position, depth), so one request at one position draws the same ranks in every arm."""
+
+    def __init__(self, recording: Recording, default_profile: str, pool_rows: int):
         names = sorted({default_profile, *recording.profiles})
         unknown = [n for n in names if n not in PROFILES]
         if unknown:
             raise ValueError(f"unknown replay profile(s) {unknown}: expected one of {sorted(PROFILES)}")
         self.recording, self.names = recording, names
-        default = names.index(default_profile)
-        self._row_profile = [names.index(n) for n in recording.profiles]
-        self._default = default
+        device = recording.table.device
+        rows = len(recording._sequences)
+        per_row = [names.index(n) for n in recording.profiles] + [names.index(default_profile)] * rows
+        # row -> profile; the extra last entry (the default) serves requests off the recording
+        self.profile_of_row = torch.tensor(per_row[:rows] + [names.index(default_profile)], device=device)
+        self.row_of_slot = torch.full((pool_rows,), -1, dtype=torch.int64, device=device)
         self._samplers: dict[tuple[int, int], RankSampler] = {}
+        self._drift = torch.zeros(2, dtype=torch.int64, device=device)
         self._rounds = 0
-        self._drift = None
 
-    def sampler(self, depth: int, k: int, device) -> RankSampler:
+    def sampler(self, depth: int, k: int) -> RankSampler:
         key = (depth, k)
         if key not in self._samplers:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"DDTREE replay: no rank tables for depth {depth}, k {k} before the capture"
+                )
+            device = self.recording.table.device
             self._samplers[key] = RankSampler([PROFILES[n] for n in self.names], depth, k, device)
         return self._samplers[key]
 
-    def _profile_of(self, row: int) -> int:
-        return self._row_profile[row] if 0 <= row < len(self._row_profile) else self._default
+    def register(self, reqs) -> None:
+        """Point each request's pool slot at its recorded row (host, once per request)."""
+        slots, rows = [], []
+        for req in reqs:
+            slot = req.kv.req_pool_idx  # the request's req_to_token row (SGLang 0.5.23)
+            if getattr(req, "_ddtree_replay_slot", None) != slot:
+                slots.append(slot)
+                rows.append(self.recording.row(req))
+                req._ddtree_replay_slot = slot
+        if slots:
+            device = self.row_of_slot.device
+            self.row_of_slot[torch.tensor(slots, device=device)] = torch.tensor(rows, device=device)
 
-    def replace(self, reqs, roots, prefix_lens, candidates, depth: int, k: int):
+    def replace(self, candidates, roots, prefix_lens, req_pool_indices, depth: int, k: int):
         """The drafter's top-(k+1) ``candidates`` ``[bs * depth, k+1]`` -> top-k log-probs
-        and ids ``[bs * depth, k]`` of the calibrated drafter."""
-        bs, device = len(reqs), candidates.device
-        host_rows = [self.recording.row(r) for r in reqs]
-        rows = torch.tensor(host_rows, dtype=torch.int64).to(device)
-        profile_ids = torch.tensor([self._profile_of(r) for r in host_rows], dtype=torch.int64).to(device)
+        and ids ``[bs * depth, k]`` of the calibrated drafter (device work only)."""
+        bs = roots.shape[0]
+        rows = self.row_of_slot[req_pool_indices.to(torch.int64)]
+        profile_ids = self.profile_of_row[torch.where(rows >= 0, rows, self.profile_of_row.shape[0] - 1)]
         true_ids, recorded_roots = self.recording.truth(rows, prefix_lens, depth)
         # Off the recording (or past its end) every proposal is the drafter's own.
         on_record = (recorded_roots == roots.view(-1)) & (recorded_roots >= 0)
         true_ids = torch.where(on_record[:, None], true_ids, -1)
-        sampler = self.sampler(depth, k, device)
-        ranks = sampler.sample(profile_ids).view(-1)
+        sampler = self.sampler(depth, k)
+        ranks = sampler.sample(profile_ids, draw_keys(rows, prefix_lens)).view(-1)
         ids = place_true_token(candidates, true_ids.reshape(-1), ranks, k)
         log_probs = sampler.log_probs[profile_ids].reshape(bs * depth, k)
-        self._count(on_record)
         return log_probs.contiguous(), ids
 
-    def _count(self, on_record: torch.Tensor) -> None:
-        stats = torch.stack([on_record.sum(), torch.tensor(on_record.numel(), device=on_record.device)])
-        self._drift = stats if self._drift is None else self._drift + stats
+    def count(self, roots, prefix_lens, req_pool_indices) -> None:
+        """Per round (eager): how many requests' roots are on their recording; logged every
+        :data:`LOG_EVERY` rounds."""
+        rows = self.row_of_slot[req_pool_indices.to(torch.int64)]
+        _, recorded_roots = self.recording.truth(rows, prefix_lens, 0)
+        on_record = (recorded_roots == roots.view(-1)) & (recorded_roots >= 0)
+        self._drift[0] += on_record.sum()
+        self._drift[1] += on_record.numel()
         self._rounds += 1
         if self._rounds % LOG_EVERY == 0:
             on, total = (int(x) for x in self._drift.tolist())
             logger.warning("DDTREE replay: %d of %d request-rounds on the recording", on, total)
 
 
-def install() -> None:
-    """Make the worker's proposals the replay drafter's (called by the plugin's ``register``)."""
-    from sglang.srt.lora.layers import unwrap_lora_layer
-    from sglang.srt.runtime_context import get_parallel
+def draw_keys(rows: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+    """One key per request ``[bs]`` from its recorded row and position (ranks follow them)."""
+    return mix32(mix32(rows.to(torch.int64) + 1) ^ prefix_lens.to(torch.int64))
 
-    from sglang_ddtree.adapter.draft_head import draft_topk
+
+def install() -> None:
+    """Make the worker's proposals the replay drafter's (called by the plugin's ``register``):
+    through its capturable seam, so the tree step stays in the drafter's CUDA graph as it does
+    in a normal launch."""
     from sglang_ddtree.adapter.worker import DDTreeWorker
 
     with open(os.environ[ENV_TOKENS]) as f:
@@ -148,14 +178,33 @@ def install() -> None:
     )
     state: dict = {}
 
-    def propose(self, batch, hidden, prefix_lens, k):
+    def drafter_of(worker) -> ReplayDrafter:
         if "drafter" not in state:
-            recording = Recording(spec["sequences"], self.device, spec.get("profiles"))
-            state["drafter"] = ReplayDrafter(recording, default)
-        lm_head = unwrap_lora_layer(self.target_worker.model_runner.model.lm_head)
-        tp_group = get_parallel().tp_group if get_parallel().tp_size > 1 else None
-        _, candidates = draft_topk(hidden, lm_head, k + 1, tp_group, topk=self.trees.topk)
-        roots = batch.spec_info.bonus_tokens
-        return state["drafter"].replace(batch.reqs, roots, prefix_lens, candidates, self.block_size - 1, k)
+            recording = Recording(spec["sequences"], worker.device, spec.get("profiles"))
+            pool_rows = int(worker.model_runner.req_to_token_pool.req_to_token.shape[0])
+            drafter = ReplayDrafter(recording, default, pool_rows)
+            for head in [worker.head, *(worker.widths.heads.values() if worker.widths else [])]:
+                drafter.sampler(worker.block_size - 1, head.k)  # device tables before any capture
+            state["drafter"] = drafter
+        return state["drafter"]
 
-    DDTreeWorker._propose = propose
+    def proposal(self, hidden, k, *, roots, prefix_lens, req_pool_indices):
+        _, candidates = self._lm_head_topk(hidden, k + 1)  # the drafter's real head and top-k
+        depth = self.block_size - 1
+        return drafter_of(self).replace(candidates, roots, prefix_lens, req_pool_indices, depth, k)
+
+    own_round, own_fold = DDTreeWorker._tree_round, DDTreeWorker._maybe_build_draft_sampler
+
+    def tree_round(self, batch, *args, **kwargs):
+        drafter = drafter_of(self)
+        drafter.register(batch.reqs)
+        drafter.count(batch.spec_info.bonus_tokens, batch.seq_lens, batch.req_pool_indices)
+        return own_round(self, batch, *args, **kwargs)
+
+    def fold(self):
+        drafter_of(self)
+        return own_fold(self)
+
+    DDTreeWorker.replay_proposal = proposal
+    DDTreeWorker._tree_round = tree_round
+    DDTreeWorker._maybe_build_draft_sampler = fold

@@ -113,6 +113,16 @@ PROFILES = {
 }
 
 
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors (odd multipliers below 2**31, so the products
+    stay inside int64); the result is in ``[0, 2**32)``."""
+    x = x & 0xFFFFFFFF
+    for multiplier in (0x7FEB352D, 0x2C1B3C6D):
+        x = x ^ (x >> 16)
+        x = (x * multiplier) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
 class RankSampler:
     """Device tables of some profiles for a top-``k`` of ``depth`` levels."""
 
@@ -127,13 +137,16 @@ class RankSampler:
         self.cdf = probs.cumsum(-1).to(torch.float32).to(device)
         self.cdf[..., -1] = 1.0 + 1e-6  # every draw lands in a bucket
         self.log_probs = probs[..., :k].clamp_min(1e-30).log().to(torch.float32).to(device)
-        self.k, self.depth = k, depth
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.k, self.depth, self.seed = k, depth, seed
 
-    def sample(self, profile_ids: torch.Tensor) -> torch.Tensor:
+    def sample(self, profile_ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Ranks ``[bs, depth]`` (``k`` = not proposed), one draw per request and depth, each
-        request from its profile (``profile_ids`` ``[bs]``)."""
-        u = torch.rand((len(profile_ids), self.depth, 1), generator=self.generator, device=self.cdf.device)
+        request from its profile (``profile_ids`` ``[bs]``). The draws are a hash of ``keys``
+        ``[bs]`` (int64 in ``[0, 2**32)``), the seed and the depth: no generator state, so the
+        same key draws the same ranks in every batch, and a CUDA graph can capture them."""
+        depths = torch.arange(1, self.depth + 1, device=keys.device, dtype=torch.int64)
+        bits = mix32(mix32(keys[:, None] ^ self.seed) ^ (depths * 0x9E3779B1 & 0xFFFFFFFF))
+        u = (bits >> 8).to(torch.float32)[..., None] / float(1 << 24)  # [bs, depth, 1] in [0, 1)
         return (u >= self.cdf[profile_ids]).sum(-1)
 
 
