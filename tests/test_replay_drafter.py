@@ -155,3 +155,44 @@ def test_a_short_prompt_finds_its_own_recording_when_a_longer_one_begins_with_it
         assert same_share([outputs[tuple(p)] for p in long], long, order) == 1.0
     assert same_share([[0, 0], outputs[tuple(short[1])]], short, sequences) == 0.5
     assert recorded_row(sequences, [42]) == -1
+
+
+def test_replacement_reads_the_batch_from_the_device_tables_the_host_fills_once():
+    """What the drafter's CUDA graph runs: rows from the pool-slot table (filled once per
+    request, again when a request moves slot), the true token at the drawn rank for requests
+    on their recording, the drafter's own candidates for the others."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.bench.replay_drafter import ReplayDrafter
+
+    recording = Recording([[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16]], device="cpu")
+    drafter = ReplayDrafter(recording, "dflash-k25-code", pool_rows=6)
+    a = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=4), origin_input_ids=[1, 2])
+    b = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=2), origin_input_ids=[9])
+    c = SimpleNamespace(kv=SimpleNamespace(req_pool_idx=0), origin_input_ids=[77])  # not recorded
+    drafter.register([a, b, c])
+    assert drafter.row_of_slot.tolist() == [-1, -1, 1, -1, 0, -1]
+    b.kv.req_pool_idx = 5  # retracted and scheduled again in another slot
+    drafter.register([a, b])
+    assert drafter.row_of_slot[5].item() == 1
+
+    depth, k = 3, 4
+    slots = torch.tensor([4, 5, 0])
+    prefix_lens = torch.tensor([2, 1, 1])  # a's root is token 3, b's is 10; c is off the recording
+    roots = torch.tensor([3, 10, 50])
+    candidates = torch.arange(100, 100 + 3 * depth * (k + 1)).view(3 * depth, k + 1)
+    log_probs, ids = drafter.replace(candidates, roots, prefix_lens, slots, depth, k)
+    assert log_probs.shape == ids.shape == (3 * depth, k)
+    ranks = drafter.sampler(depth, k).sample(
+        torch.zeros(3, dtype=torch.int64), draw_keys(torch.tensor([0, 1, -1]), prefix_lens)
+    )
+    truth = {0: [4, 5, 6], 1: [11, 12, 13]}
+    for request, true_tokens in truth.items():
+        for d, token in enumerate(true_tokens):
+            row, rank = ids[request * depth + d], int(ranks[request, d])
+            assert (token in row.tolist()) == (rank < k)
+            if rank < k:
+                assert row[rank].item() == token
+    assert torch.equal(ids[2 * depth :], candidates[2 * depth :, :k])  # off the recording: its own
+    drafter.count(roots, prefix_lens, slots)
+    assert drafter._drift.tolist() == [2, 3]
