@@ -236,35 +236,36 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   __shared__ int s_last;
   if (tid == 0) s_cnt = 0u;
 
-  // ---- read the slice: partial log-sum-exp and this thread's largest candidate
+  // ---- read the slice: partial log-sum-exp and this thread's largest element. Per vector
+  // of 8 the work is float compares and one fast exp per element: the element's orderable
+  // key is made only for the vector that raises the thread's best (its sample must be an
+  // element of the slice, key and id, for the bound below to hold; ties keep the smaller id).
   float m = NEG_INF, s = 0.f;
+  float best = NEG_INF;
   unsigned best_key = 0u, best_id = 0u;
   ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
     float vmax = x[0];
-    unsigned vkey = ddt_float_key(x[0]);
 #pragma unroll
-    for (int j = 1; j < 8; ++j) {
-      if (j < n) {
-        vmax = fmaxf(vmax, x[j]);
-        const unsigned key = ddt_float_key(x[j]);
-        vkey = key > vkey ? key : vkey;
-      }
-    }
+    for (int j = 1; j < 8; ++j)
+      if (j < n) vmax = fmaxf(vmax, x[j]);
     if (vmax != NEG_INF) {
       if (vmax > m) {
-        s = (m == NEG_INF) ? 0.f : s * expf(m - vmax);
+        s = (m == NEG_INF) ? 0.f : s * __expf(m - vmax);
         m = vmax;
       }
+      // __expf: one multiply and the hardware exp2; its relative error (~1e-7 near the row's
+      // maximum, where the sum's mass is) stays far below the log-probs' float32 rounding
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        if (j < n) s += expf(x[j] - m);
+        if (j < n) s += __expf(x[j] - m);
     }
-    if (vkey > best_key) {  // strictly: an equal key seen before has the smaller id
+    if (best_key == 0u || vmax > best) {
       int first_max = 0;
 #pragma unroll
       for (int j = 7; j >= 0; --j)
-        if (j < n && ddt_float_key(x[j]) == vkey) first_max = j;
-      best_key = vkey;
+        if (j < n && x[j] == vmax) first_max = j;
+      best = vmax;
+      best_key = ddt_float_key(x[first_max]);
       best_id = (unsigned)(first + first_max);
     }
   });
@@ -272,11 +273,21 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   const ddt_u64 bound = ddt_block_mth_largest(sample, k, s_x, &s_bound);
   ddt_block_lse(m, s, s_m, s_s);
 
-  // ---- collect every element >= bound (L1/L2 hits: the block has just read them)
+  // ---- collect every element >= bound (L1/L2 hits: the block has just read them). Float
+  // order is key order (keys equate -0 and +0), so a vector whose largest value is below the
+  // bound's value holds no candidate, and only values at or above it need their key.
+  const unsigned bound_key = (unsigned)(bound >> 32);
+  const float bound_value = bound_key ? ddt_key_float(bound_key) : NEG_INF;
   ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+    float vmax = x[0];
+#pragma unroll
+    for (int j = 1; j < 8; ++j)
+      if (j < n) vmax = fmaxf(vmax, x[j]);
+    if (vmax < bound_value) return;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (j < n) ddt_collect(ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)), bound, cand, &s_cnt, cap);
+      if (j < n && x[j] >= bound_value)
+        ddt_collect(ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)), bound, cand, &s_cnt, cap);
   });
   __syncthreads();
   const int n = (int)(s_cnt < (unsigned)cap ? s_cnt : (unsigned)cap);
