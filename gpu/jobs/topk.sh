@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# GPU job (one H200, about 3 minutes): the draft top-k kernels' GPU tests (exact ids, log-probs
+# against the float32 reference, CUDA-graph replay on a reused workspace), then the top-k
+# benchmark: the split-vocabulary kernel beside the one-block-per-row kernel in the same run, at
+# the batch sizes and k of the targets (bs 1 and 64, k up to 64, vocab 163,840).
+#
+#   BENCH_COMMIT=<commit> bash gpu/device.sh bash gpu/jobs/topk.sh
+#
+# $OUT: topk_tests.log, topk_kernels_h200.{json,md}, topk.log.
+set -o pipefail
+timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk > "$OUT/topk_tests.log" 2>&1
+tail -1 "$OUT/topk_tests.log"
+timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only --batch-sizes 1 8 32 64 --ks 8 16 32 64 \
+  --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
+exit 0
