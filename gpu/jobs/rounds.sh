@@ -5,8 +5,8 @@
 # drafter; what falling back to no speculation costs), interleaved per concurrency level
 # (1 8 32 64 4 16: the first levels are the ones that must finish), CUDA graphs up to bs 64 in
 # every arm, then per-round torch profiles of DFLASH and DDTREE@7 at bs 1, and profiles with
-# Python stacks at bs 8 (plain, DFLASH, DDTREE@7, the width-1 fallback): where the host time
-# goes. Five timed passes per arm and level (REPEATS): with three, passes of one level spread
+# Python stacks at bs 8 (plain, DFLASH, DDTREE@7, DDTREE@64, the online budget beside it, the
+# width-1 fallback): where the host time goes and where the host waits. Five timed passes per arm and level (REPEATS): with three, passes of one level spread
 # 1.1-1.8x and the whole job took 320 s of its 540 (985094f).
 # PRECOMPILE_K26=1 compiles the K2.6 rank's Marlin MoE kernel beside it (one CPU core of
 # sixteen, in every arm's time alike) so the cache this call brings back holds it.
@@ -22,7 +22,7 @@ timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT"
   --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+eagerkv,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" \
   --concurrency ${CONC:-1 8 32 64 4 16} --repeats "${REPEATS:-5}" --graph-max-bs 64 \
   --profile-bs ${PROFILE_BS:-1} --profile-arms dflash,ddtree@7 --profile-export-s 30 \
-  --stack-profile-arms "${STACK_PROFILE_ARMS:-plain,dflash,ddtree@7,ddtree@auto64+width1}" --stack-profile-bs 8 \
+  --stack-profile-arms "${STACK_PROFILE_ARMS:-plain,dflash,ddtree@7,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" --stack-profile-bs 8 \
   --deadline-s "${ROUNDS_DEADLINE_S:-540}"
 wait
 tail -2 "$OUT/precompile_k26.log" 2>/dev/null
