@@ -196,3 +196,8 @@ def test_replacement_reads_the_batch_from_the_device_tables_the_host_fills_once(
     assert torch.equal(ids[2 * depth :], candidates[2 * depth :, :k])  # off the recording: its own
     drafter.count(roots, prefix_lens, slots)
     assert drafter._drift.tolist() == [2, 3]
+    # one server, several profiles: each recorded row its own, requests off the recording the default
+    per_sequence = Recording([[1, 2], [3, 4]], device="cpu", profiles=["pycode-4l", "dflash-k25-code"])
+    both = ReplayDrafter(per_sequence, "dflash-k25-code", pool_rows=2)
+    assert both.names == ["dflash-k25-code", "pycode-4l"]
+    assert both.profile_of_row.tolist() == [1, 0, 0]

@@ -93,11 +93,10 @@ class ReplayDrafter:
         if unknown:
             raise ValueError(f"unknown replay profile(s) {unknown}: expected one of {sorted(PROFILES)}")
         self.recording, self.names = recording, names
-        device = recording.table.device
-        rows = len(recording._sequences)
-        per_row = [names.index(n) for n in recording.profiles] + [names.index(default_profile)] * rows
+        device, default = recording.table.device, names.index(default_profile)
+        per_row = [names.index(n) for n in recording.profiles] or [default] * recording.table.shape[0]
         # row -> profile; the extra last entry (the default) serves requests off the recording
-        self.profile_of_row = torch.tensor(per_row[:rows] + [names.index(default_profile)], device=device)
+        self.profile_of_row = torch.tensor(per_row + [default], device=device)
         self.row_of_slot = torch.full((pool_rows,), -1, dtype=torch.int64, device=device)
         self._samplers: dict[tuple[int, int], RankSampler] = {}
         self._drift = torch.zeros(2, dtype=torch.int64, device=device)
