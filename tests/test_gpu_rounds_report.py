@@ -155,6 +155,12 @@ def test_categories():
     assert categorise("ddtree_flat_mask") == "tree build + mask"
     assert categorise("ddtree_accept_walk") == "accept"
     assert categorise("vectorized_elementwise_kernel") == "elementwise / norm / other"
+    # the K2.6 rank's INT4 experts and their routing (SGLang's Marlin MoE path)
+    assert (
+        categorise("void MARLIN_NAMESPACE::Marlin<__nv_bfloat16, 4, 8, 8>(int4 const*)")
+        == "MoE experts + routing"
+    )
+    assert categorise("count_and_sort_expert_tokens_kernel") == "MoE experts + routing"
 
 
 def test_collectives_are_their_own_categories():

@@ -36,6 +36,8 @@ CATEGORIES = [
     ("tree build + mask", re.compile(r"ddtree_(build|tree|flat_mask)")),
     ("accept", re.compile(r"ddtree_accept")),
     ("tree other", re.compile(r"ddtree_")),
+    # SGLang's Marlin MoE GEMM (``Marlin<...>``) and the expert routing around it
+    ("MoE experts + routing", re.compile(r"marlin|moe|expert|route|fused_gate", re.I)),
     ("attention", re.compile(r"_fwd_kernel|attention|attn|flash", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|matmul|sm90", re.I)),
     ("sampling / argmax / softmax", re.compile(r"argmax|softmax|sort|topk|top_k|reduce|sampl|max_", re.I)),
