@@ -195,10 +195,15 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
   if (list < S && j_hi - j_lo == g) sample = __ldcg(mine + j_hi - 1);
   const ddt_u64 bound = ddt_block_mth_largest(sample, C, s_x, s_bound);
   if (list < S) {
-    for (int j = j_lo; j < j_hi; ++j) {
-      const ddt_u64 c = __ldcg(mine + j);
-      if (c < bound || c == 0ull) break;  // the list is sorted: the rest is below too
-      ddt_collect(c, bound, cand, s_cnt, cap);
+    // Eight loads in flight at a time (a load per step would wait on each in turn); the list
+    // is sorted, so once a group ends below the bound the rest of the chunk is below too.
+    for (int j0 = j_lo; j0 < j_hi; j0 += 8) {
+      ddt_u64 c[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) c[u] = j0 + u < j_hi ? __ldcg(mine + j0 + u) : 0ull;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) ddt_collect(c[u], bound, cand, s_cnt, cap);
+      if (c[7] < bound) break;  // includes a group cut by the chunk's end (zero-padded)
     }
   }
   float m = -__int_as_float(0x7f800000), s = 0.f;
