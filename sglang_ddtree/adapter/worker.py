@@ -29,16 +29,15 @@ from sglang.srt.layers.dp_attention import get_dp_tp_group
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.scheduler import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _resolve_dflash_embedding_module
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import (
     build_block_pos_offsets,
     make_draft_block_spec_info,
     make_draft_input_v2,
 )
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from ..config import (
@@ -50,6 +49,7 @@ from ..config import (
     tree_backend_override,
 )
 from ..kernels.backend import get_tree_backend
+from .draft_block import draft_forward_batch
 from .draft_head import DraftTreeHead, draft_topk
 from .draft_kv_graphs import committed_rows
 from .draft_kv_graphs import install as install_draft_kv_graphs
@@ -58,7 +58,7 @@ from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
-from .verify_input import DDTreeVerifyInput, draft_seq_lens_cpu, prefix_lens_bound_cpu
+from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
 from .widths import LOG_EVERY, StepWidths
 
 logger = logging.getLogger("sglang_ddtree")
@@ -295,7 +295,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self.widths is not None and self.widths.skips_draft:
             return self.widths.root_only(roots, prefix_lens, self._last_position)
         with self.phase("draft prepare"):
-            forward_batch = self._draft_forward_batch(batch, draft_input, roots, prefix_lens, plan)
+            forward_batch = draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan)
         with self.phase("draft forward"), torch.inference_mode():
             out = self.draft_model_runner.forward(forward_batch)
         with self.phase("tree step"):
@@ -310,38 +310,6 @@ class DDTreeWorker(DFlashWorkerV2):
                 return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
             head = self.widths.heads[width]
             return head.run(out.logits_output.hidden_states, roots, prefix_lens, self.widths.watch(propose))
-
-    def _draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan):
-        bs, block = len(prefix_lens), self.block_size
-        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.int64, device=self.device)
-        block_ids[:, 0] = roots
-        positions = (prefix_lens[:, None].to(torch.int64) + self._block_pos_offsets).reshape(-1)
-        positions.clamp_(max=self._last_position)
-        target_model = self.target_worker.model_runner.model
-        embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
-        embeds = embed(block_ids)
-        if self._noise_embed_scale != 1.0:
-            embeds = embeds * self._noise_embed_scale
-        seq_lens_cpu = draft_seq_lens_cpu(batch, draft_input, bs, self.block_size)
-        forward_batch = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            batch_size=bs,
-            input_ids=block_ids.flatten(),
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            out_cache_loc=None,
-            seq_lens_sum=int(seq_lens_cpu.sum()),
-            seq_lens_cpu=seq_lens_cpu,
-            positions=positions,
-            input_embeds=embeds.view(-1, embeds.shape[-1]),
-            spec_algorithm=SpeculativeAlgorithm.DFLASH,
-            spec_info=self._draft_block_spec_info,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-            global_num_token_non_padded_cpu=bs * block,
-            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
-        )
-        plan.bind(forward_batch, self.draft_model_runner.kv_index_translator, cols=slice(0, block))
-        return forward_batch
 
     def _propose(self, batch, hidden, prefix_lens, k):
         """The drafter's hidden states ``[bs * depth, hidden]`` to top-k log-probs and ids
