@@ -194,6 +194,16 @@ def test_replacement_reads_the_batch_from_the_device_tables_the_host_fills_once(
             if rank < k:
                 assert row[rank].item() == token
     assert torch.equal(ids[2 * depth :], candidates[2 * depth :, :k])  # off the recording: its own
+    # a CUDA graph replays a padded batch (stale rows past the real ones): the real rows unchanged
+    padded = drafter.replace(
+        torch.cat([candidates, candidates[:depth]]),
+        torch.cat([roots, roots[:1]]),
+        torch.cat([prefix_lens, prefix_lens[:1]]),
+        torch.cat([slots, torch.tensor([4])]),
+        depth,
+        k,
+    )
+    assert torch.equal(padded[1][: 3 * depth], ids) and torch.equal(padded[0][: 3 * depth], log_probs)
     drafter.count(roots, prefix_lens, slots)
     assert drafter._drift.tolist() == [2, 3]
     # one server, several profiles: each recorded row its own, requests off the recording the default
