@@ -74,6 +74,15 @@ def generate_sequential(server: ServerProcess, prompts=PROMPTS, params=GREEDY) -
     return [server.generate({"text": p, "sampling_params": params})["output_ids"] for p in prompts]
 
 
+def one_batch(requests: list[dict]) -> dict:
+    """One ``/generate`` call carrying every request: the scheduler receives them together and
+    runs them as one batch (requests sent from threads may reach a loaded machine one by one)."""
+    return {
+        "input_ids": [r["input_ids"] for r in requests],
+        "sampling_params": [r["sampling_params"] for r in requests],
+    }
+
+
 def generate_batch(server: ServerProcess, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
     """All prompts in flight at once (the scheduler batches them)."""
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:

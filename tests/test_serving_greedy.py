@@ -36,6 +36,7 @@ from serving import (
     ddtree_args,
     generate_batch,
     generate_sequential,
+    one_batch,
     output_ids,
     reference_server,
     server_spec,
@@ -158,16 +159,8 @@ def _short_requests(tokenizer) -> list[dict]:
 def _answers(server, requests):
     """Each request alone, then all of them in one batch."""
     alone = output_ids([server.generate(r) for r in requests])
-    batched = output_ids(server.generate(_one_batch(requests)))
+    batched = output_ids(server.generate(one_batch(requests)))
     return alone, batched
-
-
-def _one_batch(requests: list[dict]) -> dict:
-    """One ``/generate`` call carrying every request (the scheduler runs them together)."""
-    return {
-        "input_ids": [r["input_ids"] for r in requests],
-        "sampling_params": [r["sampling_params"] for r in requests],
-    }
 
 
 @pytest.fixture(scope="module")

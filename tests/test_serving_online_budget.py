@@ -19,7 +19,6 @@ output must equal the non-speculative server's, whatever width each step ran.
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import functools
 import re
 
@@ -29,6 +28,7 @@ from serving import (
     ServerSpec,
     ddtree_args,
     last_tree_stats,
+    one_batch,
     oracle_env,
     oracle_reference,
     output_ids,
@@ -49,9 +49,8 @@ WIDTHS = list(candidate_widths(MAX_BUDGET))  # [1, 2, 3, 5, 9, 17]
 
 
 def run_batch(server, requests) -> list[list[int]]:
-    """All requests in flight at once (the scheduler batches them)."""
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        return [f.result()["output_ids"] for f in [pool.submit(server.generate, r) for r in requests]]
+    """All requests in one call, so that the scheduler decodes them as one batch."""
+    return output_ids(server.generate(one_batch(requests)))
 
 
 @pytest.fixture(scope="module")
