@@ -130,11 +130,9 @@ class ReplayDrafter:
         """The drafter's top-(k+1) ``candidates`` ``[bs * depth, k+1]`` -> top-k log-probs
         and ids ``[bs * depth, k]`` of the calibrated drafter (device work only)."""
         bs = roots.shape[0]
-        rows = self.row_of_slot[req_pool_indices.to(torch.int64)]
+        rows, true_ids, on_record = self._recorded(roots, prefix_lens, req_pool_indices, depth)
         profile_ids = self.profile_of_row[torch.where(rows >= 0, rows, self.profile_of_row.shape[0] - 1)]
-        true_ids, recorded_roots = self.recording.truth(rows, prefix_lens, depth)
         # Off the recording (or past its end) every proposal is the drafter's own.
-        on_record = (recorded_roots == roots.view(-1)) & (recorded_roots >= 0)
         true_ids = torch.where(on_record[:, None], true_ids, -1)
         sampler = self.sampler(depth, k)
         ranks = sampler.sample(profile_ids, draw_keys(rows, prefix_lens)).view(-1)
@@ -142,12 +140,17 @@ class ReplayDrafter:
         log_probs = sampler.log_probs[profile_ids].reshape(bs * depth, k)
         return log_probs.contiguous(), ids
 
+    def _recorded(self, roots, prefix_lens, req_pool_indices, depth: int):
+        """Each request's recorded row ``[bs]``, the recorded tokens after its root ``[bs,
+        depth]``, and whether its root is the recorded one ``[bs]``."""
+        rows = self.row_of_slot[req_pool_indices.to(torch.int64)]
+        true_ids, recorded_roots = self.recording.truth(rows, prefix_lens, depth)
+        return rows, true_ids, (recorded_roots == roots.view(-1)) & (recorded_roots >= 0)
+
     def count(self, roots, prefix_lens, req_pool_indices) -> None:
         """Per round (eager): how many requests' roots are on their recording; logged every
         :data:`LOG_EVERY` rounds."""
-        rows = self.row_of_slot[req_pool_indices.to(torch.int64)]
-        _, recorded_roots = self.recording.truth(rows, prefix_lens, 0)
-        on_record = (recorded_roots == roots.view(-1)) & (recorded_roots >= 0)
+        _, _, on_record = self._recorded(roots, prefix_lens, req_pool_indices, 0)
         self._drift[0] += on_record.sum()
         self._drift[1] += on_record.numel()
         self._rounds += 1
