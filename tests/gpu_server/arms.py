@@ -208,6 +208,23 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 BF16_MARGIN = 0.25  # nats
 
 
+# Float32 logits of one prefix still differ by rounding between kernels of different shapes (a
+# bs-11 decode, a width-17 verify, a prefill), and the plain server breaks such ties differently
+# itself: at 27ce76a its decode emitted token 302 where its own prefill of the same prefix ranks
+# token 2709 first by 5.2e-5 nats (bench_results/gpu_server_h200_27ce76a.json). A difference is a
+# float32 tie only where the two tokens are the reference forward's top two and lie within
+# FP32_TIE of each other: about 250 float32 steps at this pair's logit scale (|16|..|32|), 250x
+# below BF16_MARGIN, and far below what a wrong tree or a stale KV entry produces.
+FP32_TIE = 1e-3  # nats
+
+
+def is_float32_tie(top2: list[tuple[float, int]], expected: int, got: int) -> bool:
+    """Whether ``expected`` (plain's token) and ``got`` (the speculative arm's) are the
+    reference forward's two best tokens at that position, within ``FP32_TIE``."""
+    (first_logprob, first), (second_logprob, second) = top2
+    return {first, second} == {expected, got} and first_logprob - second_logprob <= FP32_TIE
+
+
 def top2_logprobs(reference: ServerProcess, prompt: list[int], output: list[int]):
     """``reference``'s full forward of ``prompt + output``: for every output token, its
     log-prob and the two best ``(log-prob, token)`` at its position."""
