@@ -120,6 +120,7 @@ def _capture_width(model_runner, width: int):
     from sglang.srt.utils import get_available_gpu_memory
 
     started, before = time.perf_counter(), get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    held, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     with verify_width_context(width):
         workspace = model_runner.init_new_workspace
         try:
@@ -129,12 +130,18 @@ def _capture_width(model_runner, width: int):
         runner_cls = model_runner._decode_cuda_graph_runner_cls()
         graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
     after = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
+    # Which memory a width costs: tensors still held after its capture (buffers, workspaces,
+    # graph outputs) against what the caching allocator reserved besides (graph pools that
+    # earlier captures' freed blocks did not cover).
     logger.info(
-        "DDTREE online budget: verify graphs of width %d captured (bs %s) in %.1f s, %.2f GB",
+        "DDTREE online budget: verify graphs of width %d captured (bs %s) in %.1f s, %.2f GB "
+        "(tensors held %+.2f GB, allocator reserve %+.2f GB)",
         width,
         list(graphs.capture_bs),
         time.perf_counter() - started,
         before - after,
+        (torch.cuda.memory_allocated() - held) / 2**30,
+        (torch.cuda.memory_reserved() - reserved) / 2**30,
     )
     return backend, graphs
 

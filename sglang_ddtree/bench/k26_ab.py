@@ -194,6 +194,8 @@ def same_share(outputs: list[list[int]], prompts: list[list[int]], sequences: li
 
 def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline: float) -> dict:
     record = {"arm": arm, "start_s": round(server.start_s, 1), "cells": [], "skipped": []}
+    if arm in args.torch_profile_arms:  # first: a few rounds each, and the arm's share ends in cells
+        run_torch_profiles(server, arm, sets, args, record, deadline)
     keys = list(sets) if arm != "plain" else [k for k in sets if k[1] == args.profiles[0]]
     for key in keys:
         length, profile = key
@@ -216,8 +218,6 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
     widths = online_budget_lines(server.log_path)
     if widths:
         record["online_budget_log"] = widths
-    if arm in args.torch_profile_arms:
-        run_torch_profiles(server, arm, sets, args, record, deadline)
     return record
 
 
