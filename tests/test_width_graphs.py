@@ -291,3 +291,72 @@ def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
     # the root alone at bs 8 (trees cost 9x) in width 1's graphs with no drafter replay, and
     # the tree again at bs 1 from the kept prediction: the choice reads the log-probs the graph kept
     assert seen == [(1, False), (5, False), (1, True), (1, True), (5, False)]
+
+
+class _TritonLikeBackend:
+    """The CUDA-graph state of SGLang's triton backend, as ``init_cuda_graph_state`` sizes it."""
+
+    def __init__(self, heads=2, splits=4, v_dim=8, context=16):
+        self.num_head, self.max_kv_splits, self.v_head_dim, self.max_context_len = (
+            heads,
+            splits,
+            v_dim,
+            context,
+        )
+        self.kv_indices_buf_given = None
+
+    def init_cuda_graph_state(
+        self, max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None
+    ):
+        self.kv_indices_buf_given = kv_indices_buf
+        self.cuda_graph_attn_logits = torch.zeros(
+            max_num_tokens, self.num_head, self.max_kv_splits, self.v_head_dim
+        )
+        self.cuda_graph_attn_lse = torch.zeros(max_num_tokens, self.num_head, self.max_kv_splits)
+        self.cuda_graph_kv_indices = (
+            torch.zeros(max_num_tokens * self.max_context_len, dtype=torch.int64)
+            if kv_indices_buf is None
+            else kv_indices_buf
+        )
+        self.cuda_graph_num_kv_splits = torch.full((max_num_tokens,), self.max_kv_splits, dtype=torch.int32)
+
+
+def test_a_width_backend_uses_the_largest_widths_graph_scratch():
+    from sglang_ddtree.adapter.width_graphs import share_graph_scratch
+
+    startup = _TritonLikeBackend()
+    startup.init_cuda_graph_state(max_bs=4, max_num_tokens=4 * 9)
+    narrow = _TritonLikeBackend()
+    share_graph_scratch(narrow, startup)
+    narrow.init_cuda_graph_state(4, 4 * 3)  # as SGLang's graph runner calls it
+    assert narrow.kv_indices_buf_given is startup.cuda_graph_kv_indices
+    for name, rows in (("cuda_graph_attn_logits", 12), ("cuda_graph_attn_lse", 12)):
+        mine, theirs = getattr(narrow, name), getattr(startup, name)
+        assert mine.shape == (rows, *theirs.shape[1:])
+        assert mine.data_ptr() == theirs.data_ptr()
+    # per-width state that is not shared keeps its own size
+    assert narrow.cuda_graph_num_kv_splits.shape == (12,)
+
+
+def test_graph_scratch_of_another_shape_is_not_shared():
+    from sglang_ddtree.adapter.width_graphs import share_graph_scratch
+
+    startup = _TritonLikeBackend(splits=4)
+    startup.init_cuda_graph_state(4, 36)
+    other = _TritonLikeBackend(splits=8)  # another split count: its own scratch
+    share_graph_scratch(other, startup)
+    other.init_cuda_graph_state(4, 12)
+    assert other.cuda_graph_attn_logits.data_ptr() != startup.cuda_graph_attn_logits.data_ptr()
+    assert other.cuda_graph_attn_logits.shape == (12, 2, 8, 8)
+    assert other.kv_indices_buf_given is startup.cuda_graph_kv_indices  # indices are only indices
+
+
+def test_a_backend_without_graph_state_is_left_alone():
+    from sglang_ddtree.adapter.width_graphs import share_graph_scratch
+
+    class Plain:
+        pass
+
+    backend = Plain()
+    share_graph_scratch(backend, _TritonLikeBackend())  # the start-up backend captured nothing
+    assert not hasattr(backend, "init_cuda_graph_state")

@@ -99,6 +99,7 @@ def build_width_runners(model_runner, widths) -> WidthRunners:
     """Capture a verify graph runner (with its own attention backend) for every width below
     the largest; the largest is the model runner's own, captured at start-up."""
     pairs = {int(width): _capture_width(model_runner, int(width)) for width in widths[:-1]}
+    torch.cuda.empty_cache()  # the scratch each width allocated before it took the shared one
     return WidthRunners(model_runner, pairs, largest=widths[-1])
 
 
@@ -127,6 +128,7 @@ def _capture_width(model_runner, width: int):
             backend = model_runner._get_attention_backend(init_new_workspace=True)
         finally:
             model_runner.init_new_workspace = workspace
+        share_graph_scratch(backend, model_runner.attn_backend)
         runner_cls = model_runner._decode_cuda_graph_runner_cls()
         graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
     after = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
@@ -144,6 +146,46 @@ def _capture_width(model_runner, width: int):
         (torch.cuda.memory_reserved() - reserved) / 2**30,
     )
     return backend, graphs
+
+
+# Per-token graph state SGLang's triton backend sizes for ``max_bs x width`` tokens: the
+# decode kernel's split partials (fp32 ``[tokens, heads, splits, v_dim]``: on the K2.6 rank 256
+# splits, 4 MB a token) and its lse. Only one verify width runs at a time, on one stream, and
+# each replay writes these before reading them, so every width can use the largest width's.
+SHARED_SCRATCH = ("cuda_graph_attn_logits", "cuda_graph_attn_lse")
+
+
+def share_graph_scratch(backend, startup_backend) -> None:
+    """Make ``backend``'s CUDA-graph state (allocated when its graph runner is built) use the
+    start-up backend's: its kv-index buffer through SGLang's own ``kv_indices_buf`` argument
+    (refilled by every replay's metadata), its split scratch as views of the start-up one.
+    A backend without that state (another attention backend) is left as it is."""
+    init = getattr(backend, "init_cuda_graph_state", None)
+    if init is None or getattr(startup_backend, "cuda_graph_kv_indices", None) is None:
+        return
+
+    def init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None):
+        shared = startup_backend.cuda_graph_kv_indices
+        if kv_indices_buf is None and shared.numel() >= max_num_tokens * backend.max_context_len:
+            kv_indices_buf = shared
+        init(max_bs, max_num_tokens, kv_indices_buf, cuda_graph_num_kv_splits_buf)
+        for name in SHARED_SCRATCH:
+            mine, theirs = getattr(backend, name, None), getattr(startup_backend, name, None)
+            if _fits_in(mine, theirs):
+                setattr(backend, name, theirs[: mine.shape[0]])
+
+    backend.init_cuda_graph_state = init_cuda_graph_state
+
+
+def _fits_in(mine, theirs) -> bool:
+    return (
+        isinstance(mine, torch.Tensor)
+        and isinstance(theirs, torch.Tensor)
+        and mine.dtype == theirs.dtype
+        and mine.device == theirs.device
+        and mine.shape[1:] == theirs.shape[1:]
+        and mine.shape[0] <= theirs.shape[0]
+    )
 
 
 def time_graph_replays(graph_runner, repeats: int = TIMED_REPLAYS) -> dict[int, float]:
