@@ -105,6 +105,8 @@ def test_topk_report():
                         split_us=split,
                         row_us=60.0 + bs,
                         speedup=(60.0 + bs) / split,
+                        torch_lse_us=2.0 + bs / 2,
+                        torch_topk_us=40.0 + bs,
                         forced_splits=None,
                     )
                 )
@@ -123,6 +125,8 @@ def test_topk_report():
     md = tkk.to_markdown(res)
     assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
     assert "bs 64 x depth 15: 78.6 us" in md
+    assert "| split kernel | row kernel | x | torch logsumexp | torch topk |" in md
+    assert "| 64 | 64 | 448 | 12 | 13656 | 34.0 | 124.0 | 3.65 | 34.0 | 104.0 |" in md
 
 
 def test_posterior_follows_the_tree_to_its_leaves():
