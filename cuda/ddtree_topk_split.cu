@@ -32,6 +32,13 @@
 #define DDT_SPLIT_MAXK 256
 #define DDT_SPLIT_RANK_MAX 512  // above, the collected candidates are sorted instead of ranked
 #define DDT_SPLIT_UNROLL 4
+// Benchmark cut points (the top-k benchmark's --phases times each; serving compiles 0): the
+// block stops after 1 = the slice read (partial log-sum-exp, per-thread samples), 2 = the
+// block's bound and log-sum-exp, 3 = the slice's candidates collected, ranked and handed over
+// (no merge). A cut keeps its work alive with a store the data never triggers.
+#ifndef DDT_TOPK_CUT
+#define DDT_TOPK_CUT 0
+#endif
 // 4 blocks of 256 threads per SM: 64 registers, no spills (without the hint ptxas spills)
 
 __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
@@ -275,8 +282,16 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     }
   });
   const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
+#if DDT_TOPK_CUT == 1
+  if (m + s == -1.f && sample == 1ull) ws_part[0] = m;
+  return;
+#endif
   const ddt_u64 bound = ddt_block_mth_largest(sample, k, s_x, &s_bound);
   ddt_block_lse(m, s, s_m, s_s);
+#if DDT_TOPK_CUT == 2
+  if (m + s == -1.f && bound == 1ull) ws_part[0] = m;
+  return;
+#endif
 
   // ---- collect every element >= bound (L1/L2 hits: the block has just read them). Float
   // order is key order (keys equate -0 and +0), so a vector whose largest value is below the
@@ -309,6 +324,9 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     ws_part[2 * (r * S + split)] = m;
     ws_part[2 * (r * S + split) + 1] = s;
   }
+#if DDT_TOPK_CUT == 3
+  return;
+#endif
   __threadfence();
   __syncthreads();
   if (tid == 0) {

@@ -122,7 +122,22 @@ def test_topk_report():
     assert t["bs64_block8_us"]["value"] == 5.0 + 64 * 7 / 16 + 1 and t["bs64_block8_us"]["met"]
     assert not t["bs64_block16_us"]["met"]  # 66.0 us
     res["copy_gbs"] = 8000.0
+    res["phases"] = [
+        dict(
+            block=8,
+            bs=64,
+            k=64,
+            rows=448,
+            splits=12,
+            cut1_us=60.0,
+            cut2_us=80.0,
+            cut3_us=150.0,
+            cut0_us=201.0,
+        )
+    ]
     md = tkk.to_markdown(res)
+    assert "## The split kernel stopped after each phase (cumulative us)" in md
+    assert "| 8 | 64 | 64 | 448 | 12 | 60.0 | 80.0 | 150.0 | 201.0 |" in md
     assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
     assert "bs 64 x depth 15: 78.6 us" in md
     assert "| split kernel | row kernel | x | torch logsumexp | torch topk |" in md

@@ -10,6 +10,6 @@
 set -o pipefail
 timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk > "$OUT/topk_tests.log" 2>&1
 tail -1 "$OUT/topk_tests.log"
-timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only --batch-sizes 1 8 32 64 --ks 8 16 32 64 \
+timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only --batch-sizes 1 8 32 64 --ks 8 16 32 64 --phases \
   --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
 exit 0

@@ -96,6 +96,37 @@ def reference_us(x: torch.Tensor, k: int, calls: int, reps: int) -> dict:
     }
 
 
+def time_phases(x: torch.Tensor, k: int, calls: int, reps: int) -> dict:
+    """The split kernel stopped after each of its phases (``topk.SPLIT_CUTS``), timed alike:
+    where its time goes, cumulative (us)."""
+    from ..kernels import topk
+
+    rows, vocab = x.numel() // x.shape[-1], x.shape[-1]
+    plan = topk.split_plan(rows, vocab, k, topk._sm_count(x.device))
+    ws = topk.TopkWorkspace.for_splits(rows, k, plan.splits, x.device)
+    out_lp = torch.empty(*x.shape[:-1], k, device=x.device)
+    out_ids = torch.empty(*x.shape[:-1], k, dtype=torch.int64, device=x.device)
+    out = {"k": k, "rows": rows, "splits": plan.splits}
+    for cut in topk.SPLIT_CUTS:
+        fn = lambda cut=cut: topk.split_kernel_cut(x, k, cut, ws, out_lp, out_ids)  # noqa: E731
+        out[f"cut{cut}_us"] = (
+            _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
+        )
+    return out
+
+
+def run_phases(args, results: dict) -> None:
+    dev = torch.device("cuda")
+    results["phases"] = []
+    for block in args.blocks:
+        logits = draft_like_logits(max(args.phase_batch_sizes), block - 1, args.vocab, block, dev)
+        for bs in args.phase_batch_sizes:
+            for k in args.phase_ks:
+                row = time_phases(logits[:bs], k, args.calls, args.reps)
+                results["phases"].append({"block": block, "bs": bs, **row})
+        del logits
+
+
 def run(args) -> dict:
     dev = torch.device("cuda")
     results = {"stamp": _stamp.stamp(), "vocab": args.vocab, "config": vars(args).copy(), "topk": []}
@@ -118,6 +149,8 @@ def run(args) -> dict:
                     )
         del logits
     results["targets"] = evaluate_targets(results)
+    if args.phases:
+        run_phases(args, results)
     return results
 
 
@@ -174,6 +207,19 @@ TOPK_COLUMNS = (
 )
 
 
+PHASE_COLUMNS = (
+    ("block", "block"),
+    ("bs", "bs"),
+    ("k", "k"),
+    ("rows", "rows"),
+    ("splits", "splits"),
+    ("cut1_us", "slice read"),
+    ("cut2_us", "+ bound, lse"),
+    ("cut3_us", "+ candidates ranked"),
+    ("cut0_us", "+ merge (full kernel)"),
+)
+
+
 def to_markdown(results: dict) -> str:
     lines = kernel_report.head(TITLE, METHOD, results)
     lines += kernel_report.targets_section(
@@ -182,6 +228,10 @@ def to_markdown(results: dict) -> str:
     for block in sorted({r["block"] for r in results["topk"]}):
         lines += kernel_report.section(
             f"Block {block} (depth {block - 1})", results["topk"], TOPK_COLUMNS, where={"block": block}
+        )
+    if results.get("phases"):
+        lines += kernel_report.section(
+            "The split kernel stopped after each phase (cumulative us)", results["phases"], PHASE_COLUMNS
         )
     if results.get("copy_gbs"):
         lines += [_read_floor_line(results["copy_gbs"], results["vocab"]), ""]
@@ -203,6 +253,11 @@ def _read_floor_line(copy_gbs: float, vocab: int) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", type=int, nargs="+", default=list(KS), help="top-k sizes (budgets)")
     p.add_argument("--splits", type=int, nargs="+", default=[0], help="split counts to time (0 = automatic)")
+    p.add_argument(
+        "--phases", action="store_true", help="also time the split kernel stopped after each phase"
+    )
+    p.add_argument("--phase-batch-sizes", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--phase-ks", type=int, nargs="+", default=[8, 64])
 
 
 def main(argv=None) -> int:

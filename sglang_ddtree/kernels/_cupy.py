@@ -76,17 +76,19 @@ def kernel_source(name: str) -> str:
 
 
 @functools.cache
-def raw_module(name: str):
+def raw_module(name: str, defines: tuple[str, ...] = ()):
+    """``cuda/<name>.cu`` compiled, with ``-D`` ``defines`` (benchmark variants)."""
     cupy = require_cupy()
-    return cupy.RawModule(code=kernel_source(name), options=NVRTC_OPTIONS)
+    return cupy.RawModule(code=kernel_source(name), options=NVRTC_OPTIONS + tuple(f"-D{d}" for d in defines))
 
 
 class Kernel:
     """One kernel of one module: compiled lazily, launched on the current torch stream."""
 
-    def __init__(self, module: str, name: str):
+    def __init__(self, module: str, name: str, defines: tuple[str, ...] = ()):
         self.module = module
         self.name = name
+        self.defines = defines
         self._raw = None
         self._fn = None
         self._smem_limit = DEFAULT_SMEM_LIMIT
@@ -94,7 +96,7 @@ class Kernel:
 
     def _load(self):
         if self._raw is None:
-            self._raw = raw_module(self.module).get_function(self.name)
+            self._raw = raw_module(self.module, self.defines).get_function(self.name)
             self._fn = self._raw.kernel  # compiles (first use) and loads
         return self._raw
 
@@ -124,8 +126,8 @@ class Kernel:
 
 
 @functools.cache
-def kernel(module: str, name: str) -> Kernel:
-    return Kernel(module, name)
+def kernel(module: str, name: str, defines: tuple[str, ...] = ()) -> Kernel:
+    return Kernel(module, name, defines)
 
 
 def ptr(t: torch.Tensor | None) -> int:

@@ -248,12 +248,25 @@ def topk_log_probs(
     return out_log_probs, out_token_ids
 
 
-def _launch_split(logits, rows, vocab, k, plan: SplitPlan, workspace, out_lp, out_ids) -> None:
+# The split kernel's benchmark cut points (``DDT_TOPK_CUT`` in cuda/ddtree_topk_split.cu).
+SPLIT_CUTS = {1: "slice read", 2: "bound and lse", 3: "candidates ranked", 0: "merged (full)"}
+
+
+def split_kernel_cut(draft_logits, k: int, cut: int, workspace: TopkWorkspace, out_lp, out_ids) -> None:
+    """Benchmark only: the split kernel (automatic plan) stopped after ``cut`` (:data:`SPLIT_CUTS`;
+    0 is the whole kernel). A cut leaves the outputs unwritten and the row counters as they were."""
+    rows, vocab = draft_logits.numel() // draft_logits.shape[-1], draft_logits.shape[-1]
+    plan = split_plan(rows, vocab, k, _sm_count(draft_logits.device))
+    _launch_split(draft_logits, rows, vocab, k, plan, workspace, out_lp, out_ids, cut)
+
+
+def _launch_split(logits, rows, vocab, k, plan: SplitPlan, workspace, out_lp, out_ids, cut: int = 0) -> None:
     if workspace is None:
         workspace = TopkWorkspace.for_splits(rows, k, plan.splits, logits.device)
     elif not workspace.fits(rows, k, plan.splits):
         raise ValueError(f"workspace too small for {rows} rows x {plan.splits} splits x k={k}")
-    kernel("ddtree_topk_split", _SPLIT_KERNELS[logits.dtype])(
+    defines = (f"DDT_TOPK_CUT={cut}",) if cut else ()
+    kernel("ddtree_topk_split", _SPLIT_KERNELS[logits.dtype], defines)(
         (rows * plan.splits,),
         (_SPLIT_THREADS,),
         (
