@@ -360,3 +360,48 @@ def test_a_backend_without_graph_state_is_left_alone():
     backend = Plain()
     share_graph_scratch(backend, _TritonLikeBackend())  # the start-up backend captured nothing
     assert not hasattr(backend, "init_cuda_graph_state")
+
+
+def test_timed_replays_see_spread_token_ids():
+    """Capture leaves one id in every input slot (a MoE target would route every token to the
+    same experts); the start-up timing replays on distinct ids in the vocabulary."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.adapter.width_graphs import spread_token_ids
+
+    runner = SimpleNamespace(buffers=SimpleNamespace(input_ids=torch.zeros(4 * 65, dtype=torch.int64)))
+    spread_token_ids(runner, vocab_size=1000)
+    ids = runner.buffers.input_ids
+    assert ids.dtype == torch.int64 and 0 <= int(ids.min()) and int(ids.max()) < 1000
+    assert len(set(ids.tolist())) > 200  # spread, not one id
+    again = SimpleNamespace(buffers=SimpleNamespace(input_ids=torch.zeros(4 * 65, dtype=torch.int64)))
+    spread_token_ids(again, vocab_size=1000)
+    assert torch.equal(again.buffers.input_ids, ids)  # the same timing inputs at every start
+    spread_token_ids(SimpleNamespace(), vocab_size=1000)  # no buffers (another graph backend): nothing
+
+
+def test_install_times_every_width_on_spread_ids(monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang_ddtree.adapter import width_graphs
+
+    def graphs():
+        return SimpleNamespace(buffers=SimpleNamespace(input_ids=torch.zeros(64, dtype=torch.int64)))
+
+    target = SimpleNamespace(model_config=SimpleNamespace(vocab_size=500), decode_cuda_graph_runner=graphs())
+    pairs = {1: (None, graphs()), 9: (None, graphs())}
+    runners = SimpleNamespace(pairs={**pairs, 17: (None, target.decode_cuda_graph_runner)})
+    monkeypatch.setattr(width_graphs, "captured_verify_graphs", lambda runner: True)
+    monkeypatch.setattr(width_graphs, "build_width_runners", lambda runner, widths: runners)
+    seen = []
+
+    def timed(graph_runner):
+        seen.append(len(set(graph_runner.buffers.input_ids.tolist())))
+        return {1: 1.0}
+
+    monkeypatch.setattr(width_graphs, "time_graph_replays", timed)
+    widths = SimpleNamespace(
+        widths=(1, 9, 17), measured=True, use_cost_table=lambda table: None, cost_rows=dict
+    )
+    width_graphs.install(widths, target, SimpleNamespace())
+    assert len(seen) == 3 and all(distinct > 20 for distinct in seen)  # every width, spread
