@@ -212,8 +212,8 @@ def spread_token_ids(graph_runner, vocab_size: int, seed: int = 0) -> None:
     """Random token ids in ``graph_runner``'s input buffer, for its timed replays. Capture
     leaves one id in every slot, so on a MoE target every token routes to the same experts and
     a wide verify times nearly as cheap as a narrow one (on the K2.6 rank the start-up table put
-    width 65 at 14.6 ms at bs 1 against 9.4 for width 9, while 65 tokens read ~35x the expert
-    weights 8 do; that server's c=1 rounds took 27 ms, the chain's 19.5). Distinct ids spread the
+    width 65 at 14.6 ms at bs 1 against 9.4 for width 9, while 65 routed tokens read ~4x the
+    expert weights 9 do; that server's c=1 rounds took 27 ms, the chain's 19.5). Distinct ids spread the
     routing as a real batch does. Every replay while serving copies its own ids in first."""
     ids = getattr(getattr(graph_runner, "buffers", None), "input_ids", None)
     if not isinstance(ids, torch.Tensor):
