@@ -58,6 +58,7 @@ from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
+from .verify_graph_memory import release_decode_scratch
 from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
 from .widths import LOG_EVERY, StepWidths
 
@@ -160,10 +161,13 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
+        backends = [self.model_runner.attn_backend]
         if self.widths is not None:
             from .width_graphs import install
 
             install(self.widths, self.model_runner, self.draft_model_runner)
+            backends += [backend for backend, _ in getattr(self.widths.runners, "pairs", {}).values()]
+        release_decode_scratch(self.model_runner, backends)
         widths = self.widths.widths if self.widths else [self.width]
         self.draft_kv_graphs = install_draft_kv_graphs(self, widths)
 

@@ -1,0 +1,44 @@
+"""The decode scratch a speculative target's verify graphs never read is given back after
+capture (adapter/verify_graph_memory.py); a target with decode graphs keeps it."""
+
+from types import SimpleNamespace
+
+import torch
+
+from sglang_ddtree.adapter.verify_graph_memory import release_decode_scratch
+
+
+def _backend(tokens=12, heads=2, splits=4, v_dim=8):
+    return SimpleNamespace(
+        cuda_graph_attn_logits=torch.zeros(tokens, heads, splits, v_dim),
+        cuda_graph_attn_lse=torch.zeros(tokens, heads, splits),
+        cuda_graph_kv_indices=torch.zeros(tokens * 16, dtype=torch.int64),
+    )
+
+
+def _target(mode: str, backend):
+    graphs = SimpleNamespace(capture_forward_mode=SimpleNamespace(name=mode))
+    return SimpleNamespace(decode_cuda_graph_runner=graphs, attn_backend=backend)
+
+
+def test_a_verify_target_gives_back_the_decode_scratch_of_every_width():
+    startup = _backend(tokens=36)
+    narrow = _backend(tokens=12)
+    narrow.cuda_graph_attn_logits = startup.cuda_graph_attn_logits[:12]  # a width viewing the start-up one
+    kv_indices = startup.cuda_graph_kv_indices
+    released = release_decode_scratch(_target("TARGET_VERIFY", startup), [startup, narrow, startup])
+    # each storage counted once: the start-up logits (the narrow width's view), both lse buffers
+    assert released * 2**30 == 4 * (36 * 2 * 4 * 8 + 36 * 2 * 4 + 12 * 2 * 4)
+    for backend in (startup, narrow):
+        assert backend.cuda_graph_attn_logits.shape == (0, 2, 4, 8)
+        assert backend.cuda_graph_attn_lse.shape == (0, 2, 4)
+    assert startup.cuda_graph_kv_indices is kv_indices  # the verify graphs read the indices
+
+
+def test_a_target_with_decode_graphs_keeps_its_scratch():
+    backend = _backend()
+    logits = backend.cuda_graph_attn_logits
+    assert release_decode_scratch(_target("DECODE", backend), [backend]) == 0.0
+    assert backend.cuda_graph_attn_logits is logits
+    eager = SimpleNamespace(attn_backend=backend)  # no graphs captured
+    assert release_decode_scratch(eager, [backend]) == 0.0
