@@ -83,7 +83,8 @@ def serving_ddtree(spec_algorithm) -> bool:
 
 
 def sglang_verify_attention_requested() -> bool:
-    """Keep SGLang's own MLA target-verify kernel instead of the split tree kernel (debugging)."""
+    """Keep SGLang's own attention kernels where the plugin routes around them (debugging): the
+    MLA target's verify (the split tree kernel) and the drafter's block (the split-KV decode)."""
     value = os.environ.get(ENV_VERIFY_ATTENTION, "split").strip().lower()
     if value not in ("split", "sglang"):
         raise DDTreeConfigError(f"{ENV_VERIFY_ATTENTION}={value!r}: expected split or sglang")

@@ -285,3 +285,14 @@ def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):
         moe_tp_report.model_from_one_gpu(str(src), world=4)  # no ffn512 sweep measured
     assert tp.main(["--model", "--baseline-json", str(src), "--out", str(tmp_path), "--name", "m"]) == 0
     assert "MODEL" in (tmp_path / "m.md").read_text()
+
+
+def test_drafter_report_puts_the_decode_path_beside_sglang():
+    from sglang_ddtree.bench.sglang_verify_attention import drafter_markdown
+
+    row = {"bs": 1, "prefix": 4096, "block": 8, "heads": 8, "kv_heads": 1, "head_dim": 128,
+           "sglang_ms": 0.21, "decode_ms": 0.03, "read_floor_ms": 0.001}  # fmt: skip
+    old = {k: v for k, v in row.items() if k != "decode_ms"}  # a run from before the decode path
+    md = "\n".join(drafter_markdown([row, old]))
+    assert "| 1 | 4096 | 0.210 | 0.030 | 7.0x | 0.001 | 210x |" in md
+    assert "| 1 | 4096 | 0.210 | - | - | 0.001 | 210x |" in md

@@ -14,8 +14,8 @@
 set -o pipefail
 ALL_ARMS=$(python -c "from tests.gpu_server.arms import ARMS; print(','.join(ARMS))")
 bash gpu/jobs/k26_warm.sh > "$OUT/k26_warm.log" 2>&1 &
-timeout "${KERNEL_TESTS_S:-240}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-  tests/test_tree_engine.py tests/test_online_widths.py tests/test_mla_verify.py > "$OUT/gpu_tests.log" 2>&1
+timeout "${KERNEL_TESTS_S:-270}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
+  tests/test_tree_engine.py tests/test_online_widths.py tests/test_mla_verify.py tests/test_draft_attention.py > "$OUT/gpu_tests.log" 2>&1
 tail -1 "$OUT/gpu_tests.log"
 GPU_SERVER_ARMS="${GPU_SERVER_ARMS:-$ALL_ARMS}" timeout "${SUITE_S:-400}" python -m pytest -m gpu_server tests/gpu_server \
   -p no:cacheprovider -v -rA ${SUITE_K:+-k "$SUITE_K"} >> "$OUT/gpu_tests.log" 2>&1

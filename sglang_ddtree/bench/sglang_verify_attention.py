@@ -59,28 +59,50 @@ def drafter_attention(
 ):
     """SGLang's verify-mode attention at a DFlash drafter's shape (GQA, the block's tokens
     seeing the whole context and each other, no mask): the call its triton backend makes for
-    every drafter layer of a round. Returns a zero-argument launcher (inputs built once)."""
+    every drafter layer of a round, and the plugin's split-KV decode of the same block
+    (``kernels/draft_attention.py``) on the same inputs, checked against each other. Returns two
+    zero-argument launchers (inputs built once): SGLang's, the decode path's."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    from ..kernels.draft_attention import BlockScratch, block_attention
 
     gen = torch.Generator(device=device).manual_seed(bs * 131 + prefix)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
 
-    q, o = randn(bs * block, heads, head_dim), randn(bs * block, heads, head_dim)
-    k_extend, v_extend = randn(bs * block, kv_heads, head_dim), randn(bs * block, kv_heads, head_dim)
-    k_buffer, v_buffer = randn(bs * prefix, kv_heads, head_dim), randn(bs * prefix, kv_heads, head_dim)
+    span = prefix + block  # each request's prefix slots, then its block's (written before the kernel)
+    q, o, o_decode = (
+        randn(bs * block, heads, head_dim),
+        randn(bs * block, heads, head_dim),
+        randn(bs * block, heads, head_dim),
+    )
+    k_buffer, v_buffer = randn(bs * span, kv_heads, head_dim), randn(bs * span, kv_heads, head_dim)
+    starts = torch.arange(bs, device=device, dtype=torch.int64)[:, None] * span
+    kv_indices = (starts + torch.arange(prefix, device=device)).flatten()
+    block_loc = (starts + prefix + torch.arange(block, device=device)).flatten()
+    k_extend, v_extend = k_buffer[block_loc], v_buffer[block_loc]
     qo_indptr = torch.arange(bs + 1, device=device, dtype=torch.int32) * block
     kv_indptr = torch.arange(bs + 1, device=device, dtype=torch.int32) * prefix
-    kv_indices = torch.arange(bs * prefix, device=device, dtype=torch.int64)
+    scratch = BlockScratch.allocate(bs, block, heads, head_dim, head_dim, prefix, torch.bfloat16, device)
 
-    def launch():
+    def sglang():
         extend_attention_fwd(
             q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
             None, False, None, block, 1.0, 1.0, sm_scale=head_dim**-0.5,
         )  # fmt: skip
 
-    return launch
+    def decode():
+        block_attention(
+            q, o_decode, k_buffer, v_buffer, kv_indptr, kv_indices, block_loc, head_dim**-0.5, scratch
+        )
+
+    sglang()
+    decode()
+    error = float((o_decode.float() - o.float()).norm() / o.float().norm())
+    if error > 2e-2:
+        raise AssertionError(f"drafter block: decode path vs SGLang relative difference {error:.3g}")
+    return sglang, decode
 
 
 def drafter_prefix_bytes(bs: int, prefix: int, kv_heads: int, head_dim: int) -> int:
@@ -95,12 +117,16 @@ def drafter_sweep(shape, bs_list, prefixes, copy_gbs: float, timer) -> list[dict
     rows = []
     for bs in bs_list:
         for prefix in prefixes:
-            ms = timer(drafter_attention(bs, prefix, block, heads, kv_heads, head_dim))
+            sglang, decode = drafter_attention(bs, prefix, block, heads, kv_heads, head_dim)
+            ms, decode_ms = timer(sglang), timer(decode)
             floor = drafter_prefix_bytes(bs, prefix, kv_heads, head_dim) / (copy_gbs * 1e9) * 1e3
             rows.append({"bs": bs, "prefix": prefix, "block": block, "heads": heads, "kv_heads": kv_heads,
-                         "head_dim": head_dim, "sglang_ms": ms, "read_floor_ms": floor})  # fmt: skip
+                         "head_dim": head_dim, "sglang_ms": ms, "decode_ms": decode_ms,
+                         "read_floor_ms": floor})  # fmt: skip
             print(
-                f"[mla] drafter bs={bs} L={prefix}: SGLang {ms:.3f} ms (read floor {floor:.4f})", flush=True
+                f"[mla] drafter bs={bs} L={prefix}: SGLang {ms:.3f} ms, decode path {decode_ms:.3f} ms "
+                f"(read floor {floor:.4f})",
+                flush=True,
             )
     return rows
 
@@ -116,15 +142,21 @@ def drafter_markdown(rows: list[dict]) -> list[str]:
             r["bs"],
             r["prefix"],
             r["sglang_ms"],
+            r.get("decode_ms", "-"),
+            f"{r['sglang_ms'] / r['decode_ms']:.1f}x" if r.get("decode_ms") else "-",
             r["read_floor_ms"],
             f"{r['sglang_ms'] / r['read_floor_ms']:.0f}x",
         ]
         for r in rows
     ]
     return [
-        f"## The drafter's verify-mode attention (SGLang's kernel; block {r0['block']}, {r0['heads']} heads, "
-        f"{r0['kv_heads']} KV heads, head dim {r0['head_dim']}; per layer)",
+        f"## The drafter's verify-mode attention (block {r0['block']}, {r0['heads']} heads, "
+        f"{r0['kv_heads']} KV heads, head dim {r0['head_dim']}; per layer): SGLang's kernel and the "
+        "plugin's split-KV decode of the same block (checked against each other first)",
         "",
-        md_table(["bs", "prefix", "SGLang ms", "read floor ms", "x floor"], table),
+        md_table(
+            ["bs", "prefix", "SGLang ms", "decode ms", "SGLang / decode", "read floor ms", "SGLang x floor"],
+            table,
+        ),
         "",
     ]

@@ -145,10 +145,13 @@ def test_bf16_margin_aware_exact(fleet, prompts, results, arm):
 
 def test_tree_kernels_serve_the_round(fleet):
     """The worker builds its trees with the CUDA kernels (CuPy) on the GPU, inside the
-    drafter's CUDA graphs where graphs are captured."""
+    drafter's CUDA graphs where graphs are captured, and the drafter's block attention runs as
+    a split-KV decode (its start-up self-check passed; a wrong one would also sink the accept
+    lengths the identity tests check)."""
     for arm in ("ddtree_fp32_graphs", "ddtree_bf16_graphs"):
         assert "tree builder=cuda" in fleet.log_text(arm), arm
         assert "tree step folded into the drafter's CUDA graphs" in fleet.log_text(arm), arm
+        assert "the drafter's block attention runs as a split-KV decode" in fleet.log_text(arm), arm
     if "ddtree_fp32_eager" in fleet.servers:  # not among the TP-2 job's arms
         assert "tree step folded" not in fleet.log_text("ddtree_fp32_eager")
 

@@ -138,8 +138,9 @@ def install() -> None:
     install_capture_input()
     import torch
 
-    if torch.cuda.is_available():  # FA3 and the split verify kernel are CUDA-only
+    if torch.cuda.is_available():  # FA3, the split verify kernel and the block decode are CUDA-only
         install_fa3_tree_path()
-        from . import mla_verify
+        from . import draft_attention, mla_verify
 
         mla_verify.install()
+        draft_attention.install()
