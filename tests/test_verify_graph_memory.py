@@ -42,3 +42,43 @@ def test_a_target_with_decode_graphs_keeps_its_scratch():
     assert backend.cuda_graph_attn_logits is logits
     eager = SimpleNamespace(attn_backend=backend)  # no graphs captured
     assert release_decode_scratch(eager, [backend]) == 0.0
+
+
+class _TritonLikeBackend:
+    """``init_cuda_graph_state`` as SGLang's triton backend sizes its kv indices."""
+
+    max_context_len, device = 100, "cpu"
+
+    def init_cuda_graph_state(
+        self, max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None
+    ):
+        self.cuda_graph_kv_indices = (
+            torch.zeros(max_num_tokens * self.max_context_len, dtype=torch.int64)
+            if kv_indices_buf is None
+            else kv_indices_buf
+        )
+
+
+def test_a_verify_target_holds_kv_indices_for_one_prefix_per_request():
+    from sglang_ddtree.adapter.verify_graph_memory import size_kv_indices_for_verify
+
+    backend = _TritonLikeBackend()
+    size_kv_indices_for_verify(backend)
+    backend.init_cuda_graph_state(4, 4 * 17)  # as SGLang's graph runner calls it: bs 4, width 17
+    assert backend.cuda_graph_kv_indices.numel() == 4 * (100 + 17)  # not 4 * 17 * 100
+    given = torch.zeros(5, dtype=torch.int64)
+    backend.init_cuda_graph_state(4, 4 * 17, given)  # a buffer SGLang passes in is kept
+    assert backend.cuda_graph_kv_indices is given
+
+
+def test_every_width_shares_the_start_up_kv_indices_sized_for_verify():
+    from sglang_ddtree.adapter.verify_graph_memory import size_kv_indices_for_verify
+    from sglang_ddtree.adapter.width_graphs import share_graph_scratch
+
+    startup, narrow = _TritonLikeBackend(), _TritonLikeBackend()
+    for backend in (startup, narrow):
+        size_kv_indices_for_verify(backend)  # the hook on every target backend's __init__
+    startup.init_cuda_graph_state(4, 4 * 65)
+    share_graph_scratch(narrow, startup)
+    narrow.init_cuda_graph_state(4, 4 * 9)
+    assert narrow.cuda_graph_kv_indices is startup.cuda_graph_kv_indices

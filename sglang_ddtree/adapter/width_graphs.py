@@ -166,8 +166,8 @@ def share_graph_scratch(backend, startup_backend) -> None:
 
     def init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf=None, cuda_graph_num_kv_splits_buf=None):
         shared = startup_backend.cuda_graph_kv_indices
-        if kv_indices_buf is None and shared.numel() >= max_num_tokens * backend.max_context_len:
-            kv_indices_buf = shared
+        if kv_indices_buf is None and shared.numel() >= max_bs * backend.max_context_len:
+            kv_indices_buf = shared  # a verify fills one prefix per request
         init(max_bs, max_num_tokens, kv_indices_buf, cuda_graph_num_kv_splits_buf)
         for name in SHARED_SCRATCH:
             mine, theirs = getattr(backend, name, None), getattr(startup_backend, name, None)

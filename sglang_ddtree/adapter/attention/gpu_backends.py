@@ -140,7 +140,9 @@ def install() -> None:
 
     if torch.cuda.is_available():  # FA3, the split verify kernel and the block decode are CUDA-only
         install_fa3_tree_path()
+        from .. import verify_graph_memory
         from . import draft_attention, mla_verify
 
         mla_verify.install()
         draft_attention.install()
+        verify_graph_memory.install()
