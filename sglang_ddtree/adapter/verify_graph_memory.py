@@ -11,8 +11,8 @@ SGLang 0.5.23's triton backend sizes its CUDA-graph state for decode and verify 
 
 The target of a DDTREE server captures verify graphs only. On the K2.6 rank (262,144-token
 context, 8 MLA heads, 256 splits, 512 latent columns) that is 2 MB of indices and 4 MB of
-scratch per graph token: 3.3 GB for budget 16's graphs up to bs 32, 12.5 GB for budget 64's, and
-per GPU of the TP-8 service at bs 128 and budget 16, 13.5 GB. The target's backends get kv
+scratch per graph token: 3.4 GB for budget 16's graphs up to bs 32, 13 GB for budget 64's, and
+per GPU of the TP-8 service at bs 128 and budget 16, 13.7 GB. The target's backends get kv
 indices sized for one prefix per request (:func:`size_kv_indices_for_verify`), and the scratch
 is given back after capture (:func:`release_decode_scratch`).
 """
