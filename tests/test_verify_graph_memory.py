@@ -82,3 +82,28 @@ def test_every_width_shares_the_start_up_kv_indices_sized_for_verify():
     share_graph_scratch(narrow, startup)
     narrow.init_cuda_graph_state(4, 4 * 9)
     assert narrow.cuda_graph_kv_indices is startup.cuda_graph_kv_indices
+
+
+def test_the_hook_sizes_the_targets_backends_only(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_ddtree.adapter import verify_graph_memory
+
+    registered = []
+    monkeypatch.setattr(
+        HookRegistry, "register", lambda target, hook, kind: registered.append((target, hook))
+    )
+    verify_graph_memory.install()
+    ((target, after),) = registered
+    assert target.endswith("TritonAttnBackend.__init__")
+    ddtree = SimpleNamespace(name="DDTREE")
+    for is_draft_worker, sized in ((False, True), (True, False)):
+        backend = _TritonLikeBackend()
+        runner = SimpleNamespace(spec_algorithm=ddtree, is_draft_worker=is_draft_worker)
+        after(None, backend, runner)
+        backend.init_cuda_graph_state(4, 4 * 17)
+        assert (backend.cuda_graph_kv_indices.numel() == 4 * 117) == sized
+    plain = _TritonLikeBackend()
+    after(None, plain, SimpleNamespace(spec_algorithm=SimpleNamespace(name="DFLASH"), is_draft_worker=False))
+    plain.init_cuda_graph_state(4, 4 * 17)
+    assert plain.cuda_graph_kv_indices.numel() == 4 * 17 * 100  # stock speculation is left as it is
