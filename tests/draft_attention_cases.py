@@ -119,6 +119,11 @@ def main() -> None:
     sglang = sglang_kernel(case)
     print(f"decode vs reference {rel(decoded, ref):.2e}, SGLang vs reference {rel(sglang, ref):.2e}")
     assert rel(decoded, ref) < 1e-5 and rel(decoded, sglang) < 1e-5
+    mqa = make_case(
+        [33, 2], width=3, heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, device="cpu", seed=1
+    )
+    decoded, fell_back = through_hook(mqa)  # one KV head, a width that is not a power of two
+    assert not fell_back and rel(decoded, reference(mqa)) < 1e-5, "one KV head, width 3"
     _, fell_back = through_hook(case, is_causal=True)
     assert fell_back, "a causal block must stay on SGLang's kernel"
     _, fell_back = through_hook(case, logit_cap=30.0)
