@@ -319,6 +319,11 @@ class _TritonLikeBackend:
             else kv_indices_buf
         )
         self.cuda_graph_num_kv_splits = torch.full((max_num_tokens,), self.max_kv_splits, dtype=torch.int32)
+        width = max_num_tokens // max_bs
+        cells = max_bs * width * (self.max_context_len + width)
+        self._verify_mask = SimpleNamespace(
+            buffer=torch.zeros(cells, dtype=torch.uint8), mode="full", max_bs=max_bs
+        )
 
 
 def test_a_width_backend_uses_the_largest_widths_graph_scratch():
@@ -334,6 +339,7 @@ def test_a_width_backend_uses_the_largest_widths_graph_scratch():
         mine, theirs = getattr(narrow, name), getattr(startup, name)
         assert mine.shape == (rows, *theirs.shape[1:])
         assert mine.data_ptr() == theirs.data_ptr()
+    assert narrow._verify_mask is startup._verify_mask  # each replay copies its mask in first
     # per-width state that is not shared keeps its own size
     assert narrow.cuda_graph_num_kv_splits.shape == (12,)
 

@@ -150,7 +150,8 @@ def _capture_width(model_runner, width: int):
 
 # Per-token graph state SGLang's triton backend sizes for ``max_bs x width`` tokens: the
 # decode kernel's split partials (fp32 ``[tokens, heads, splits, v_dim]``: on the K2.6 rank 256
-# splits, 4 MB a token) and its lse. Only one verify width runs at a time, on one stream, and
+# splits, 4 MB a token) and its lse; besides, the kv indices and the verify mask (``width x
+# (context + width)`` cells a request). Only one verify width runs at a time, on one stream, and
 # each replay writes these before reading them, so every width can use the largest width's.
 SHARED_SCRATCH = ("cuda_graph_attn_logits", "cuda_graph_attn_lse")
 
@@ -173,8 +174,24 @@ def share_graph_scratch(backend, startup_backend) -> None:
             mine, theirs = getattr(backend, name, None), getattr(startup_backend, name, None)
             if _fits_in(mine, theirs):
                 setattr(backend, name, theirs[: mine.shape[0]])
+        mine, theirs = getattr(backend, "_verify_mask", None), getattr(startup_backend, "_verify_mask", None)
+        if _mask_fits_in(mine, theirs):
+            backend._verify_mask = theirs  # each replay copies its tree mask in before the kernel reads it
 
     backend.init_cuda_graph_state = init_cuda_graph_state
+
+
+def _mask_fits_in(mine, theirs) -> bool:
+    """SGLang's verify mask (``VerifyMask``: per request ``width x (context + width)`` cells
+    at most) of a narrower width inside the largest width's."""
+    return (
+        mine is not None
+        and theirs is not None
+        and mine.mode == theirs.mode
+        and mine.max_bs <= theirs.max_bs
+        and mine.buffer.dtype == theirs.buffer.dtype
+        and mine.buffer.numel() <= theirs.buffer.numel()
+    )
 
 
 def _fits_in(mine, theirs) -> bool:
