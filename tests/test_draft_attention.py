@@ -93,3 +93,19 @@ def test_the_start_up_self_check_passes_on_gpu():
         extend_attention_fwd(*args[:15], sm_scale=args[15])
 
     assert self_check(sglang, 8, 1, 128, torch.bfloat16, torch.device("cuda")) is None
+
+
+def test_the_scratch_holds_the_graph_max_batch_or_32_without_graphs(monkeypatch):
+    from types import SimpleNamespace
+
+    import sglang.srt.runtime_context as context
+
+    from sglang_ddtree.adapter.attention import draft_attention
+
+    for config, want in ((SimpleNamespace(decode=SimpleNamespace(bs=[1, 2, 48, 16])), 48), (None, 32)):
+        monkeypatch.setattr(
+            context, "get_exec", lambda c=config: SimpleNamespace(graph=SimpleNamespace(cuda_graph_config=c))
+        )
+        draft_attention._graph_max_bs.cache_clear()
+        assert draft_attention._graph_max_bs() == want
+    draft_attention._graph_max_bs.cache_clear()

@@ -195,5 +195,6 @@ def _graph_max_bs() -> int:
     """The largest batch the drafter's graphs capture (32 when they capture none)."""
     from sglang.srt.runtime_context import get_exec
 
-    sizes = get_exec().graph.cuda_graph_config.decode.bs or [32]
+    config = getattr(getattr(get_exec(), "graph", None), "cuda_graph_config", None)
+    sizes = getattr(getattr(config, "decode", None), "bs", None) or [32]  # an eager server: none
     return int(max(sizes))
