@@ -19,6 +19,7 @@ import logging
 import torch
 
 from ...config import serving_ddtree, sglang_verify_attention_requested
+from .mla_verify import plain_options
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -28,16 +29,9 @@ def servable(
 ) -> bool:
     """Whether a ``_forward_extend_kernel`` call is a non-causal block the decode path computes
     with SGLang's meaning (host checks only: graph-safe)."""
-    plain_options = (
-        kw.get("logit_cap", 0.0) == 0.0
-        and kw.get("sliding_window_size", -1) in (-1, None)
-        and kw.get("xai_temperature_len", -1) in (-1, None)
-        and kw.get("page_size", 1) == 1
-        and all(kw.get(name) is None for name in ("sinks", "window_kv_offsets", "score_mod", "aux_tensors"))
-    )
     bs = qo_indptr.shape[0] - 1
     return (
-        plain_options
+        plain_options(kw)
         and custom_mask is None
         and not is_causal
         and block_loc is not None

@@ -30,20 +30,25 @@ logger = logging.getLogger("sglang_ddtree")
 D_QK, D_V = 576, 512  # absorbed MLA: 512 latent + 64 rope key columns; values = the latent
 
 
-def servable(
-    q, k_extend, o, k_buffer, v_buffer, qo_indptr, custom_mask, mask_indptr, max_extend_len, kw
-) -> bool:
-    """Whether a ``_forward_extend_kernel`` call is an absorbed-MLA tree verify the split
-    kernel computes with SGLang's meaning (host checks only: no device read, graph-safe)."""
-    plain_options = (
+def plain_options(kw: dict) -> bool:
+    """Whether a ``_forward_extend_kernel`` call's options are SGLang's plain attention: no
+    soft cap, window, temperature, paging, sinks, score mod (the plugin's kernels serve no other)."""
+    return (
         kw.get("logit_cap", 0.0) == 0.0
         and kw.get("sliding_window_size", -1) in (-1, None)
         and kw.get("xai_temperature_len", -1) in (-1, None)
         and kw.get("page_size", 1) == 1
         and all(kw.get(name) is None for name in ("sinks", "window_kv_offsets", "score_mod", "aux_tensors"))
     )
+
+
+def servable(
+    q, k_extend, o, k_buffer, v_buffer, qo_indptr, custom_mask, mask_indptr, max_extend_len, kw
+) -> bool:
+    """Whether a ``_forward_extend_kernel`` call is an absorbed-MLA tree verify the split
+    kernel computes with SGLang's meaning (host checks only: no device read, graph-safe)."""
     return (
-        plain_options
+        plain_options(kw)
         and custom_mask is not None
         and mask_indptr is not None
         and q.shape[-1] == D_QK
