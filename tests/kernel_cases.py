@@ -3,6 +3,9 @@ kernels, CUDA kernels on a GPU): every fast path must give the reference's integ
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +166,25 @@ def compile_emulator():
         extra_flags=["-O1", "-w"],
         depends=[*sorted((ROOT / "cuda").glob("*.cu*")), EMU / "emu.h"],
     )
+
+
+def run_under_triton_interpreter(script: Path) -> None:
+    """Run a cases script (its ``main``) under Triton's interpreter on the CPU, in a child that
+    dies with this process; it must exit 0 and print "ok" last."""
+    import pytest
+
+    pytest.importorskip("triton")
+    from sglang_ddtree.launch import _parent_death_signal
+
+    here = Path(__file__).parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(here.parent), str(here)]))
+    out = subprocess.run(  # the child dies with this process (SIGKILL on its parent's death)
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_parent_death_signal(),
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.strip().endswith("ok")

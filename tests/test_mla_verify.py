@@ -9,32 +9,17 @@ rank's shapes, and once more through a CUDA-graph replay whose prefixes changed 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from kernel_cases import run_under_triton_interpreter
 
 HERE = Path(__file__).parent
 
 
 def test_split_verify_matches_sglang_in_triton_interpreter():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(HERE.parent), str(HERE)]))
-    from sglang_ddtree.launch import _parent_death_signal
-
-    out = subprocess.run(  # the child dies with this process (SIGKILL on its parent's death)
-        [sys.executable, str(HERE / "mla_verify_cases.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        preexec_fn=_parent_death_signal(),
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    run_under_triton_interpreter(HERE / "mla_verify_cases.py")
 
 
 @pytest.mark.gpu
