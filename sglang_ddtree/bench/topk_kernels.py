@@ -53,6 +53,11 @@ def check_exact(x: torch.Tensor, k: int, splits: int | None = None) -> None:
         torch.testing.assert_close(lp, want_lp, rtol=1e-5, atol=1e-5)
 
 
+def graph_us(fn, calls: int, reps: int) -> float:
+    """Microseconds per call of ``fn``: ``calls`` launches per CUDA graph, median of ``reps`` replays."""
+    return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
+
+
 def time_topk(
     x: torch.Tensor, k: int, calls: int, reps: int, splits: int | None = None, row: bool = True
 ) -> dict:
@@ -66,8 +71,9 @@ def time_topk(
     out_ids = torch.empty(*x.shape[:-1], k, dtype=torch.int64, device=x.device)
 
     def us(algorithm):
-        fn = lambda: topk.topk_log_probs(x, k, out_lp, out_ids, ws, splits, algorithm)  # noqa: E731
-        return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
+        return graph_us(
+            lambda: topk.topk_log_probs(x, k, out_lp, out_ids, ws, splits, algorithm), calls, reps
+        )
 
     out = {
         "k": k,
@@ -86,13 +92,9 @@ def time_topk(
 def reference_us(x: torch.Tensor, k: int, calls: int, reps: int) -> dict:
     """What torch takes on the same logits, timed alike: ``logsumexp`` (one streaming read of
     the logits: the pass the kernels cannot go below) and ``topk`` (the selection alone)."""
-
-    def us(fn):
-        return _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
-
     return {
-        "torch_lse_us": us(lambda: torch.logsumexp(x, dim=-1)),
-        "torch_topk_us": us(lambda: torch.topk(x, k, dim=-1)),
+        "torch_lse_us": graph_us(lambda: torch.logsumexp(x, dim=-1), calls, reps),
+        "torch_topk_us": graph_us(lambda: torch.topk(x, k, dim=-1), calls, reps),
     }
 
 
@@ -108,9 +110,8 @@ def time_phases(x: torch.Tensor, k: int, calls: int, reps: int) -> dict:
     out_ids = torch.empty(*x.shape[:-1], k, dtype=torch.int64, device=x.device)
     out = {"k": k, "rows": rows, "splits": plan.splits}
     for cut in topk.SPLIT_CUTS:
-        fn = lambda cut=cut: topk.split_kernel_cut(x, k, cut, ws, out_lp, out_ids)  # noqa: E731
-        out[f"cut{cut}_us"] = (
-            _stamp.time_graph(fn, reps=reps, warmup=2, calls_per_graph=calls)["median_ms"] * 1e3
+        out[f"cut{cut}_us"] = graph_us(
+            lambda cut=cut: topk.split_kernel_cut(x, k, cut, ws, out_lp, out_ids), calls, reps
         )
     return out
 
@@ -207,17 +208,11 @@ TOPK_COLUMNS = (
 )
 
 
-PHASE_COLUMNS = (
-    ("block", "block"),
-    ("bs", "bs"),
-    ("k", "k"),
-    ("rows", "rows"),
-    ("splits", "splits"),
-    ("cut1_us", "slice read"),
-    ("cut2_us", "+ bound, lse"),
-    ("cut3_us", "+ candidates ranked"),
-    ("cut0_us", "+ merge (full kernel)"),
-)
+def _phase_columns():
+    from ..kernels.topk import SPLIT_CUTS
+
+    head = (("block", "block"), ("bs", "bs"), ("k", "k"), ("rows", "rows"), ("splits", "splits"))
+    return head + tuple((f"cut{cut}_us", f"+ {label}") for cut, label in SPLIT_CUTS.items())
 
 
 def to_markdown(results: dict) -> str:
@@ -231,7 +226,7 @@ def to_markdown(results: dict) -> str:
         )
     if results.get("phases"):
         lines += kernel_report.section(
-            "The split kernel stopped after each phase (cumulative us)", results["phases"], PHASE_COLUMNS
+            "The split kernel stopped after each phase (cumulative us)", results["phases"], _phase_columns()
         )
     if results.get("copy_gbs"):
         lines += [_read_floor_line(results["copy_gbs"], results["vocab"]), ""]
