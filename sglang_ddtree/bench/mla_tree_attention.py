@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..kernels.compare import relative_difference
 from ..kernels.mla_tree_attention import (
     CANDIDATE_CONFIGS,
     D_LATENT,
@@ -102,10 +103,6 @@ def roofline(bytes_: float, flops: float, copy_gbs: float, mm_tflops: float) -> 
 # =========================================================================== benchmark
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def check(configs: Sequence[SplitConfig], sms: int, sglang: bool = False) -> list[dict]:
     """split == naive == float32 reference on awkward sizes; every output element written.
     ``sglang``: SGLang's own verify kernel is checked against the reference as well."""
@@ -117,9 +114,9 @@ def check(configs: Sequence[SplitConfig], sms: int, sglang: bool = False) -> lis
                 ref = naive_tree_attention(p, fp32=True)
                 naive = naive_tree_attention(p)
                 if sglang:
-                    e = _rel(SGLangVerifyAttention(p)(), ref)
+                    e = relative_difference(SGLangVerifyAttention(p)(), ref)
                     out.append({"heads": heads, "n_nodes": n_nodes, "prefix": L, "config": "sglang",
-                                "rel_err_split": e, "rel_err_naive": _rel(naive, ref), "ok": e < 1e-2})  # fmt: skip
+                                "rel_err_split": e, "rel_err_naive": relative_difference(naive, ref), "ok": e < 1e-2})  # fmt: skip
                 for cfg in configs:
                     att = SplitTreeAttention(p, cfg, sms)
                     att.out.fill_(float("nan"))
@@ -132,7 +129,11 @@ def check(configs: Sequence[SplitConfig], sms: int, sglang: bool = False) -> lis
                         print(f"[mla] check {cfg.label()}: {out[-1]['error']}", flush=True)
                         continue
                     finite = bool(torch.isfinite(got).all())
-                    e_split, e_naive, e_sn = _rel(got, ref), _rel(naive, ref), _rel(got, naive)
+                    e_split, e_naive, e_sn = (
+                        relative_difference(got, ref),
+                        relative_difference(naive, ref),
+                        relative_difference(got, naive),
+                    )
                     ok = finite and e_split < 1e-2 and e_sn < 2e-2
                     out.append({"heads": heads, "n_nodes": n_nodes, "prefix": L, "config": cfg.label(),
                                 "n_splits": att.n_splits, "rel_err_split": e_split, "rel_err_naive": e_naive,

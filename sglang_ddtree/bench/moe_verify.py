@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.compare import relative_difference
 from .jit_bundle import load_sglang_kernels, make_bundle
 from .moe_layer import (
     M_SWEEP,
@@ -90,10 +91,6 @@ def compute_bound_onset(ms: Sequence[int], ts: Sequence[float], ratio: float = 1
 # =========================================================================== sweeps
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-
-
 class _GraphTimer:
     """CUDA-graph medians; NaN for the rest of the sweep once capture is refused (noted in ``res``)."""
 
@@ -145,7 +142,7 @@ def _check_moe(moe: MarlinMoE, sg, shape: MoEShape, inputs: _Inputs, check_ms) -
         x, w, ids = inputs(m)
         out = moe(x, w, ids)
         torch.cuda.synchronize()
-        err = _rel_err(out, moe.reference(x, w, ids))
+        err = relative_difference(out, moe.reference(x, w, ids))
         ok = bool(torch.isfinite(out).all()) and err < 2e-2
         path = align_path(m, shape.top_k, shape.num_experts, sg.small_numel_limit)
         checks.append({"M": m, "align_path": path, "rel_err": err, "ok": ok})

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.compare import relative_difference
 from ..kernels.mla_tree_attention import D_LATENT, D_QK, SM_SCALE, TreeVerifyProblem
 from ..tree.layout import flat_custom_mask as layout_flat_custom_mask
 
@@ -99,7 +100,7 @@ def drafter_attention(
 
     sglang()
     decode()
-    error = float((o_decode.float() - o.float()).norm() / o.float().norm())
+    error = relative_difference(o_decode, o)
     if error > 2e-2:
         raise AssertionError(f"drafter block: decode path vs SGLang relative difference {error:.3g}")
     return sglang, decode

@@ -10,6 +10,7 @@ the choice between them.
   split) beside its torch reference; measured by ``bench/mla_tree_attention.py``, not served.
 * :mod:`.backend` - the one place that picks CUDA, C++ or the Python reference for every
   step of a round (``SGLANG_DDTREE_TREE_BACKEND``).
+* :mod:`.compare` - the relative difference every self-check and benchmark reports.
 
 Importing this package (or any of its modules) never needs CuPy, a GPU or a compiler.
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..tree.layout import flat_custom_mask
+from .compare import relative_difference
 from .mla_tree_attention import (
     D_LATENT,
     D_QK,
@@ -98,7 +99,7 @@ def self_check(reference, heads: int, dtype, device, sms: int) -> str | None:
                       qo_indptr, kv_indptr, kv_indices, mask, True, mask_indptr, width, 1.0, 1.0, 0.07)  # fmt: skip
         except Exception as why:  # noqa: BLE001 - any failure means: keep SGLang's kernel
             return f"{type(why).__name__}: {str(why)[:200]}"
-        error = float((split.float() - want.float()).norm() / want.float().norm())
+        error = relative_difference(split, want)
         if not torch.isfinite(split).all() or error > 2e-2:
             return f"width {width}: relative difference {error:.1e} from SGLang's kernel"
     return None

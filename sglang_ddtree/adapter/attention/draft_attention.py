@@ -19,6 +19,7 @@ import logging
 import torch
 
 from ...config import serving_ddtree, sglang_verify_attention_requested
+from ...kernels.compare import relative_difference
 from .mla_verify import plain_options
 
 logger = logging.getLogger("sglang_ddtree")
@@ -146,7 +147,7 @@ def self_check(sglang_kernel, heads: int, kv_heads: int, head_dim: int, dtype, d
     got = torch.full_like(want, float("nan"))
     scratch = BlockScratch.allocate(bs, width, heads, head_dim, head_dim, 400, dtype, device)
     block_attention(q, got, k_buffer, v_buffer, kv_indptr, kv_indices, block_loc, scale, scratch)
-    error = float((got.float() - want.float()).norm() / want.float().norm())
+    error = relative_difference(got, want)
     if not torch.isfinite(got).all() or error > 2e-2:
         return f"relative difference {error:.3g} from SGLang's kernel"
     return None
