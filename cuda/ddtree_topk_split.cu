@@ -33,7 +33,8 @@
 #define DDT_SPLIT_RANK_MAX 512  // above, the collected candidates are sorted instead of ranked
 #define DDT_SPLIT_UNROLL 4
 // Benchmark cut points (the top-k benchmark's --phases times each; serving compiles 0): the
-// block stops after 1 = the slice read (partial log-sum-exp, per-thread samples), 2 = the
+// block stops after 5 = the slice read with its max alone (no exp, no sample: what the loads
+// cost), 1 = the slice read (partial log-sum-exp, per-thread samples), 2 = the
 // block's bound and log-sum-exp, 3 = the slice's candidates collected, ranked and handed over
 // (no merge). A cut keeps its work alive with a store the data never triggers.
 #ifndef DDT_TOPK_CUT
@@ -260,6 +261,10 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
 #pragma unroll
     for (int j = 1; j < 8; ++j)
       if (j < n) vmax = fmaxf(vmax, x[j]);
+#if DDT_TOPK_CUT == 5
+    m = fmaxf(m, vmax);
+    return;
+#endif
     if (vmax != NEG_INF) {
       if (vmax > m) {
         s = (m == NEG_INF) ? 0.f : s * __expf(m - vmax);
@@ -282,7 +287,7 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     }
   });
   const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
-#if DDT_TOPK_CUT == 1
+#if DDT_TOPK_CUT == 1 || DDT_TOPK_CUT == 5
   if (m + s == -1.f && sample == 1ull) ws_part[0] = m;
   return;
 #endif

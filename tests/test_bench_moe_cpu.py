@@ -190,8 +190,9 @@ def test_naive_attention_equals_per_row_softmax():
                 s = keys @ p.q[b, w, h].float() * kern.SM_SCALE
                 ref = torch.softmax(s, 0) @ keys[:, : kern.D_LATENT]
                 assert torch.allclose(out[b, w, h], ref, atol=1e-5, rtol=1e-5)
-    # chunking over requests changes nothing
-    assert torch.allclose(kern.naive_tree_attention(p, fp32=True, max_elems=1), out)
+    # chunking over requests changes nothing beyond float32 reassociation (the batched and the
+    # per-request matmuls sum in different orders: ~1e-6 on values of ~3 on some CPUs)
+    assert torch.allclose(kern.naive_tree_attention(p, fp32=True, max_elems=1), out, atol=1e-5, rtol=1e-5)
 
 
 def test_accounting():

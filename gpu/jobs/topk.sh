@@ -6,10 +6,14 @@
 #
 #   BENCH_COMMIT=<commit> bash gpu/device.sh bash gpu/jobs/topk.sh
 #
+# TOPK_TESTS=0 skips the tests; TOPK_ARGS replaces the benchmark's shapes (e.g. a phase-only look:
+#   TOPK_TESTS=0 TOPK_ARGS="--batch-sizes 1 64 --ks 8 64" bash gpu/device.sh bash gpu/jobs/topk.sh).
 # $OUT: topk_tests.log, topk_kernels_h200.{json,md}, topk.log.
 set -o pipefail
-timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk > "$OUT/topk_tests.log" 2>&1
-tail -1 "$OUT/topk_tests.log"
-timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only --batch-sizes 1 8 32 64 --ks 8 16 32 64 --phases \
-  --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
+if [ "${TOPK_TESTS:-1}" != 0 ]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk > "$OUT/topk_tests.log" 2>&1
+  tail -1 "$OUT/topk_tests.log"
+fi
+timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only ${TOPK_ARGS:---batch-sizes 1 8 32 64 --ks 8 16 32 64} \
+  --phases --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
 exit 0

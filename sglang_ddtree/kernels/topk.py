@@ -249,7 +249,13 @@ def topk_log_probs(
 
 
 # The split kernel's benchmark cut points (``DDT_TOPK_CUT`` in cuda/ddtree_topk_split.cu).
-SPLIT_CUTS = {1: "slice read", 2: "bound and lse", 3: "candidates ranked", 0: "merge (full kernel)"}
+SPLIT_CUTS = {
+    5: "slice read, max only",
+    1: "slice read",
+    2: "bound and lse",
+    3: "candidates ranked",
+    0: "merge (full kernel)",
+}
 
 
 def split_kernel_cut(draft_logits, k: int, cut: int, workspace: TopkWorkspace, out_lp, out_ids) -> None:
