@@ -34,7 +34,8 @@
 #define DDT_SPLIT_UNROLL 4
 // Benchmark cut points (the top-k benchmark's --phases times each; serving compiles 0): the
 // block stops after 5 = the slice read with its max alone (no exp, no sample: what the loads
-// cost), 1 = the slice read (partial log-sum-exp, per-thread samples), 2 = the
+// cost), 6 = the read with its partial log-sum-exp (no sample), 1 = the slice read (partial
+// log-sum-exp, per-thread samples), 2 = the
 // block's bound and log-sum-exp, 3 = the slice's candidates collected, ranked and handed over
 // (no merge). A cut keeps its work alive with a store the data never triggers.
 #ifndef DDT_TOPK_CUT
@@ -276,6 +277,9 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
       for (int j = 0; j < 8; ++j)
         if (j < n) s += __expf(x[j] - m);
     }
+#if DDT_TOPK_CUT == 6
+    return;
+#endif
     if (best_key == 0u || vmax > best) {
       int first_max = 0;
 #pragma unroll
@@ -287,7 +291,7 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     }
   });
   const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
-#if DDT_TOPK_CUT == 1 || DDT_TOPK_CUT == 5
+#if DDT_TOPK_CUT == 1 || DDT_TOPK_CUT == 5 || DDT_TOPK_CUT == 6
   if (m + s == -1.f && sample == 1ull) ws_part[0] = m;
   return;
 #endif

@@ -251,7 +251,8 @@ def topk_log_probs(
 # The split kernel's benchmark cut points (``DDT_TOPK_CUT`` in cuda/ddtree_topk_split.cu).
 SPLIT_CUTS = {
     5: "slice read, max only",
-    1: "slice read",
+    6: "log-sum-exp",
+    1: "per-thread sample (slice read)",
     2: "bound and lse",
     3: "candidates ranked",
     0: "merge (full kernel)",
