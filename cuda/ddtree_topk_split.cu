@@ -291,7 +291,11 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     }
   });
   const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
-#if DDT_TOPK_CUT == 1 || DDT_TOPK_CUT == 5 || DDT_TOPK_CUT == 6
+#if DDT_TOPK_CUT == 5 || DDT_TOPK_CUT == 6
+  if (m + s == -1.f) ws_part[0] = m;  // (the sample is a constant 0 here: it cannot keep the read alive)
+  return;
+#endif
+#if DDT_TOPK_CUT == 1
   if (m + s == -1.f && sample == 1ull) ws_part[0] = m;
   return;
 #endif
