@@ -286,7 +286,9 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
       for (int j = 7; j >= 0; --j)
         if (j < n && x[j] == vmax) first_max = j;
       best = vmax;
-      best_key = ddt_float_key(x[first_max]);
+      // the key of vmax, not of x[first_max]: equal (keys equate -0 and +0), and a runtime
+      // index into x[] would put the vector in local memory (measured: 2.5x the slice read)
+      best_key = ddt_float_key(vmax);
       best_id = (unsigned)(first + first_max);
     }
   });
