@@ -191,6 +191,16 @@ __device__ __forceinline__ void ddt_visit_slice(const unsigned char* row, ddt_i6
   }
 }
 
+// Visit the aligned vector of `row` that starts at element `first` (a multiple of the vector
+// length), as ddt_visit_slice's aligned path visits it.
+template <int DTYPE, class F>
+__device__ __forceinline__ void ddt_visit_vector(const unsigned char* row, ddt_i64 first, F f) {
+  constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
+  float x[8];
+  ddt_unpack16(reinterpret_cast<const uint4*>(row)[first / VEC], DTYPE, x);
+  f(x, VEC, first);
+}
+
 // Stage 2: the last block of row r merges the S sorted candidate lists and partial sums.
 __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int S, int k, int g,
                                ddt_u64* cand, int cap, ddt_u64* s_x, ddt_u64* top, float* s_m, float* s_s,
@@ -254,10 +264,15 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   // of 8 the work is float compares and one fast exp per element: the element's orderable
   // key is made only for the vector that raises the thread's best (its sample must be an
   // element of the slice, key and id, for the bound below to hold; ties keep the smaller id).
+  // The read also keeps the second largest vector maximum of the thread (`second`) and whether
+  // it read single elements (`scalar`): the collection below reads only the best vector again
+  // when no other vector of the thread can reach the bound.
   float m = NEG_INF, s = 0.f;
-  float best = NEG_INF;
+  float best = NEG_INF, second = NEG_INF;
   unsigned best_key = 0u, best_id = 0u;
+  bool scalar = false;
   ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+    scalar |= n == 1;
     float vmax = x[0];
 #pragma unroll
     for (int j = 1; j < 8; ++j)
@@ -281,6 +296,7 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     return;
 #endif
     if (best_key == 0u || vmax > best) {
+      second = best;
       int first_max = 0;
 #pragma unroll
       for (int j = 7; j >= 0; --j)
@@ -290,6 +306,8 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
       // index into x[] would put the vector in local memory (measured: 2.5x the slice read)
       best_key = ddt_float_key(vmax);
       best_id = (unsigned)(first + first_max);
+    } else if (vmax > second) {
+      second = vmax;
     }
   });
   const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
@@ -308,12 +326,16 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   return;
 #endif
 
-  // ---- collect every element >= bound (L1/L2 hits: the block has just read them). Float
-  // order is key order (keys equate -0 and +0), so a vector whose largest value is below the
-  // bound's value holds no candidate, and only values at or above it need their key.
+  // ---- collect every element >= bound. Float order is key order (keys equate -0 and +0), so
+  // a vector whose largest value is below the bound's value holds no candidate, and only
+  // values at or above it need their key. A thread whose second largest vector maximum is
+  // below the bound's value holds candidates in its best vector only, and reads just that
+  // vector again (one load); the others (a second vector reaching the bound, or single
+  // elements read) read their whole share of the slice again, which is HBM traffic once the
+  // slices in flight outgrow L2 (measured: a second read of the slice at bs 64).
   const unsigned bound_key = (unsigned)(bound >> 32);
   const float bound_value = bound_key ? ddt_key_float(bound_key) : NEG_INF;
-  ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+  auto collect = [&](const float* x, int n, ddt_i64 first) {
     float vmax = x[0];
 #pragma unroll
     for (int j = 1; j < 8; ++j)
@@ -323,7 +345,13 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     for (int j = 0; j < 8; ++j)
       if (j < n && x[j] >= bound_value)
         ddt_collect(ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)), bound, cand, &s_cnt, cap);
-  });
+  };
+  constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
+  if (scalar || second >= bound_value) {
+    ddt_visit_slice<DTYPE>(row, lo, hi, collect);
+  } else if (best_key != 0u && best >= bound_value) {
+    ddt_visit_vector<DTYPE>(row, (ddt_i64)(best_id - best_id % VEC), collect);
+  }
   __syncthreads();
   const int n = (int)(s_cnt < (unsigned)cap ? s_cnt : (unsigned)cap);
   ddt_select_top(cand, n, k, top);

@@ -56,3 +56,34 @@ def test_launched_kernels_exist():
     used |= set(re.findall(r'torch\.\w+: "(ddtree_topk_split_\w+)"', text))
     assert {f"ddtree_topk_split_{t}" for t in ("f32", "bf16", "f16")} <= used
     assert used <= defined, used - defined
+
+
+@needs_nvcc
+def test_split_topk_keeps_to_registers(tmp_path):
+    """The split top-k kernels fit their launch bounds (4 blocks of 256 threads: 64 registers)
+    without local memory: no spills and no stack frame. A runtime index into an unpacked vector
+    once put it on the stack and cost 2.5x the slice read on the H200."""
+    src = CUDA_DIR / "ddtree_topk_split.cu"
+    cmd = [
+        NVCC,
+        "-arch=sm_90",
+        "-std=c++17",
+        "-c",
+        str(src),
+        "-o",
+        str(tmp_path / "split.o"),
+        f"-I{CUDA_DIR}",
+    ]
+    proc = subprocess.run([*cmd, "-Xptxas", "-v"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = re.findall(
+        r"Function properties for (ddtree_topk_split_\w+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores",
+        proc.stderr,
+    )
+    assert {name for name, _, _ in report} == {f"ddtree_topk_split_{t}" for t in ("f32", "bf16", "f16")}, (
+        proc.stderr
+    )
+    for name, stack, spills in report:
+        assert (int(stack), int(spills)) == (0, 0), (
+            f"{name}: {stack} bytes stack frame, {spills} bytes spilled"
+        )

@@ -13,6 +13,8 @@ set -o pipefail
 if [ "${TOPK_TESTS:-1}" != 0 ]; then
   timeout 150 python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk > "$OUT/topk_tests.log" 2>&1
   tail -1 "$OUT/topk_tests.log"
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/test_cuda_compile.py >> "$OUT/topk_tests.log" 2>&1  # nvcc: spills
+  tail -1 "$OUT/topk_tests.log"
 fi
 timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only ${TOPK_ARGS:---batch-sizes 1 8 32 64 --ks 8 16 32 64} \
   --phases --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
