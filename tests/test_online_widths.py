@@ -210,11 +210,30 @@ def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_predictio
 def test_only_width_one_rounds_without_a_draft_cost_width_one():
     widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
     run_step(widths, bs=8, accept_len=0)  # width 1 with a draft: nothing predicted yet
-    widths._absorb_landed()
-    assert widths.cost.counts[1].tolist() == [0, 0, 0, 0]
     assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft
-    widths._absorb_landed()
+    assert widths.cost.counts[1].tolist() == [0, 0, 0, 0]  # the first step's period: not width 1's
+    run_step(widths, bs=8, accept_len=0)  # its start ends the period of the width-1 step before
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
+
+
+def test_a_step_costs_its_period_unless_another_batch_ran_in_between(monkeypatch):
+    """The cost of a step is the host time from its start to the next step's start (what the
+    step costs the server, the scheduler's work between steps included); a prefill in between
+    (``interrupt``) leaves that step out of the table."""
+    import sglang_ddtree.adapter.widths as widths_module
+
+    clock = iter([0.0, 1.0, 1.004, 1.010, 5.0])
+    monkeypatch.setattr(widths_module.time, "perf_counter", lambda: next(clock))
+    widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
+    run_step(widths, bs=8, accept_len=0)  # t=0: width 1 with a draft (not width 1's cost)
+    assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft  # t=1.0
+    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.004: the width-1 step took 4 ms
+    assert widths.cost.counts[1].tolist() == [1, 0, 0, 0] and widths.cost(8, 1) == pytest.approx(4.0)
+    widths.interrupt()  # a prefill: the width-2 step that started at 1.004 is not costed
+    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.010, still unprobed
+    assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
+    assert run_step(widths, bs=8, accept_len=0) == 3  # t=5.0: the width-2 step took 3990 ms
+    assert widths.cost.counts[1].tolist() == [1, 1, 0, 0] and widths.cost(8, 2) == pytest.approx(3990.0)
 
 
 def test_one_drafted_step_in_predict_every_makes_the_prediction():

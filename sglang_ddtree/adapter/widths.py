@@ -30,9 +30,15 @@ Two steps draft at width 1 anyway: the first (nothing predicted yet) and one aft
 ``refresh_every`` steps without a draft, so the kept prediction follows the requests that
 come and go; neither counts as a width-1 round cost.
 
-The round cost ``T(bs, width)`` is measured (host wall time of the round; on a CPU server the
-round's real cost, on a GPU eager server an upper bound while the host waits on the device):
-each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
+The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
+``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
+between. That is what a step costs the server whatever bounds it (the device, the host's
+launches, the scheduler between steps, a wait on the previous step under overlap), where the
+round's own device time leaves out everything around the round: on the K2.6 rank a drafted
+round took about twice its device time (b583d8b), so width 1 (which skips the drafter and the
+tree step) looked dearer, relative to trees, than it is. Under overlap the period of a step
+includes the wait for the step before it, so a change of width is attributed one step late.
+Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
 table (tests, debugging), which the measured rounds do not change.
 """
@@ -81,27 +87,25 @@ class _Observed:
 
     bs: int
     width: int
-    host_ms: float
     drafted: bool  # the drafter ran (a width-1 step may skip it)
     values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
     # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
     ready: torch.cuda.Event | None  # None: already on the host
-    device_span: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # under graphs: device time
+    period_ms: float | None = None  # start to the next start; None: another batch in between
+    period_known: bool = False  # the next step has started (or a batch in between ended it)
 
     def landed(self) -> bool:
-        span_done = self.device_span is None or self.device_span[1].query()
-        return span_done and (self.ready is None or self.ready.query())
+        return self.period_known and (self.ready is None or self.ready.query())
 
     @property
     def costs_its_width(self) -> bool:
         """Ran as its width is costed: width 1 without the drafter, a tree with it."""
         return self.drafted == (self.width > 1)
 
-    @property
-    def round_ms(self) -> float:
-        if self.device_span is None:
-            return self.host_ms
-        return self.device_span[0].elapsed_time(self.device_span[1])
+    def end_period(self, now: float | None, started: float) -> None:
+        """The next step started at ``now`` (None: another batch ran in between)."""
+        self.period_ms = None if now is None else (now - started) * 1e3
+        self.period_known = True
 
 
 class StepWidths:
@@ -135,10 +139,10 @@ class StepWidths:
         self._predicting = False  # a drafted step's prediction is kept or on its way to the host
         self._undrafted_run = 0  # width-1 steps without a draft since the last step that drafted
         # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
-        # the drafter graph's kept log-probs, and the device start of the step.
+        # and the drafter graph's kept log-probs.
         self.runners = None
         self.kept = None
-        self._device_start: torch.cuda.Event | None = None
+        self._last: tuple[_Observed, float] | None = None  # the last finished step, its start
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -170,6 +174,8 @@ class StepWidths:
 
     def start(self, bs: int) -> int:
         """The verify width of this step for a batch of ``bs`` requests."""
+        now = time.perf_counter()
+        self._end_period(now)
         self._absorb_landed()
         unprobed = getattr(self.cost, "unprobed", None)  # a measured table may ask for a width first
         width = unprobed(bs) if unprobed is not None else None
@@ -181,11 +187,21 @@ class StepWidths:
         self.skips_draft = width == 1 and self._predicting and self._undrafted_run < self.refresh_every
         self._undrafted_run = self._undrafted_run + 1 if self.skips_draft else 0
         self.steps_without_draft += self.skips_draft
-        self._step = (bs, width, time.perf_counter())
+        self._step = (bs, width, now)
         if self.runners is not None:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
-            self._device_start = _device_event()
         return width
+
+    def interrupt(self) -> None:
+        """Another batch (a prefill, an idle pass) runs between two steps: the last step's
+        period would count it, so that step adds nothing to the cost table."""
+        self._end_period(None)
+
+    def _end_period(self, now: float | None) -> None:
+        if self._last is not None:
+            observed, started = self._last
+            observed.end_period(now, started)
+            self._last = None
 
     def watch(self, propose):
         """``propose`` that also keeps the step's draft log-probs ``[bs * depth, k]``."""
@@ -225,14 +241,10 @@ class StepWidths:
             raise RuntimeError("DDTREE online budget: finish() without start() and a draft")
         bs, width, started = self._step
         log_probs, self._step, self._log_probs = self._log_probs, None, None
-        span = None
         if self.runners is not None:
             self.runners.restore()  # prefill and the rest run with the start-up pair
-            if self._device_start is not None:
-                span, self._device_start = (self._device_start, _device_event()), None
-        if not self._predicts(width):  # only the round's cost to record
-            host_ms = (time.perf_counter() - started) * 1e3
-            self._pending.append(_Observed(bs, width, host_ms, not self.skips_draft, None, None, span))
+        if not self._predicts(width):  # only the step's cost to record (its period)
+            self._observe(_Observed(bs, width, not self.skips_draft, None, None), started)
             return
         self._drafted_unpredicted = 0
         log_probs = log_probs.view(bs, self.depth, -1)
@@ -241,8 +253,11 @@ class StepWidths:
         predicted = reach_at_widths(reach_by_depth(log_probs, max_budget), self.widths)  # [n_widths, depth]
         measured = reach_counts(accept_lens, self.depth).to(torch.float64)
         host, ready = _to_host(torch.cat([predicted, measured[None]]))
-        host_ms = (time.perf_counter() - started) * 1e3
-        self._pending.append(_Observed(bs, width, host_ms, True, host, ready, span))
+        self._observe(_Observed(bs, width, True, host, ready), started)
+
+    def _observe(self, observed: _Observed, started: float) -> None:
+        self._pending.append(observed)
+        self._last = (observed, started)
 
     def _predicts(self, width: int) -> bool:
         """Whether this step's draft makes a prediction: the first, a width-1 step that drafts
@@ -267,8 +282,8 @@ class StepWidths:
                 predicted, measured = values[:-1], values[-1]
                 self.calibration.update(measured, predicted[self.widths.index(step.width)])
                 self._per_request = predicted / step.bs
-            if self.measured and step.costs_its_width:
-                self.cost.observe(step.bs, step.width, step.round_ms)
+            if self.measured and step.costs_its_width and step.period_ms is not None:
+                self.cost.observe(step.bs, step.width, step.period_ms)
 
     # --- what the server shows ---------------------------------------------------------
 
@@ -319,15 +334,6 @@ def cost_table(widths) -> RoundCostTable:
             f"candidate widths {list(widths)}."
         )
     return RoundCostTable(table["batch_sizes"], widths, table["ms"])
-
-
-def _device_event() -> torch.cuda.Event | None:
-    """A timing event recorded on the current CUDA stream (None without CUDA)."""
-    if not torch.cuda.is_available():
-        return None
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
 
 
 def _to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
