@@ -383,15 +383,19 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
 #if DDT_TOPK_CUT == 3
   return;
 #endif
-  __threadfence();
-  __syncthreads();
+  __syncthreads();  // the block's list and partial sums are written
   if (tid == 0) {
+    // One fence for the block, after the barrier, as cooperative groups' grid sync does:
+    // fences are cumulative, so it publishes every write the barrier ordered before it
+    // (rather than a fence in each of the 256 threads of every block). The row's last block
+    // fences again before its threads read the other blocks' lists.
+    __threadfence();
     s_last = atomicAdd(ws_count + r, 1u) == (unsigned)(S - 1);
     s_cnt = 0u;
+    if (s_last) __threadfence();
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
   if (tid == 0) ws_count[r] = 0u;  // every block of the row has counted: ready for the next launch
   ddt_topk_merge(ws_cand + (ddt_i64)r * S * k, ws_part + 2 * r * S, S, k, (int)merge_chunk, cand, cap, s_x, top,
                  s_m, s_s, &s_cnt, &s_bound, out_lp + r * k, out_ids + r * k);
