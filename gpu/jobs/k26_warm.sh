@@ -8,9 +8,8 @@
 # $OUT: k26_warm.{json,md}, k26_warm_logs.tar.gz, precompile_k26.log.
 set -o pipefail
 S=${K26_WARM_S:-450}
-# The stale staging folder of a compile a timeout killed is not reused; drop it.
-find "${SGLANG_JIT_CACHE_DIR:-/nonexistent}" -maxdepth 3 -name ".staging-*" -exec rm -rf {} + 2>/dev/null
-timeout "$S" python gpu/jobs/precompile_k26.py > "$OUT/precompile_k26.log" 2>&1 &
+source gpu/jobs/precompile_k26.sh
+precompile_k26 "$S"
 LAYERS="${K26_WARM_LAYERS:-3}" K26_MODEL_DIR=/tmp/k26-warm LABEL=k26_warm ARMS=plain,ddtree@8 JOB_S="$S" \
   DEADLINE_S=$(( S - 20 )) K26_AB_ARGS="--profiles pycode-4l --prompt-lens 96 --concurrency 1 4 \
   --prompts 8 --start-timeout 420 --common-extra=--mem-fraction-static=0.12,--max-total-tokens=20000" \

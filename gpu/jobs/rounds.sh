@@ -14,10 +14,8 @@
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/rounds.sh
 set -o pipefail
 LABEL=${LABEL:-gpu_rounds_pycode-4l_h200}
-if [ "${PRECOMPILE_K26:-0}" = 1 ]; then
-  find "${SGLANG_JIT_CACHE_DIR:-/nonexistent}" -maxdepth 3 -name ".staging-*" -exec rm -rf {} + 2>/dev/null
-  timeout 480 python gpu/jobs/precompile_k26.py > "$OUT/precompile_k26.log" 2>&1 &
-fi
+source gpu/jobs/precompile_k26.sh
+[ "${PRECOMPILE_K26:-0}" = 1 ] && precompile_k26 480
 timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
   --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+eagerkv,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" \
   --concurrency ${CONC:-1 8 32 64 4 16} --repeats "${REPEATS:-5}" --graph-max-bs 64 \
