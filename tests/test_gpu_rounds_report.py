@@ -353,6 +353,7 @@ class _ClockServer:
 
     def generate(self, payload):
         self.calls.append(self.name)
+        self.lens = getattr(self, "lens", []) + [payload["sampling_params"]["max_new_tokens"]]
         return {"meta_info": {"completion_tokens": 8, "spec_verify_ct": 4}}
 
 
@@ -367,8 +368,12 @@ def test_levels_interleave_the_arms(tmp_path):
     log.write_text("")
     calls = []
     servers = {arm: _ClockServer(arm, calls, log) for arm in ("plain", "dflash", "ddtree@7")}
-    args = SimpleNamespace(prompts_per_level=2, output_len=8, repeats=3)
+    args = SimpleNamespace(prompts_per_level=2, output_len=100, output_len_spread=0.5, repeats=3)
     rows = measure_level(servers, [[1, 2, 3]], args, concurrency=1)
+    # every arm's passes ask for the same per-request lengths, drawn around the mean
+    lens = {arm: server.lens for arm, server in servers.items()}
+    assert lens["plain"] == lens["dflash"] == lens["ddtree@7"]
+    assert len(set(lens["plain"][1:3])) == 2 and all(50 <= n <= 150 for n in lens["plain"])
     # warm-up: one request per arm; then per repeat every arm's pass (2 requests each)
     assert calls[:3] == ["plain", "dflash", "ddtree@7"]
     passes = [calls[i] for i in range(3, len(calls), 2)]

@@ -40,6 +40,8 @@ from ..budget import candidate_widths
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds_profile import request_tokens, run_profiles, run_stack_profile, time_left
+from .output_lens import add_arguments as add_output_len_arguments
+from .output_lens import output_lens
 
 PAIR = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l"
 COMMON = [
@@ -134,10 +136,11 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     return ddtree + [budget]
 
 
-def timed_pass(server: ServerProcess, prompts: list[list[int]], output_len: int, concurrency: int) -> dict:
+def timed_pass(server: ServerProcess, prompts: list[list[int]], lens: list[int], concurrency: int) -> dict:
+    """One pass of ``prompts`` (``lens``: each one's output length), ``concurrency`` in flight."""
     began = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        done = list(pool.map(lambda p: request_tokens(server, p, output_len), prompts))
+        done = list(pool.map(lambda pl: request_tokens(server, *pl), zip(prompts, lens)))
     wall = time.perf_counter() - began
     tokens, rounds = sum(d["tokens"] for d in done), sum(d["rounds"] for d in done)
     return {
@@ -155,13 +158,14 @@ def measure_level(servers: dict, prompts, args, concurrency: int) -> dict[str, d
     pass per arm, with every pass's tok/s kept to show the spread."""
     n = max(args.prompts_per_level, 2 * concurrency)
     batch = [prompts[i % len(prompts)] for i in range(n)]
+    lens = output_lens(n, args.output_len, args.output_len_spread, seed=concurrency)  # same in every arm
     arms = list(servers)
     for arm in arms:
-        timed_pass(servers[arm], batch[:concurrency], args.output_len, concurrency)  # same shapes
+        timed_pass(servers[arm], batch[:concurrency], lens[:concurrency], concurrency)  # same shapes
     passes: dict[str, list[dict]] = {arm: [] for arm in arms}
     for r in range(args.repeats):
         for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-            passes[arm].append(timed_pass(servers[arm], batch, args.output_len, concurrency))
+            passes[arm].append(timed_pass(servers[arm], batch, lens, concurrency))
     rows = {}
     for arm in arms:
         row = {k: statistics.median(p[k] for p in passes[arm]) for k in passes[arm][0]}
@@ -313,7 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=str(PAIR / "target"))
     p.add_argument("--drafter", default=str(PAIR / "drafter"))
     p.add_argument("--prompts", default=str(PAIR / "heldout_prompts.json"))
-    p.add_argument("--output-len", type=int, default=128)
+    add_output_len_arguments(p, 128)
     p.add_argument("--prompts-per-level", type=int, default=8)
     p.add_argument("--repeats", type=int, default=4, help="timed passes per arm and level (interleaved)")
     p.add_argument("--graph-max-bs", type=int, default=32)

@@ -104,7 +104,7 @@ def to_markdown(results: dict) -> str:
             if results["args"]["graph_max_bs"]
             else ""
         )
-        + f"; greedy, {results['args']['output_len']} output tokens per request; medians of "
+        + f"; greedy, {_output_lens(results['args'])} output tokens per request; medians of "
         f"{results['args']['repeats']} timed passes after a warm-up pass of the same shape"
         " (at a level, each repeat runs one pass of every arm, in a rotated order; `spread` is"
         " the fastest pass over the slowest).",
@@ -319,3 +319,11 @@ def plot(results: dict, path: Path) -> None:
 def write_report(results: dict, out: Path, label: str) -> None:
     _stamp.write_outputs(out, label, results, to_markdown(results))
     plot(results, out / f"{label}.png")
+
+
+def _output_lens(args: dict) -> str:
+    """The output length as the run drew it (a spread since bench/output_lens.py; older runs: one)."""
+    spread = args.get("output_len_spread") or 0.0
+    if not spread:
+        return str(args["output_len"])
+    return f"{args['output_len']} (mean; each request's drawn from +-{spread:.0%}, the same in every arm)"

@@ -32,6 +32,8 @@ from . import _stamp
 from .gpu_rounds import online_budget_lines, width1_cost_table
 from .gpu_rounds_profile import profile_or_error
 from .k26_ab_report import write_report
+from .output_lens import add_arguments as add_output_len_arguments
+from .output_lens import longest, output_lens
 from .replay_drafter import recorded_row
 
 PAIR_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
@@ -122,19 +124,22 @@ def _generate(server: ServerProcess, prompt: list[int], output_len: int) -> dict
     }
 
 
-def run_batch(server, prompts, output_len: int, concurrency: int) -> tuple[list[dict], float]:
+def run_batch(server, prompts, output_len, concurrency: int) -> tuple[list[dict], float]:
+    """``prompts`` with ``concurrency`` in flight; ``output_len``: one length, or one per prompt."""
+    lens = output_len if isinstance(output_len, list) else [output_len] * len(prompts)
     began = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        done = list(pool.map(lambda p: _generate(server, p, output_len), prompts))
+        done = list(pool.map(lambda pl: _generate(server, *pl), zip(prompts, lens)))
     return done, time.perf_counter() - began
 
 
-def measure(server, prompts, output_len: int, concurrency: int, repeats: int) -> dict:
+def measure(server, prompts, output_len: int, concurrency: int, repeats: int, spread: float = 0.0) -> dict:
     batch = [prompts[i % len(prompts)] for i in range(max(2 * concurrency, 4))]
-    run_batch(server, batch[:concurrency], output_len, concurrency)  # warm-up: the same shapes
+    lens = output_lens(len(batch), output_len, spread, seed=concurrency)  # the same in every arm
+    run_batch(server, batch[:concurrency], lens[:concurrency], concurrency)  # warm-up: the same shapes
     rows = []
     for _ in range(repeats):
-        done, wall = run_batch(server, batch, output_len, concurrency)
+        done, wall = run_batch(server, batch, lens, concurrency)
         tokens, rounds = sum(d["tokens"] for d in done), sum(d["rounds"] for d in done)
         ttfts = [d["ttft_s"] for d in done if d.get("ttft_s") is not None]
         rows.append(
@@ -200,13 +205,17 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
     for key in keys:
         length, profile = key
         if recording is not None and time.monotonic() < deadline:
-            share = identical_share(server, sets[key], recording, args.output_len)
+            share = identical_share(
+                server, sets[key], recording, longest(args.output_len, args.output_len_spread)
+            )
             record["cells"].append({"prompt_len": length, "profile": profile, "identical_share": share})
         for concurrency in args.concurrency:
             if time.monotonic() > deadline:
                 record["skipped"].append(f"len={length} {profile} c={concurrency}")
                 continue
-            row = measure(server, sets[key], args.output_len, concurrency, args.repeats)
+            row = measure(
+                server, sets[key], args.output_len, concurrency, args.repeats, args.output_len_spread
+            )
             record["cells"].append(
                 {"prompt_len": length, "profile": None if arm == "plain" else profile, **row}
             )
@@ -245,7 +254,7 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 4, 16, 2])
     p.add_argument("--prompt-lens", type=int, nargs="+", default=[96, 4096])
     p.add_argument("--prompts", type=int, default=32, help="prompts per (length, profile) set")
-    p.add_argument("--output-len", type=int, default=64)
+    add_output_len_arguments(p, 64)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--graph-max-bs", type=int, default=32)
     p.add_argument("--start-timeout", type=float, default=300.0)
@@ -305,7 +314,7 @@ def main(argv=None) -> int:
             continue
         try:
             if arm == "plain":
-                recording = record_plain(server, sets, args.output_len)
+                recording = record_plain(server, sets, longest(args.output_len, args.output_len_spread))
                 recording_path.write_text(json.dumps(recording))
             deadline = time.monotonic() + (args.deadline_s - (time.monotonic() - t0)) / (len(arms) - i)
             results["arms"].append(

@@ -158,12 +158,28 @@ def _gpu_memory(arm: dict) -> str | None:
     return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in usage.items())
 
 
+def _requests_note(args: dict) -> str:
+    """How long each request was: tok/s, TPOT and round ms are wall-clock over whole requests
+    (their prefills included)."""
+    spread = args.get("output_len_spread") or 0.0
+    length = args.get("output_len", "?")
+    if spread:
+        drawn = f"drawn per request from +-{spread:.0%} around a mean of {length} (the same in every arm)"
+    else:
+        drawn = f"{length} for every request (plain requests run in lockstep: bench/output_lens.py)"
+    return (
+        f"Greedy requests, output tokens {drawn}; tok/s, TPOT and round ms are wall time over whole "
+        "requests, prefills included."
+    )
+
+
 def to_markdown(results: dict) -> str:
     arms = results["arms"]
     lines = [
         "# Kimi K2.6, one TP-8 rank on one GPU: plain vs chain vs DDTREE",
         "",
         *[f"- {n}" for n in NOTES],
+        f"- {_requests_note(results.get('args') or {})}",
     ]
     lines += ["", _stamp.stamp_markdown(results["stamp"]), "", "## Arms", ""]
     lines.append(
