@@ -34,9 +34,8 @@ The round cost ``T(bs, width)`` is measured as the step's period: the host time 
 ``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
 between. That is what a step costs the server whatever bounds it (the device, the host's
 launches, the scheduler between steps, a wait on the previous step under overlap), where the
-round's own device time leaves out everything around the round: on the K2.6 rank a drafted
-round took about twice its device time (b583d8b), so width 1 (which skips the drafter and the
-tree step) looked dearer, relative to trees, than it is. Under overlap the period of a step
+round's own device time leaves out the host's share between rounds (which a host-bound round,
+on a small target, pays at every width, width 1 included). Under overlap the period of a step
 includes the wait for the step before it, so a change of width is attributed one step late.
 Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
