@@ -9,14 +9,17 @@
 #     brings back, and shows that the rank serves before a whole call is spent on it.
 # Run through the device command:
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/suite.sh
+# KERNEL_TESTS_S=0 leaves the kernel tests out (run in the session's first call instead:
+# `PRECOMPILE_K26=1 KERNEL_TESTS=1 bash gpu/jobs/topk.sh`).
 # $OUT: gpu_tests.log (kernel tests + suite), gpu_server.json, gpu_server_logs.tar.gz,
 # k26_warm.{json,md,log}.
 set -o pipefail
 ALL_ARMS=$(python -c "from tests.gpu_server.arms import ARMS; print(','.join(ARMS))")
 bash gpu/jobs/k26_warm.sh > "$OUT/k26_warm.log" 2>&1 &
-timeout "${KERNEL_TESTS_S:-270}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_kernels_gpu.py \
-  tests/test_tree_engine.py tests/test_online_widths.py tests/test_mla_verify.py tests/test_draft_attention.py > "$OUT/gpu_tests.log" 2>&1
-tail -1 "$OUT/gpu_tests.log"
+source gpu/jobs/kernel_tests.sh
+if [ "${KERNEL_TESTS_S:-270}" != 0 ]; then  # 0: they ran in this session's first call (topk.sh KERNEL_TESTS=1)
+  kernel_tests "${KERNEL_TESTS_S:-270}" "$OUT/gpu_tests.log"
+fi
 GPU_SERVER_ARMS="${GPU_SERVER_ARMS:-$ALL_ARMS}" timeout "${SUITE_S:-400}" python -m pytest -m gpu_server tests/gpu_server \
   -p no:cacheprovider -v -rA ${SUITE_K:+-k "$SUITE_K"} >> "$OUT/gpu_tests.log" 2>&1
 grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log"

@@ -8,6 +8,9 @@
 #
 # TOPK_TESTS=0 skips the tests; TOPK_ARGS replaces the benchmark's shapes (e.g. a phase-only look:
 #   TOPK_TESTS=0 TOPK_ARGS="--batch-sizes 1 64 --ks 8 64" bash gpu/device.sh bash gpu/jobs/topk.sh).
+# KERNEL_TESTS=1 then runs every GPU kernel test (gpu/jobs/kernel_tests.sh; $OUT/gpu_kernel_tests.log)
+# while the precompile finishes, so a session's first call also warms Triton's cache and
+# suite.sh can run with KERNEL_TESTS_S=0.
 # PRECOMPILE_K26=1 compiles the K2.6 rank's Marlin MoE kernels beside it (two CPU cores of
 # sixteen; the GPU timings replay CUDA graphs, which the host barely touches) and waits for
 # them, so a session's first call warms the cache the K2.6 calls need (~6 minutes cold).
@@ -23,6 +26,8 @@ if [ "${TOPK_TESTS:-1}" != 0 ]; then
 fi
 timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only ${TOPK_ARGS:---batch-sizes 1 8 32 64 --ks 8 16 32 64} \
   --phases --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
+source gpu/jobs/kernel_tests.sh
+[ "${KERNEL_TESTS:-0}" = 1 ] && kernel_tests 330 "$OUT/gpu_kernel_tests.log"  # after the timings
 wait
 cat "$OUT/precompile_k26.log" 2>/dev/null
 exit 0
