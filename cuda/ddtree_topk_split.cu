@@ -47,39 +47,29 @@ __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
   return ((ddt_u64)key << 32) | (0xffffffffu - id);
 }
 
-// The m-th largest (1-based, m <= threads) of one value per thread, in every thread. Each
-// warp sorts its 32 values with shuffles (no barrier), the sorted lists go to s_x, and each
-// thread counts, per list, the values above and at-or-above its own (binary lifting over a
-// descending list): the thread whose value spans rank m writes it. Three barriers, where a
-// bitonic sort over the block took ~15 pairs (about 2 us of a bs-1 launch on the H200).
+// The m-th largest (1-based, m <= threads) of one value per thread, in every thread: a bitonic
+// sort over the block, shuffles for strides below 32, s_x for the others (12 barriers). Warp
+// sorts with per-thread rank counts over the eight sorted lists (three barriers, 6c1c414) were
+// slower on the H200: the bound phase took 7.6 us of a bs-1 launch against 2.3 us, and ~97 us
+// of a bs-64 k-64 launch against ~7 (topk_phases_h200_703348a, topk_kernels at 7766aac).
 __device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u64* s_x, ddt_u64* s_out) {
-  const int tid = threadIdx.x, lane = tid & 31;
-  ddt_u64 w = v;
-#pragma unroll
-  for (int size = 2; size <= 32; size <<= 1) {
-#pragma unroll
+  const int tid = threadIdx.x;
+  for (int size = 2; size <= DDT_SPLIT_THREADS; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const ddt_u64 o = __shfl_xor_sync(DDT_FULL_MASK, w, stride);
-      const bool descending = (lane & size) == 0, lower = (lane & stride) == 0;
-      w = (lower == descending) ? (w > o ? w : o) : (w < o ? w : o);
+      ddt_u64 w;
+      if (stride >= 32) {
+        s_x[tid] = v;
+        __syncthreads();
+        w = s_x[tid ^ stride];
+        __syncthreads();
+      } else {
+        w = __shfl_xor_sync(DDT_FULL_MASK, v, stride);
+      }
+      const bool descending = (tid & size) == 0, lower = (tid & stride) == 0;
+      v = (lower == descending) ? (v > w ? v : w) : (v < w ? v : w);
     }
   }
-  s_x[tid] = w;
-  __syncthreads();
-  int above = 0, at_or_above = 0;
-#pragma unroll 1
-  for (int list = 0; list < DDT_SPLIT_THREADS / 32; ++list) {
-    const ddt_u64* sorted = s_x + list * 32;
-    int gt = 0, ge = 0;
-#pragma unroll
-    for (int step = 32; step > 0; step >>= 1) {
-      if (gt + step <= 32 && sorted[gt + step - 1] > v) gt += step;
-      if (ge + step <= 32 && sorted[ge + step - 1] >= v) ge += step;
-    }
-    above += gt;
-    at_or_above += ge;
-  }
-  if (above < m && m <= at_or_above) *s_out = v;  // equal values write the same
+  if (tid == m - 1) *s_out = v;
   __syncthreads();
   const ddt_u64 out = *s_out;
   __syncthreads();  // s_x and s_out are reused by the caller
