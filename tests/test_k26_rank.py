@@ -4,6 +4,7 @@ TP-8 rank, and the INT4 scheme landing on the routed experts only (the Marlin Mo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -162,7 +163,7 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
         2 * 61 * (0.015 + 1.75 * 33 * 7168 * 2 / 370e9 * 1e3)
         + 2 * 6 * (0.015 + 1.75 * 8 * 7168 * 2 / 370e9 * 1e3)
     )
-    assert tree_c1[10] == pytest.approx(ar / (14.4 + ar)) and tree_c1[11] == pytest.approx(
+    assert tree_c1[11] == pytest.approx(ar / (14.4 + ar)) and tree_c1[12] == pytest.approx(
         180.0 * 14.4 / (14.4 + ar)
     )
     notes = {(r[2], r[3]): r[-1] for r in rows(results)}
@@ -175,6 +176,18 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
     assert header.count("|") == error_row.count("|")  # the error sits in its column
     assert "widths chosen" in text and "`{'width_steps': {1: 5, 65: 9}}`" in text
     assert "## Per-round profile" in text and "| ddtree@auto64 | 1 | no complete trace |" in text
+
+
+def test_inter_token_time_leaves_out_each_requests_ttft():
+    from sglang_ddtree.bench.k26_ab import inter_token_ms
+
+    done = [
+        {"latency_s": 1.0, "ttft_s": 0.5, "tokens": 11},  # 0.5 s over 10 tokens after the first
+        {"latency_s": 0.4, "ttft_s": 0.1, "tokens": 21},  # 0.3 s over 20
+        {"latency_s": 9.0, "ttft_s": None, "tokens": 5},  # no TTFT reported: left out
+    ]
+    assert inter_token_ms(done) == pytest.approx(1e3 * 0.8 / 30)
+    assert math.isnan(inter_token_ms([{"latency_s": 1.0, "ttft_s": 0.2, "tokens": 1}]))
 
 
 def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
@@ -237,6 +250,11 @@ def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):
     assert by_call["slow_call"][4] == "ddtree@16"  # the variant arm is a comparison, not a candidate
     assert by_call["slow_call"][7] == pytest.approx(1.5) and by_call["fast_call"][7] == pytest.approx(1.2)
     assert by_call["slow_call"][-1] == ""  # c=1 ran on graphs (graph_max_bs 32)
+    concurrencies, ratio_rows = k26_ab_merge.arm_ratio_rows(calls)
+    ratios = {(r[2], r[3]): r[4] for r in ratio_rows}
+    assert concurrencies == [1]
+    assert ratios[("ddtree@16", "slow_call")] == pytest.approx(1.5)  # over its own call's plain
+    assert ratios[("ddtree@16+sglang-verify", "fast_call")] == pytest.approx(0.05)
     paths = []
     for name, results in calls:
         path = tmp_path / f"{name}.json"

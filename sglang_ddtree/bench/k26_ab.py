@@ -114,9 +114,12 @@ def prompt_sets(base: list[list[int]], lengths: list[int], profiles: list[str], 
 
 def _generate(server: ServerProcess, prompt: list[int], output_len: int) -> dict:
     params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+    began = time.perf_counter()
     result = server.generate({"input_ids": prompt, "sampling_params": params})
+    latency_s = time.perf_counter() - began
     meta = result["meta_info"]
     return {
+        "latency_s": latency_s,
         "output_ids": result["output_ids"],
         "tokens": meta["completion_tokens"],
         "rounds": meta.get("spec_verify_ct") or meta["completion_tokens"],
@@ -133,8 +136,24 @@ def run_batch(server, prompts, output_len, concurrency: int) -> tuple[list[dict]
     return done, time.perf_counter() - began
 
 
+def inter_token_ms(done: list[dict]) -> float:
+    """Decode time per output token after the first, net of each request's TTFT: the round's
+    cost without the prefills that wall-clock tok/s carries (at 96-token prompts and 64 output
+    tokens a request's TTFT was 20-35% of its time on the K2.6 rank)."""
+    timed = [d for d in done if d.get("ttft_s") is not None and d["tokens"] > 1]
+    decode_tokens = sum(d["tokens"] - 1 for d in timed)
+    if not decode_tokens:
+        return float("nan")
+    return 1e3 * sum(d["latency_s"] - d["ttft_s"] for d in timed) / decode_tokens
+
+
+# Requests per timed pass: at least two per slot, and no fewer than this (at c=1 a pass of 4
+# requests let one slow TTFT move the cell by ~10%).
+MIN_REQUESTS_PER_PASS = 16
+
+
 def measure(server, prompts, output_len: int, concurrency: int, repeats: int, spread: float = 0.0) -> dict:
-    batch = [prompts[i % len(prompts)] for i in range(max(2 * concurrency, 4))]
+    batch = [prompts[i % len(prompts)] for i in range(max(2 * concurrency, MIN_REQUESTS_PER_PASS))]
     lens = output_lens(len(batch), output_len, spread, seed=concurrency)  # the same in every arm
     run_batch(server, batch[:concurrency], lens[:concurrency], concurrency)  # warm-up: the same shapes
     rows = []
@@ -145,6 +164,7 @@ def measure(server, prompts, output_len: int, concurrency: int, repeats: int, sp
         rows.append(
             {
                 "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else float("nan"),
+                "itl_ms": inter_token_ms(done),
                 "tok_per_s": tokens / wall,
                 "accept_length": tokens / rounds,
                 "round_ms": 1e3 * wall * min(concurrency, len(batch)) / rounds,

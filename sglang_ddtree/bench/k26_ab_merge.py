@@ -41,6 +41,23 @@ def best_tree_rows(calls: list[tuple[str, dict]]) -> list[list]:
     return sorted(out, key=lambda r: (r[0], r[1], r[2], r[3]))
 
 
+def arm_ratio_rows(calls: list[tuple[str, dict]]) -> tuple[list[int], list[list]]:
+    """Every speculative arm over its own call's plain, one column per concurrency:
+    ``(concurrencies, [[len, profile, arm, call, x plain at each c (None: not served)]])``."""
+    cells = [(name, key, arms) for name, results in calls for key, arms in _cells(results).items()]
+    concurrencies = sorted({c for _, (_, _, c), _ in cells})
+    table: dict = {}
+    for name, (length, profile, c), arms in cells:
+        if "plain" not in arms:
+            continue
+        for arm, cell in arms.items():
+            if arm != "plain":
+                row = table.setdefault((length, profile, arm, name), {})
+                row[c] = cell["tok_per_s"] / arms["plain"]["tok_per_s"]
+    rows = [[*key, *(ratios.get(c) for c in concurrencies)] for key, ratios in table.items()]
+    return concurrencies, sorted(rows, key=lambda r: (r[0], r[1], r[2], r[3]))
+
+
 def to_merged_markdown(calls: list[tuple[str, dict]]) -> str:
     lines = ["# Kimi K2.6, one TP-8 rank on one GPU: every call of the A/B", "", *[f"- {n}" for n in NOTES]]
     lines += ["- Ratios are taken inside each call (its own plain and chain arms).", "", "## Calls", ""]
@@ -63,6 +80,10 @@ def to_merged_markdown(calls: list[tuple[str, dict]]) -> str:
         "",
     ]
     lines += [_stamp.md_table(header, best_tree_rows(calls)), ""]
+    concurrencies, ratio_rows = arm_ratio_rows(calls)
+    lines += ["## Every arm over plain (same call), per concurrency", ""]
+    ratio_header = ["prompt len", "profile", "arm", "call", *(f"c={c}" for c in concurrencies)]
+    lines += [_stamp.md_table(ratio_header, ratio_rows), ""]
     identity = [[name, *row] for name, r in calls for row in exactness(r)]
     lines += ["## Greedy outputs equal to plain, every call", ""]
     lines += [_stamp.md_table(["call", "arm", "prompt len", "profile", "identical share"], identity), ""]
