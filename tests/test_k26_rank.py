@@ -163,7 +163,7 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
         2 * 61 * (0.015 + 1.75 * 33 * 7168 * 2 / 370e9 * 1e3)
         + 2 * 6 * (0.015 + 1.75 * 8 * 7168 * 2 / 370e9 * 1e3)
     )
-    assert tree_c1[11] == pytest.approx(ar / (14.4 + ar)) and tree_c1[12] == pytest.approx(
+    assert tree_c1[12] == pytest.approx(ar / (14.4 + ar)) and tree_c1[13] == pytest.approx(
         180.0 * 14.4 / (14.4 + ar)
     )
     notes = {(r[2], r[3]): r[-1] for r in rows(results)}
@@ -176,6 +176,29 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
     assert header.count("|") == error_row.count("|")  # the error sits in its column
     assert "widths chosen" in text and "`{'width_steps': {1: 5, 65: 9}}`" in text
     assert "## Per-round profile" in text and "| ddtree@auto64 | 1 | no complete trace |" in text
+
+
+def test_profile_accept_follows_each_arms_tree(monkeypatch):
+    from sglang_ddtree.bench import k26_ab_report
+    from sglang_ddtree.bench.replay_profiles import PROFILES, Profile, chain_accept_length
+
+    profile_accept = k26_ab_report.profile_accept
+    profile = PROFILES["pycode-4l"]
+    assert profile_accept("plain", None) == 1.0
+    assert profile_accept("chain", "pycode-4l") == pytest.approx(chain_accept_length(profile))
+    tree = [profile_accept(f"ddtree@{b}", "pycode-4l") for b in (7, 8, 32, 64)]
+    assert tree == sorted(tree) and tree[0] > profile_accept("chain", "pycode-4l")  # siblings help
+    assert (
+        profile_accept("ddtree@auto64", "pycode-4l") is None and profile_accept("ddtree@8", "unknown") is None
+    )
+    # where the drafter's second choice is never right, seven nodes are the chain, and an eighth
+    # adds nothing
+    only_top1 = Profile("only-top1", "test", tuple((0.6, 0.0, 0.0) for _ in range(7)))
+    monkeypatch.setitem(k26_ab_report.PROFILES, "only-top1", only_top1)
+    chain = profile_accept("chain", "only-top1")
+    assert chain == pytest.approx(1 + sum(0.6**d for d in range(1, 8)))
+    assert profile_accept("ddtree@7", "only-top1") == pytest.approx(chain)
+    assert profile_accept("ddtree@8", "only-top1") == pytest.approx(chain)
 
 
 def test_inter_token_time_leaves_out_each_requests_ttft():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from . import _stamp
 from .gpu_rounds_report import online_budget_section, profile_section
+from .replay_profiles import PROFILES, expected_accept_length
 
 LIVE_SERVICE = "live K2.6 service (8x RTX PRO 6000, TP-8, DDTree): 138.7 tok/s c1, 322 c4, 466 c8, 517 c10"
 # The same hardware without speculation (another harness, a vLLM fork; ../shared/docs/anchors.md):
@@ -58,6 +59,23 @@ def verify_width(arm: str) -> int:
     return int(budget.removeprefix("auto")) + 1  # the online budget: its largest width (an upper bound)
 
 
+def profile_accept(arm: str, profile: str | None) -> float | None:
+    """Tokens per round the arm's tree takes under the profile with a calibrated drafter (the
+    replay drafter's log-probs are the profile's): 1 for plain, the top-1 chain of 7 for the
+    chain, DDTree's best-first tree of ``B`` nodes for ``ddtree@B``; None for the online budget
+    (its tree changes per step) and unknown profiles. Measured accept lengths sit below it by
+    the last round of each request, cut by its output length."""
+    arm = arm.partition("+")[0]
+    if arm == "plain":
+        return 1.0
+    if profile not in PROFILES:
+        return None
+    if arm == "chain":
+        return expected_accept_length(PROFILES[profile], 7, topk=1)
+    budget = arm.partition("@")[2]
+    return expected_accept_length(PROFILES[profile], int(budget)) if budget.isdigit() else None
+
+
 def round_allreduce_ms(arm: str, concurrency: int) -> float:
     """Modelled all-reduce time of one round of ``concurrency`` requests under TP-8."""
     ms = 2 * TARGET_LAYERS * allreduce_ms(concurrency * verify_width(arm))
@@ -104,6 +122,7 @@ def rows(results: dict) -> list[list]:
                     arm,
                     cell["tok_per_s"],
                     cell["accept_length"],
+                    profile_accept(arm, profile),
                     cell["tpot_ms"],
                     cell.get("ttft_ms"),
                     cell.get("itl_ms"),
@@ -207,6 +226,7 @@ def to_markdown(results: dict) -> str:
         "arm",
         "tok/s",
         "accept len",
+        "accept (profile)",
         "TPOT ms",
         "TTFT ms",
         "ITL ms",
