@@ -270,7 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--drafter", required=True)
     p.add_argument("--arms", default="plain,chain,ddtree@32,ddtree@16,ddtree@64,ddtree@8")
-    p.add_argument("--profiles", default="dflash-k25-code,pycode-4l")
+    p.add_argument("--profiles", default="dflash-k25-code,pycode-4l-ranks")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 4, 16, 2])
     p.add_argument("--prompt-lens", type=int, nargs="+", default=[96, 4096])
     p.add_argument("--prompts", type=int, default=32, help="prompts per (length, profile) set")

@@ -40,27 +40,37 @@ def load_models(pair: dict):
 
 
 @torch.no_grad()
+def drafter_logits_along(models, seq: torch.Tensor, start: int) -> torch.Tensor:
+    """The drafter's logits ``[positions, block - 1, vocab]`` for a block anchored at every
+    position ``start..`` of ``seq`` ``[1, length]``, from the target's features of ``seq``
+    (all blocks in one drafter forward, each seeing the context before its anchor)."""
+    from ..models.pair_modules import block_layout
+
+    spec, target, drafter, mask_id = models
+    block, length = spec.block_size, seq.shape[1]
+    _, feats = target(seq, capture=spec.target_layer_ids)
+    anchors = torch.arange(start, length)[None]
+    pos, mask = block_layout(anchors, length, block)
+    block_ids = torch.full_like(pos, mask_id)
+    block_ids[:, ::block] = seq[:, start:]
+    hidden = drafter(target.model.embed_tokens(block_ids), pos, feats, mask)
+    return target.logits(hidden.view(-1, block, hidden.shape[-1])[:, 1:])
+
+
+@torch.no_grad()
 def offline_replay(
     pair: dict, prompts: list[dict], greedy: list[list[int]], arms: list[Arm]
 ) -> dict[str, float]:
     """Greedy tokens per round each arm should reach, replaying the server's rounds
     on the plain server's output with the training code's models (float32)."""
-    from ..models.pair_modules import block_layout
     from ..tree.round import reference_round
 
-    spec, target, drafter, mask_id = load_models(pair)
-    block = spec.block_size
+    models = load_models(pair)
     rounds = {arm.name: [] for arm in arms if arm.speculative}
     for prompt, out in zip(prompts, greedy):
         seq = torch.tensor([prompt["input_ids"] + out])
         start, length = len(prompt["input_ids"]), seq.shape[1]
-        _, feats = target(seq, capture=spec.target_layer_ids)
-        anchors = torch.arange(start, length)[None]
-        pos, mask = block_layout(anchors, length, block)
-        block_ids = torch.full_like(pos, mask_id)
-        block_ids[:, ::block] = seq[:, start:]
-        hidden = drafter(target.model.embed_tokens(block_ids), pos, feats, mask)
-        logits = target.logits(hidden.view(-1, block, hidden.shape[-1])[:, 1:])  # [anchors, block-1, vocab]
+        logits = drafter_logits_along(models, seq, start)
         greedy_tokens = seq[0].numpy()
         for arm in arms:
             if not arm.speculative:
