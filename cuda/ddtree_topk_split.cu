@@ -12,7 +12,11 @@
 //     bound of the slice's k-th largest candidate (k distinct elements are >= B).
 //   * Every element >= B is collected into shared memory. An element >= B lies in a thread
 //     whose sample is >= B, and only k threads have one, so at most k x (elements per
-//     thread) are collected: the launcher sizes the shared memory for that, no fallback.
+//     thread) are collected, and usually about k. The launcher sizes the list for that worst
+//     case where it is small, else for many times the usual count; a block whose collection
+//     overflows the list (massive ties near the top, e.g. a repeating pattern) finds the
+//     slice's exact k-th largest candidate by a bitwise descent instead (64 counting passes
+//     over the slice) and collects the k candidates at or above it.
 //   * The collected candidates are ranked (or sorted when many), the top k written to the
 //     workspace sorted descending (zero-padded when the slice holds fewer than k).
 // Stage 2, in the row's last block to finish (a per-row counter, reset by that block, so the
@@ -113,6 +117,18 @@ __device__ __forceinline__ void ddt_collect(ddt_u64 c, ddt_u64 bound, ddt_u64* c
   }
 }
 
+// The sum of one value per thread, in every thread.
+__device__ __forceinline__ unsigned ddt_block_sum(unsigned v, unsigned* s_warp) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(DDT_FULL_MASK, v, o);
+  if ((threadIdx.x & 31) == 0) s_warp[threadIdx.x >> 5] = v;
+  __syncthreads();
+  unsigned total = 0u;
+  for (int w = 0; w < DDT_SPLIT_THREADS / 32; ++w) total += s_warp[w];
+  __syncthreads();  // s_warp is reused by the next sum
+  return total;
+}
+
 // The min(n, k) largest of the n distinct candidates cand[0..n), descending, into top[0..k)
 // (zeros after n). n is block-uniform and <= cap, a power of two.
 __device__ void ddt_select_top(ddt_u64* cand, int n, int k, ddt_u64* top) {
@@ -204,6 +220,37 @@ __device__ __forceinline__ void ddt_visit_vector(const unsigned char* row, ddt_i
   f(x, VEC, first);
 }
 
+// The overflow path of stage 1: the k largest candidates of the slice [lo, hi) into cand,
+// after a collection that did not fit. The slice's k-th largest candidate comes from a
+// bitwise descent (keep a bit when at least k candidates reach the prefix with it: 64
+// counting passes over the slice, each a read from L2 or HBM); exactly min(k, slice length)
+// candidates reach it, and the launcher's list holds k.
+template <int DTYPE>
+__device__ __noinline__ void ddt_collect_kth(const unsigned char* row, ddt_i64 lo, ddt_i64 hi, int k, ddt_u64* cand,
+                                unsigned* s_cnt, unsigned* s_warp) {
+  ddt_u64 kth = 0ull;
+  for (int bit = 63; bit >= 0; --bit) {
+    const ddt_u64 trial = kth | (1ull << bit);
+    unsigned count = 0u;
+    ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < n && ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)) >= trial) ++count;
+    });
+    if (ddt_block_sum(count, s_warp) >= (unsigned)k) kth = trial;
+  }
+  if (threadIdx.x == 0) *s_cnt = 0u;  // every thread read the overflowing count before the sums
+  __syncthreads();
+  ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const ddt_u64 c = j < n ? ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)) : 0ull;
+      if (c >= kth && c != 0ull) cand[atomicAdd(s_cnt, 1u)] = c;
+    }
+  });
+  __syncthreads();
+}
+
 // Stage 2: the last block of row r merges the S sorted candidate lists and partial sums.
 __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int S, int k, int g,
                                ddt_u64* cand, int cap, ddt_u64* s_x, ddt_u64* top, float* s_m, float* s_s,
@@ -258,7 +305,7 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   __shared__ ddt_u64 s_x[DDT_SPLIT_THREADS];
   __shared__ ddt_u64 top[DDT_SPLIT_MAXK];
   __shared__ float s_m[DDT_SPLIT_THREADS / 32], s_s[DDT_SPLIT_THREADS / 32];
-  __shared__ unsigned s_cnt;
+  __shared__ unsigned s_cnt, s_sum[DDT_SPLIT_THREADS / 32];
   __shared__ ddt_u64 s_bound;
   __shared__ int s_last;
   if (tid == 0) s_cnt = 0u;
@@ -356,6 +403,7 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     ddt_visit_vector<DTYPE>(row, (ddt_i64)(best_id - best_id % VEC), collect);
   }
   __syncthreads();
+  if (s_cnt > (unsigned)cap) ddt_collect_kth<DTYPE>(row, lo, hi, k, cand, &s_cnt, s_sum);  // block-uniform
   const int n = (int)(s_cnt < (unsigned)cap ? s_cnt : (unsigned)cap);
   ddt_select_top(cand, n, k, top);
 

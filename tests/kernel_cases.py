@@ -124,7 +124,7 @@ def reference_accept(tokens, parents, sizes, posterior, prefix_lens=None) -> dic
 # distinct values (massive ties), one value everywhere, -inf entries, a whole slice of -inf,
 # equal maxima on both sides of every slice boundary, and a saw tooth (many candidates reach
 # the bound: the kernels' sort path).
-TOPK_MODES = ("randn", "round", "few", "equal", "neginf", "neginf_slice", "boundary", "sawtooth")
+TOPK_MODES = ("randn", "round", "few", "equal", "neginf", "neginf_slice", "boundary", "sawtooth", "staircase")
 
 
 def topk_logits(mode: str, rows: int, vocab: int, gen: torch.Generator, slice_len: int = 0) -> torch.Tensor:
@@ -150,6 +150,11 @@ def topk_logits(mode: str, rows: int, vocab: int, gen: torch.Generator, slice_le
             x[:, idx] = top
     elif mode == "sawtooth":
         x = -(torch.arange(vocab) % 2048).float().expand(rows, vocab).clone()
+    elif mode == "staircase":
+        # each 8-element vector one value, rising over every 2048 ids: the split kernel's
+        # threads each hold one value, the last threads of a block the top ones, and k
+        # threads' whole shares tie at the bound (its list's worst case)
+        x = ((torch.arange(vocab) % 2048) // 8).float().expand(rows, vocab).clone()
     return x.contiguous()
 
 

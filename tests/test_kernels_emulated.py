@@ -172,6 +172,24 @@ def test_topk_split(emu, vocab, k, splits, dtype):
     _assert_topk_equal(x, k, lp, ids, f"{plan}")
 
 
+@pytest.mark.parametrize("vocab, k, splits", [(20000, 16, 5), (4001, 7, 1), (163840, 64, 2)])
+def test_topk_split_overflow_path(emu, vocab, k, splits):
+    """A candidate list far below the slice's worst case (the smallest the merge allows): the
+    blocks whose collection overflows take the k-th-candidate path and stay exact (a list
+    clamped at its size would lose candidates)."""
+    plan = split_plan(len(TOPK_MODES), vocab, k, splits=splits)
+    merge_need = (-(-k // plan.merge_chunk) + plan.splits) * plan.merge_chunk if plan.splits > 1 else k
+    cap = 1 << (max(k, merge_need) - 1).bit_length()
+    assert cap < plan.cap
+    gen = torch.Generator().manual_seed(vocab + k)
+    x = torch.cat([topk_logits(m, 1, vocab, gen, plan.slice_len) for m in TOPK_MODES]).to(torch.bfloat16)
+    lp, ids, counters = emu.topk_split(
+        _raw(x), _DTYPE_CODE[torch.bfloat16], k, plan.splits, plan.slice_len, plan.merge_chunk, cap, 1
+    )
+    assert (counters == 0).all()
+    _assert_topk_equal(x, k, lp, ids, f"cap {cap}")
+
+
 def test_topk_split_workspace_reused(emu):
     """Two launches on one workspace (counters left by the first): the same exact result."""
     vocab, k = 20000, 16

@@ -1,6 +1,6 @@
 """The split top-k launcher's geometry (sglang_ddtree/kernels/topk.py): the shared memory it
-sizes must hold every candidate the kernel can collect, for any logits, since the kernel has
-no overflow path."""
+sizes holds the merge's candidates and the k of the kernel's overflow path always, and a
+slice's worst-case collection where that is small, else many times the usual ~k."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _thread_counts(vocab: int, lo: int, hi: int, vec: int, row_aligned: bool) ->
 @pytest.mark.parametrize("vocab", [111, 4001, 32000, 151936, 163840, 262144])
 @pytest.mark.parametrize("k", [1, 7, 8, 33, 64, 128, 256])
 @pytest.mark.parametrize("rows", [1, 15, 120, 960])
-def test_plan_fits_every_candidate(rows, vocab, k):
+def test_plan_sizes_the_candidate_list(rows, vocab, k):
     if k > vocab:
         assert tk.split_plan(rows, vocab, k) is None
         return
@@ -40,14 +40,16 @@ def test_plan_fits_every_candidate(rows, vocab, k):
         return
     s, length, g, cap = plan.splits, plan.slice_len, plan.merge_chunk, plan.cap
     assert length % 8 == 0 and (s - 1) * length < vocab <= s * length
-    assert cap & (cap - 1) == 0 and cap <= 8192
-    # stage 1: at most k threads hold a candidate >= the bound
+    assert cap & (cap - 1) == 0 and k <= cap <= 8192  # the overflow path collects k
+    # stage 1: at most k threads hold a candidate >= the bound; where all their elements fit,
+    # no block can overflow, else the list holds at least 8x the usual ~k
     worst = 0
     for split in range(s):
         lo, hi = split * length, min(vocab, (split + 1) * length)
         for vec, aligned in ((4, True), (8, True), (8, False)):
             worst = max(worst, int(np.sort(_thread_counts(vocab, lo, hi, vec, aligned))[-k:].sum()))
-    assert worst <= cap
+    assert tk.worst_candidates(length, k) >= worst
+    assert cap >= min(worst, 8 * k, 2048)
     if s > 1:  # stage 2: one sample per thread, at most (C + S) x g candidates reach the bound
         chunks = -(-k // g)
         assert s * chunks <= THREADS
@@ -60,11 +62,11 @@ def test_small_batches_fill_the_gpu():
         plan = tk.split_plan(15, 163840, k, sm_count=132)
         assert 15 * plan.splits >= 200
         big = tk.split_plan(960, 163840, k, sm_count=132)
-        assert big.splits <= plan.splits
+        assert big.splits == 1  # 960 rows fill the GPU: a block per row, no merge
 
 
 def test_forced_splits_and_limits():
-    assert tk.split_plan(4, 163840, 64, splits=3) is None  # 55k-entry slices: too many candidates
+    assert tk.split_plan(4, 163840, 64, splits=3).cap == 2048  # 55k-entry slices: the usual list
     assert tk.split_plan(4, 163840, 64, splits=20).splits == 20
     assert tk.split_plan(4, 163840, 257) is None  # above the split kernel's k: the row kernel
     assert tk.split_plan(2, 111, 33, splits=4).slice_len == 32

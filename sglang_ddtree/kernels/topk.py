@@ -33,7 +33,11 @@ ALGORITHMS = ("auto", *KERNELS)
 
 _ROW_THREADS = 512
 _SPLIT_THREADS = 256
-_CAP_TARGET = 4096  # candidate slots of a block (8 bytes each) the automatic slice length aims at
+# Candidate slots of a block (8 bytes each) where its slice's worst case needs more: a block
+# collects about k candidates (up to k x a thread's elements in a massive tie), so 2048 slots
+# leave 8x headroom at k 256 and 32x at k 64; a block that overflows them takes the kernel's
+# exact k-th-candidate path.
+_CAP_USUAL = 2048
 _CAP_MAX = 8192  # shared-memory limit of a plan (64 KiB)
 _AUTO_SPLITS_MAX = 32  # more splits make the merge (S x k candidates) the slow part
 _AUTO_SPLITS_MAX_WIDE_K = (
@@ -86,20 +90,16 @@ class SplitPlan:
         return 8 * self.cap
 
 
-def min_splits(vocab: int, k: int) -> int:
-    """Fewest splits whose slices' worst case fits ``_CAP_TARGET`` candidates."""
-    vectors_per_thread = _CAP_TARGET // (8 * k) - 1
-    if vectors_per_thread < 1:
-        return _ceil_div(vocab, 8)
-    return _ceil_div(vocab, vectors_per_thread * 8 * _SPLIT_THREADS)
-
-
 def auto_splits(rows: int, vocab: int, k: int, sm_count: int) -> int:
-    """Enough blocks to fill the GPU at small batch, no fewer than :func:`min_splits`."""
+    """Enough blocks to fill the GPU at small batch; one per row once the rows fill it."""
     fill = _ceil_div(_BLOCKS_PER_SM * sm_count, max(rows, 1))
     cap = _AUTO_SPLITS_MAX_WIDE_K if k >= _WIDE_K else _AUTO_SPLITS_MAX
-    fill = min(fill, cap, max(1, vocab // _AUTO_SLICE_MIN))
-    return max(min_splits(vocab, k), fill)
+    return max(1, min(fill, cap, max(1, vocab // _AUTO_SLICE_MIN)))
+
+
+def worst_candidates(slice_len: int, k: int) -> int:
+    """The most candidates a block can collect over a slice (k threads' elements each)."""
+    return max(k, k * _elements_per_thread(slice_len))
 
 
 def choose_kernel(rows: int, k: int) -> str:
@@ -110,8 +110,8 @@ def choose_kernel(rows: int, k: int) -> str:
 def split_plan(
     rows: int, vocab: int, k: int, sm_count: int = 132, splits: int | None = None
 ) -> SplitPlan | None:
-    """The split kernel's geometry, or None when it cannot serve (k > 256, or the candidates
-    would not fit in shared memory); ``splits`` overrides the automatic choice."""
+    """The split kernel's geometry, or None when it cannot serve (k > 256, or the merge's
+    candidates would not fit in shared memory); ``splits`` overrides the automatic choice."""
     if not 1 <= k <= min(SPLIT_MAX_K, vocab):
         return None
     want = auto_splits(rows, vocab, k, sm_count) if splits is None else int(splits)
@@ -120,7 +120,7 @@ def split_plan(
     n_splits = _ceil_div(vocab, slice_len)
     if n_splits > _SPLIT_THREADS:
         return None
-    need = max(k, k * _elements_per_thread(slice_len))
+    need = min(worst_candidates(slice_len, k), max(_CAP_USUAL, k))
     g = 1
     if n_splits > 1:
         g = _merge_chunk(n_splits, k)
