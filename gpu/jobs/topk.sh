@@ -6,7 +6,7 @@
 #
 #   BENCH_COMMIT=<commit> bash gpu/device.sh bash gpu/jobs/topk.sh
 #
-# TOPK_TESTS=0 skips the tests; TOPK_SPLITS=0 the bs-1 split sweep; TOPK_ARGS replaces the
+# TOPK_TESTS=0 skips the tests; TOPK_SPLITS=0 the split-count sweep; TOPK_ARGS replaces the
 # benchmark's shapes (e.g. a phase-only look:
 #   TOPK_TESTS=0 TOPK_ARGS="--batch-sizes 1 64 --ks 8 64" bash gpu/device.sh bash gpu/jobs/topk.sh).
 # KERNEL_TESTS=1 then runs every GPU kernel test (gpu/jobs/kernel_tests.sh; $OUT/gpu_kernel_tests.log)
@@ -27,10 +27,11 @@ if [ "${TOPK_TESTS:-1}" != 0 ]; then
 fi
 timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only ${TOPK_ARGS:---batch-sizes 1 8 32 64 --ks 8 16 32 64} \
   --phases --out "$OUT" 2>&1 | tee "$OUT/topk.log" | tail -30
-# bs 1 with the split count swept (the automatic 16 for k >= 16 and 32 below came from a 16-vs-32
-# run; 8, 12 and 24 are untimed): $OUT/bs1_splits/topk_kernels_h200.{json,md}
-[ "${TOPK_SPLITS:-1}" != 0 ] && timeout 120 python -m sglang_ddtree.bench.tree_kernels --topk-only \
-  --batch-sizes 1 --ks 8 16 32 64 --splits 0 8 12 16 24 32 --out "$OUT/bs1_splits" 2>&1 | tail -40
+# The split count swept at bs 1 and 64 (the automatic 16 for k >= 16 and 32 below came from a
+# 16-vs-32 run at bs 1; at bs 64 the fill rule gives 2, and 1 split - one wave, no merge - is
+# untimed): $OUT/splits/topk_kernels_h200.{json,md}
+[ "${TOPK_SPLITS:-1}" != 0 ] && timeout 150 python -m sglang_ddtree.bench.tree_kernels --topk-only \
+  --batch-sizes 1 64 --ks 8 16 32 64 --splits 0 1 2 8 12 16 24 32 --out "$OUT/splits" 2>&1 | tail -40
 source gpu/jobs/kernel_tests.sh
 [ "${KERNEL_TESTS:-0}" = 1 ] && kernel_tests 330 "$OUT/gpu_kernel_tests.log"  # after the timings
 wait
