@@ -8,7 +8,6 @@ import torch
 
 from sglang_ddtree.budget import (
     DepthCalibration,
-    OnlineBudget,
     RoundCostTable,
     WidthChooser,
     reach_counts,
@@ -16,10 +15,36 @@ from sglang_ddtree.budget import (
 )
 from sglang_ddtree.tree import topk_log_probs
 from sglang_ddtree.tree.batched import accept_walk
-from sglang_ddtree.tree.expected_accept import expected_accepted, reach_by_depth
+from sglang_ddtree.tree.expected_accept import expected_accepted, reach_at_widths, reach_by_depth
 from sglang_ddtree.tree.layout import build_tree_batch_ref
 
 BATCH_SIZES = tuple(range(1, 65))
+
+
+class OnlineBudget:
+    """The chooser and the calibration composed as a step uses them, on this step's own
+    prediction (the server's ``adapter/widths.py`` chooses from the previous step's, so that
+    it never waits for the device; the arithmetic is the same)."""
+
+    def __init__(self, widths, cost, depth, calibration=None, switch_margin=0.03):
+        self.chooser = WidthChooser(widths, cost, switch_margin)
+        self.widths = self.chooser.widths
+        self.calibration = calibration or DepthCalibration(depth)
+        self.history: dict[int, int] = {}
+        self._chosen = None
+
+    def choose(self, reach: torch.Tensor) -> int:
+        totals = reach_at_widths(reach, self.widths).to(torch.float64).numpy()  # [n_widths, depth]
+        width = self.chooser.choose(reach.shape[0], self.calibration.calibrated(totals))
+        self._chosen = totals[self.widths.index(width)]
+        self.history[width] = self.history.get(width, 0) + 1
+        return width
+
+    def record(self, accept_lens: torch.Tensor) -> None:
+        if self._chosen is None:
+            raise RuntimeError("record() without a choose() before it")
+        predicted, self._chosen = self._chosen, None
+        self.calibration.update(reach_counts(accept_lens, self.calibration.depth), predicted)
 
 
 def chain_log_probs(bs, depth, top1, k=4):

@@ -2,16 +2,15 @@
 
 * ``calibration.py`` - per-depth correction of the drafter's predicted acceptance
   (``tree/expected_accept.py``) against what the target accepted, running;
-* ``controller.py`` - both driven by the worker: ``choose`` before a step, ``record`` after;
 * ``online.py`` - the round cost table ``T_round(bs, width)`` and the chooser that
   picks the width maximising committed tokens per millisecond, with hysteresis.
 
-Pure Python / numpy / torch on the host; the worker feeds it per-step totals.
+Pure Python / numpy / torch on the host; ``adapter/widths.py`` drives them per decode step
+(choosing from the previous step's prediction, so that no step waits for the device).
 Design and SGLang constraints: docs/online-budget.md.
 """
 
 from .calibration import DepthCalibration, reach_counts
-from .controller import OnlineBudget
 from .online import (
     ProbedCostTable,
     RoundCostTable,
@@ -24,7 +23,6 @@ from .online import (
 
 __all__ = [
     "DepthCalibration",
-    "OnlineBudget",
     "ProbedCostTable",
     "RoundCostTable",
     "TimedCostTable",
