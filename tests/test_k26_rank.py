@@ -201,6 +201,25 @@ def test_profile_accept_follows_each_arms_tree(monkeypatch):
     assert profile_accept("ddtree@8", "only-top1") == pytest.approx(chain)
 
 
+def test_a_win_inside_the_passes_spread_is_said_to_be_unsettled():
+    from sglang_ddtree.bench.k26_ab_report import verdicts
+
+    def results(spread):
+        return {
+            "args": {"profiles": ["p"]},
+            "arms": [
+                {"arm": "plain", "cells": [{**_cell(1, 100.0, 1, 10.0), "profile": None}]},
+                {"arm": "chain", "cells": [_cell(1, 150.0, 2.5, 16.0)]},
+                {"arm": "ddtree@8", "cells": [{**_cell(1, 165.0, 2.6, 15.0), "tok_per_s_spread": spread}]},
+            ],
+        }
+
+    unsettled = verdicts(results(1.18))[0]
+    assert "ddtree@8 wins (1.10x the next arm, within the passes' spread 1.18x)" in unsettled
+    settled = verdicts(results(1.02))[0]
+    assert "ddtree@8 wins (1.10x the next arm)" in settled
+
+
 def test_inter_token_time_leaves_out_each_requests_ttft():
     from sglang_ddtree.bench.k26_ab import inter_token_ms
 

@@ -147,9 +147,10 @@ def verdicts(results: dict) -> list[str]:
         # arm variants (``+suffix``) are comparisons, not candidates for the best budget
         trees = {a: cell for a, cell in arms.items() if a.startswith("ddtree@") and "+" not in a}
         text = f"prompt {length}, {profile}, c={c}: {best} wins"
-        others = sorted((cell["tok_per_s"] for a, cell in arms.items() if a != best), reverse=True)
+        others = sorted(((cell["tok_per_s"], a) for a, cell in arms.items() if a != best), reverse=True)
         if others:
-            text += f" ({arms[best]['tok_per_s'] / others[0]:.2f}x the next arm)"
+            margin = arms[best]["tok_per_s"] / others[0][0]
+            text += f" ({margin:.2f}x the next arm{_within_spread(margin, arms[best], arms[others[0][1]])})"
         if trees:
             tree = max(trees, key=lambda a: trees[a]["tok_per_s"])
             for baseline in ("plain", "chain"):
@@ -160,6 +161,13 @@ def verdicts(results: dict) -> list[str]:
                 text += f"; live service {LIVE_RATIOS[c]:.2f}x no speculation"
         lines.append(text)
     return lines
+
+
+def _within_spread(margin: float, *cells: dict) -> str:
+    """A note when a margin is no larger than the spread of either cell's timed passes (the
+    fastest over the slowest): the two arms' order is not settled by the run."""
+    spread = max((cell.get("tok_per_s_spread") or 1.0) for cell in cells)
+    return f", within the passes' spread {spread:.2f}x" if margin <= spread else ""
 
 
 def exactness(results: dict) -> list[list]:
