@@ -108,8 +108,9 @@ __device__ __forceinline__ void ddt_block_lse(float& m, float& s, float* s_m, fl
   __syncthreads();
 }
 
-// Append c to the shared candidate list when it reaches the bound (count clamped at cap:
-// the launcher's sizing makes an overflow impossible for non-NaN logits).
+// Append c to the shared candidate list when it reaches the bound. The count goes on past
+// cap (nothing is written there): stage 1 then takes its overflow path, and the merge's
+// sizing makes an overflow impossible.
 __device__ __forceinline__ void ddt_collect(ddt_u64 c, ddt_u64 bound, ddt_u64* cand, unsigned* s_cnt, int cap) {
   if (c >= bound && c != 0ull) {
     const unsigned slot = atomicAdd(s_cnt, 1u);
