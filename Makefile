@@ -14,7 +14,7 @@ CPU_ENV      := SGLANG_USE_CPU_ENGINE=1
 PYTEST_ARGS  ?=
 
 .PHONY: gpu-bundle help venv demo test test-fast test-slow lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
-	pair-eval train-pair clean-venv
+	pair-eval rank-profile train-pair clean-venv
 
 help:
 	@echo "make demo        set up (first run: ~5 min) and run the CPU demo"
@@ -24,6 +24,7 @@ help:
 	@echo "make lint        ruff check + format check"
 	@echo "make ab-smoke    A/B tool smoke run on the tiny models (CPU)"
 	@echo "make pair-eval   acceptance of DDTREE vs the chain on the trained pair (CPU, ~10 min)"
+	@echo "make rank-profile  measure the pair's acceptance profile for the replay drafter (CPU, ~1 min)"
 	@echo "make train-pair  retrain the small target + DFlash drafter pair (GPU, ~2 min)"
 	@echo "make gpu-bundle  build the GPU bundle for the H200 (.carry/gpu; docs/gpu.md)"
 	@echo "make bench-tree  tree-kernel benchmark (GPU machine)"
@@ -83,6 +84,9 @@ bench-budget: venv
 
 pair-eval: venv
 	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.pair_eval
+
+rank-profile: venv
+	$(PY) -m sglang_ddtree.bench.pair_rank_profile
 
 train-pair: venv
 	$(PY) -m sglang_ddtree.models.train_pair --device cuda --time-limit 2.0

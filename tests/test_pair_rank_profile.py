@@ -89,3 +89,18 @@ def test_the_tool_writes_a_profile_the_replay_can_serve(tmp_path):
     assert written["probs"] == report["probs"] and len(written["probs"]) == 7
     assert report["positions"][0] == 2 * 7  # 8 new tokens: 7 anchors with a known next token each
     assert 1.0 <= report["exact"]["chain"] <= report["exact"]["tree-b64"]
+
+
+def test_the_replay_serves_the_measured_profile_sorted_and_as_measured():
+    from sglang_ddtree.bench.replay_profiles import RankSampler
+
+    profile = PROFILES["pycode-4l-ranks"]
+    k = 16
+    sampler = RankSampler([profile], depth=7, k=k, device="cpu", seed=3)
+    assert bool((sampler.log_probs[..., :-1] >= sampler.log_probs[..., 1:]).all())  # a top-k's order
+    ranks = sampler.sample(torch.zeros(100_000, dtype=torch.int64), torch.arange(100_000, dtype=torch.int64))
+    for d in (0, 3, 6):
+        observed = torch.bincount(ranks[:, d], minlength=k + 1).double() / ranks.shape[0]
+        wanted = torch.tensor(profile.probs[d][:k], dtype=torch.float64)
+        assert torch.allclose(observed[:k], wanted, atol=5e-3), d
+        assert float(observed[k]) == pytest.approx(1 - float(wanted.sum()), abs=5e-3)  # beyond the top-k
