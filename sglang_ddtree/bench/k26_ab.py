@@ -31,7 +31,7 @@ from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds import online_budget_lines, width1_cost_table
 from .gpu_rounds_profile import profile_or_error
-from .k26_ab_report import write_report
+from .k26_ab_report import CHAIN_BUDGET, write_report
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
 from .replay_drafter import recorded_row
@@ -79,7 +79,7 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
         return graphs
     spec = graphs + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter]
     if arm == "chain":
-        return spec + ["--speculative-ddtree-budget", "7", "--speculative-ddtree-max-topk", "1"]
+        return spec + ["--speculative-ddtree-budget", str(CHAIN_BUDGET), "--speculative-ddtree-max-topk", "1"]
     name, _, budget = arm.partition("@")
     largest = budget.removeprefix("auto")
     if name == "ddtree" and budget.startswith("auto") and largest.isdigit():

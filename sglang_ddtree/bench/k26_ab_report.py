@@ -47,6 +47,11 @@ def allreduce_ms(tokens: int) -> float:
     return AR_LATENCY_MS + 2 * (TP - 1) / TP * tokens * HIDDEN * 2 / (AR_BUS_GB_S * 1e9) * 1e3
 
 
+# The chain arm: DDTREE with one candidate per depth over the drafter's block of 8 (the
+# DFlash chain's 7 drafts), the same flags for the server, its verify width and its profile.
+CHAIN_BUDGET = 7
+
+
 def verify_width(arm: str) -> int:
     """Tokens per request in the target forward of one round: 1 (plain), 8 (the chain's
     budget 7 + the root), ``B + 1`` (``ddtree@B``); a ``+suffix`` changes no width."""
@@ -54,7 +59,7 @@ def verify_width(arm: str) -> int:
     if arm == "plain":
         return 1
     if arm == "chain":
-        return 8
+        return CHAIN_BUDGET + 1
     budget = arm.partition("@")[2]
     return int(budget.removeprefix("auto")) + 1  # the online budget: its largest width (an upper bound)
 
@@ -71,7 +76,7 @@ def profile_accept(arm: str, profile: str | None) -> float | None:
     if profile not in PROFILES:
         return None
     if arm == "chain":
-        return expected_accept_length(PROFILES[profile], 7, topk=1)
+        return expected_accept_length(PROFILES[profile], CHAIN_BUDGET, topk=1)
     budget = arm.partition("@")[2]
     return expected_accept_length(PROFILES[profile], int(budget)) if budget.isdigit() else None
 
