@@ -79,12 +79,12 @@ def test_the_tool_writes_a_profile_the_replay_can_serve(tmp_path):
                 "--out",
                 str(tmp_path),
                 "--profile-out",
-                str(tmp_path / "p.json"),
+                str(tmp_path / "new" / "p.json"),  # a folder that does not exist yet
             ]
         )
         == 0
     )
-    written = json.loads((tmp_path / "p.json").read_text())
+    written = json.loads((tmp_path / "new" / "p.json").read_text())
     report = json.loads((tmp_path / "pair_rank_profile_pycode-4l.json").read_text())
     assert written["probs"] == report["probs"] and len(written["probs"]) == 7
     assert report["positions"][0] == 2 * 7  # 8 new tokens: 7 anchors with a known next token each

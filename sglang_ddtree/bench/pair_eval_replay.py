@@ -57,35 +57,41 @@ def drafter_logits_along(models, seq: torch.Tensor, start: int) -> torch.Tensor:
     return target.logits(hidden.view(-1, block, hidden.shape[-1])[:, 1:])
 
 
+def replay_rounds(logits: torch.Tensor, tokens: np.ndarray, start: int, arm: Arm) -> list[int]:
+    """Tokens per round (accepted drafts + the bonus) of ``arm``'s greedy rounds along
+    ``tokens`` (prompt + output) from position ``start``, with the drafter's logits of
+    :func:`drafter_logits_along`; the last round stops at the end of the output, as the server."""
+    from ..tree.round import reference_round
+
+    rounds, a = [], start
+    while a < len(tokens) - 1:
+        result = reference_round(
+            logits[a - start][None],
+            tokens[a : a + 1],
+            np.array([a]),
+            lambda layout, positions: greedy_posterior(tokens, positions),
+            arm.budget,
+            max_topk=arm.max_topk,
+        )
+        accepted = int(result.acceptance.accept_lens[0])
+        rounds.append(accepted + 1)
+        a += accepted + 1
+    return rounds
+
+
 @torch.no_grad()
 def offline_replay(
     pair: dict, prompts: list[dict], greedy: list[list[int]], arms: list[Arm]
 ) -> dict[str, float]:
     """Greedy tokens per round each arm should reach, replaying the server's rounds
     on the plain server's output with the training code's models (float32)."""
-    from ..tree.round import reference_round
-
     models = load_models(pair)
     rounds = {arm.name: [] for arm in arms if arm.speculative}
     for prompt, out in zip(prompts, greedy):
         seq = torch.tensor([prompt["input_ids"] + out])
-        start, length = len(prompt["input_ids"]), seq.shape[1]
+        start = len(prompt["input_ids"])
         logits = drafter_logits_along(models, seq, start)
-        greedy_tokens = seq[0].numpy()
         for arm in arms:
-            if not arm.speculative:
-                continue
-            a = start
-            while a < length - 1:  # the server stops once the output is complete
-                result = reference_round(
-                    logits[a - start][None],
-                    greedy_tokens[a : a + 1],
-                    np.array([a]),
-                    lambda layout, positions, tokens=greedy_tokens: greedy_posterior(tokens, positions),
-                    arm.budget,
-                    max_topk=arm.max_topk,
-                )
-                accepted = int(result.acceptance.accept_lens[0])
-                rounds[arm.name].append(accepted + 1)
-                a += accepted + 1
+            if arm.speculative:
+                rounds[arm.name] += replay_rounds(logits, seq[0].numpy(), start, arm)
     return {name: sum(r) / max(len(r), 1) for name, r in rounds.items()}

@@ -18,7 +18,7 @@ the replayed top-k must stay sorted).
 
 The profile's predictions (:func:`.replay_profiles.expected_accept_length`, a drafter whose
 log-probs are the profile's) are written beside the exact tokens per round of the reference
-round replayed on the same continuations (:func:`.pair_eval_replay.offline_replay`), so the
+round replayed on the same continuations (:func:`.pair_eval_replay.replay_rounds`), so the
 file says how well the profile stands in for the pair.
 
     python -m sglang_ddtree.bench.pair_rank_profile            # ~1 min on 2 CPU cores
@@ -38,7 +38,7 @@ import torch
 
 from . import _stamp
 from .pair_eval import DEFAULT_PAIR, load_pair
-from .pair_eval_replay import drafter_logits_along, load_models, offline_replay
+from .pair_eval_replay import drafter_logits_along, load_models, replay_rounds
 from .pair_eval_serving import Arm
 from .replay_profiles import RANKS, Profile, expected_accept_length
 
@@ -107,18 +107,20 @@ def measure(pair: dict, prompts: list[dict], new_tokens: int) -> dict:
     from tqdm import tqdm
 
     models = load_models(pair)
-    target = models[1]
-    outputs, ranks = [], []
-    for prompt in tqdm(prompts, desc="prompts", unit="prompt", dynamic_ncols=True):
-        out = greedy_continuation(target, prompt["input_ids"], new_tokens)
-        seq = torch.tensor([prompt["input_ids"] + out])
-        logits = drafter_logits_along(models, seq, len(prompt["input_ids"]))
-        ranks.append(token_ranks(logits, seq[0]))
-        outputs.append(out)
-    rows, counts = rank_profile_rows(np.concatenate(ranks))
-    block = models[0].block_size
+    target, block = models[1], models[0].block_size
     arms = [Arm("chain", block - 1, 1), *(Arm(f"tree-b{b}", b) for b in BUDGETS)]
-    exact = offline_replay(pair, prompts, outputs, arms)
+    ranks, rounds = [], {arm.name: [] for arm in arms}
+    for prompt in tqdm(prompts, desc="prompts", unit="prompt", dynamic_ncols=True):
+        start = len(prompt["input_ids"])
+        seq = torch.tensor(
+            [prompt["input_ids"] + greedy_continuation(target, prompt["input_ids"], new_tokens)]
+        )
+        logits = drafter_logits_along(models, seq, start)  # one drafter pass: the ranks and the rounds
+        ranks.append(token_ranks(logits, seq[0]))
+        for arm in arms:
+            rounds[arm.name] += replay_rounds(logits, seq[0].numpy(), start, arm)
+    rows, counts = rank_profile_rows(np.concatenate(ranks))
+    exact = {name: sum(r) / len(r) for name, r in rounds.items()}
     profile = Profile(f"{pair['name']}-ranks", "measured", tuple(tuple(r) for r in rows))
     predicted = {"chain": expected_accept_length(profile, block - 1, topk=1)}
     predicted |= {f"tree-b{b}": expected_accept_length(profile, b) for b in BUDGETS}
@@ -176,6 +178,7 @@ def main(argv=None) -> int:
     }
     data |= measure(pair, prompts, args.new_tokens)
     profile_path = args.profile_out or args.pair / PROFILE_FILE
+    profile_path.parent.mkdir(parents=True, exist_ok=True)
     profile_path.write_text(
         json.dumps({k: data[k] for k in ("pair", "prompts", "new_tokens", "probs")}) + "\n"
     )
