@@ -68,9 +68,7 @@ def token_ranks(logits: torch.Tensor, tokens: torch.Tensor, cap: int = RANKS) ->
     ranks = np.full((positions, depth), -1, dtype=np.int64)
     ids = torch.arange(vocab)
     for d in range(depth):
-        rows = torch.arange(positions - d - 1) if positions > d + 1 else torch.arange(0)
-        if len(rows) == 0:
-            continue
+        rows = torch.arange(max(0, positions - d - 1))  # the blocks whose depth d is in tokens
         true = tokens[start + rows + 1 + d]
         lg = logits[rows, d]
         own = lg.gather(1, true[:, None])

@@ -94,7 +94,7 @@ def auto_splits(rows: int, vocab: int, k: int, sm_count: int) -> int:
     """Enough blocks to fill the GPU at small batch; one per row once the rows fill it."""
     fill = _ceil_div(_BLOCKS_PER_SM * sm_count, max(rows, 1))
     cap = _AUTO_SPLITS_MAX_WIDE_K if k >= _WIDE_K else _AUTO_SPLITS_MAX
-    return max(1, min(fill, cap, max(1, vocab // _AUTO_SLICE_MIN)))
+    return min(fill, cap, max(1, vocab // _AUTO_SLICE_MIN))  # each term >= 1
 
 
 def worst_candidates(slice_len: int, k: int) -> int:
