@@ -54,8 +54,8 @@ __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
 // The m-th largest (1-based, m <= threads) of one value per thread, in every thread: a bitonic
 // sort over the block, shuffles for strides below 32, s_x for the others (12 barriers). Warp
 // sorts with per-thread rank counts over the eight sorted lists (three barriers, 6c1c414) were
-// slower on the H200: the bound phase took 7.6 us of a bs-1 launch against 2.3 us, and ~97 us
-// of a bs-64 k-64 launch against ~7 (topk_phases_h200_703348a, topk_kernels at 7766aac).
+// slower on the H200 in a run whose files were lost; the bitonic bound's phase measures 2.6 us
+// of a bs-1 k-8 launch (topk_kernels_h200_c2f98be.md, phase cuts).
 __device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u64* s_x, ddt_u64* s_out) {
   const int tid = threadIdx.x;
   for (int size = 2; size <= DDT_SPLIT_THREADS; size <<= 1) {
