@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from sglang_ddtree.kernels import topk as tk
 
@@ -81,14 +82,21 @@ def test_workspace_covers_every_batch(k):
         assert ws.fits(rows, k, plan.splits), rows
 
 
-def test_automatic_kernel_follows_the_h200_table():
-    """bench_results/topk_kernels_h200.md: the row kernel wins at k 64 from 120 rows on
-    (bs 8 x depth 15, bs 32 x depth 7, ...); the split kernel everywhere else measured."""
-    assert tk.choose_kernel(rows=120, k=64) == "row"
-    assert tk.choose_kernel(rows=448, k=64) == "row"
-    assert tk.choose_kernel(rows=56, k=64) == "split"  # bs 8 x depth 7: 42.5 vs 65.2 us
-    assert tk.choose_kernel(rows=960, k=32) == "split"
-    assert tk.choose_kernel(rows=7, k=8) == "split"
+def test_automatic_splits_stay_in_one_wave():
+    """topk_splits_h200_5ba7f73: at 448 rows (bs 64 x depth 7) one split beat two at every k
+    (64.0 vs 76.7 us at k 8), two being the rounded-up fill's choice (896 blocks: 1.7 waves of
+    the 528 resident)."""
+    assert tk.auto_splits(448, 163840, 8, 132) == 1
+    assert tk.auto_splits(960, 163840, 64, 132) == 1
+    for rows in (2, 7, 56, 100, 224, 264, 300, 529):
+        splits = tk.auto_splits(rows, 163840, 8, 132)
+        assert rows * splits <= max(rows, 4 * 132), rows
+        assert rows * (splits + 1) > 4 * 132 or splits == 32, rows
+
+
+def test_unknown_algorithm_is_refused():
+    with pytest.raises(ValueError, match="algorithm"):
+        tk.topk_log_probs(torch.zeros(1, 8), 2, algorithm="auto")
 
 
 def test_wide_k_caps_the_automatic_splits_at_16():

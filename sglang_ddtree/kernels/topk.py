@@ -8,6 +8,8 @@ Two kernels give the same result:
 * ``split`` (default, k <= 256): each row's vocabulary is split over many blocks; each block
   writes its slice's top k and partial log-sum-exp to a workspace, the row's last block merges
   them. The number of splits follows the row count so that small batches still fill the GPU.
+  It measured faster than the row kernel at every batch size and k timed on the H200
+  (bench_results/topk_kernels_h200_5ba7f73.md, bs 1-64, k 8-64, depth 7 and 15).
 * ``row``: one block per row (k <= 1024); the fallback above k 256 and the baseline of the
   benchmark.
 
@@ -29,7 +31,6 @@ from ._cupy import kernel, ptr
 TOPK_MAX_K = 1024  # the row kernel's limit; above, torch
 SPLIT_MAX_K = 256  # the split kernel's limit; above, the row kernel
 KERNELS = ("split", "row")
-ALGORITHMS = ("auto", *KERNELS)
 
 _ROW_THREADS = 512
 _SPLIT_THREADS = 256
@@ -44,10 +45,6 @@ _AUTO_SPLITS_MAX_WIDE_K = (
     16  # k >= 16: 16 splits beat 32 at bs 1 (topk_kernels_h200: 14.3 vs 16.4 us at k 16)
 )
 _WIDE_K = 16
-# The row kernel beats the split kernel at k 64 from 120 rows on (topk_kernels_h200: 66 vs 71 us
-# at 120 rows, 191 vs 224 us at 448, 350 vs 460 us at 960); below k 64 the split kernel wins.
-_ROW_KERNEL_MIN_K = 64
-_ROW_KERNEL_MIN_ROWS = 120
 _BLOCKS_PER_SM = 4  # resident blocks of the split kernel (its launch bounds)
 _AUTO_SLICE_MIN = 2048  # shorter slices cost more in fixed per-block work than they save
 _DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -91,8 +88,13 @@ class SplitPlan:
 
 
 def auto_splits(rows: int, vocab: int, k: int, sm_count: int) -> int:
-    """Enough blocks to fill the GPU at small batch; one per row once the rows fill it."""
-    fill = _ceil_div(_BLOCKS_PER_SM * sm_count, max(rows, 1))
+    """As many splits as fit in one wave of resident blocks; one per row once the rows fill it.
+
+    Rounded down, not up: a second, partial wave costs more than the merge of fewer, longer
+    slices saves (topk_splits_h200_5ba7f73: 448 rows at k 8 / 64 took 64.0 / 77.1 us with 1 split,
+    76.7 / 95.8 with 2, the first of which the rounded-up fill had chosen).
+    """
+    fill = max(1, _BLOCKS_PER_SM * sm_count // max(rows, 1))
     cap = _AUTO_SPLITS_MAX_WIDE_K if k >= _WIDE_K else _AUTO_SPLITS_MAX
     return min(fill, cap, max(1, vocab // _AUTO_SLICE_MIN))  # each term >= 1
 
@@ -100,11 +102,6 @@ def auto_splits(rows: int, vocab: int, k: int, sm_count: int) -> int:
 def worst_candidates(slice_len: int, k: int) -> int:
     """The most candidates a block can collect over a slice (k threads' elements each)."""
     return max(k, k * _elements_per_thread(slice_len))
-
-
-def choose_kernel(rows: int, k: int) -> str:
-    """``"row"`` where the H200 measured it faster (k >= 64 from 120 rows on), else ``"split"``."""
-    return "row" if k >= _ROW_KERNEL_MIN_K and rows >= _ROW_KERNEL_MIN_ROWS else "split"
 
 
 def split_plan(
@@ -194,7 +191,7 @@ def topk_log_probs(
     out_token_ids: torch.Tensor | None = None,
     workspace: TopkWorkspace | None = None,
     splits: int | None = None,
-    algorithm: str = "auto",
+    algorithm: str = "split",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row top-k log-probs and token ids of draft logits, ties to the smaller id.
 
@@ -207,8 +204,8 @@ def topk_log_probs(
     out_token_ids : int64 ``[..., k]`` or None (allocated).
     workspace : :class:`TopkWorkspace` or None (allocated per call when the split kernel runs).
     splits : blocks per row of the split kernel (None: from the row count and the GPU).
-    algorithm : ``"split"``, ``"row"`` (one block per row) or ``"auto"`` (the one measured
-        faster for this row count and k: :func:`choose_kernel`); the result is the same.
+    algorithm : ``"split"`` (the row kernel where its plan cannot serve) or ``"row"`` (one
+        block per row, the benchmark's baseline); the result is the same.
 
     Returns
     -------
@@ -217,8 +214,8 @@ def topk_log_probs(
     """
     if draft_logits.dtype not in _DTYPE_CODE:
         raise TypeError(f"draft_logits must be float32, bfloat16 or float16, got {draft_logits.dtype}")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if algorithm not in KERNELS:
+        raise ValueError(f"algorithm must be one of {KERNELS}, got {algorithm!r}")
     lead, vocab = tuple(draft_logits.shape[:-1]), int(draft_logits.shape[-1])
     k = int(k)
     if not 1 <= k <= vocab:
@@ -234,8 +231,6 @@ def topk_log_probs(
     rows = draft_logits.numel() // max(vocab, 1)
     if rows == 0:
         return out_log_probs, out_token_ids
-    if algorithm == "auto":
-        algorithm = choose_kernel(rows, k)
     plan = split_plan(rows, vocab, k, _sm_count(dev), splits) if algorithm == "split" else None
     if plan is not None:
         _launch_split(draft_logits, rows, vocab, k, plan, workspace, out_log_probs, out_token_ids)
