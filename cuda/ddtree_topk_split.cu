@@ -12,7 +12,10 @@
 //     bound of the slice's k-th largest candidate (k distinct elements are >= B).
 //   * Every element >= B is collected into shared memory. An element >= B lies in a thread
 //     whose sample is >= B, and only k threads have one, so at most k x (elements per
-//     thread) are collected, and usually about k. The launcher sizes the list for that worst
+//     thread) are collected, and usually about k. A thread whose best vector alone can reach
+//     B reads that vector again; the shares of the few threads with a second such vector are
+//     read again by the whole block together (a share is ~80 vectors of a 163,840-entry slice:
+//     read by its own thread, 20 dependent round trips to memory). The launcher sizes the list for that worst
 //     case where it is small, else for many times the usual count; a block whose collection
 //     overflows the list (massive ties near the top, e.g. a repeating pattern) finds the
 //     slice's exact k-th largest candidate by a bitwise descent instead (64 counting passes
@@ -221,6 +224,38 @@ __device__ __forceinline__ void ddt_visit_vector(const unsigned char* row, ddt_i
   f(x, VEC, first);
 }
 
+// Visit the whole aligned shares (as ddt_visit_slice's aligned path gives them to their
+// threads) of the n threads listed in shares[], spread over the block: a share is the vectors
+// v_lo + t + 256 j, so the block reads n x (vectors of the longest share) in
+// DDT_SPLIT_UNROLL loads per thread at a time, not n threads each reading theirs in turn.
+template <int DTYPE, class F>
+__device__ __forceinline__ void ddt_visit_shares(const unsigned char* row, ddt_i64 lo, ddt_i64 hi, const int* shares,
+                                                 int n, F f) {
+  constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
+  const uint4* vrow = reinterpret_cast<const uint4*>(row);
+  const int v_lo = (int)(lo / VEC), v_full = (int)(hi / VEC);
+  const int per = (v_full - v_lo + DDT_SPLIT_THREADS - 1) / DDT_SPLIT_THREADS;
+  const int total = per * n;
+  for (int i0 = threadIdx.x; i0 < total; i0 += DDT_SPLIT_UNROLL * DDT_SPLIT_THREADS) {
+    uint4 raw[DDT_SPLIT_UNROLL];
+    int vs[DDT_SPLIT_UNROLL];
+#pragma unroll
+    for (int u = 0; u < DDT_SPLIT_UNROLL; ++u) {
+      const int i = i0 + u * DDT_SPLIT_THREADS;
+      vs[u] = i < total ? v_lo + shares[i / per] + DDT_SPLIT_THREADS * (i % per) : v_full;
+      if (vs[u] < v_full) raw[u] = vrow[vs[u]];
+    }
+#pragma unroll
+    for (int u = 0; u < DDT_SPLIT_UNROLL; ++u) {
+      if (vs[u] < v_full) {
+        float x[8];
+        ddt_unpack16(raw[u], DTYPE, x);
+        f(x, VEC, (ddt_i64)vs[u] * VEC);
+      }
+    }
+  }
+}
+
 // The overflow path of stage 1: the k largest candidates of the slice [lo, hi) into cand,
 // after a collection that did not fit. The slice's k-th largest candidate comes from a
 // bitwise descent (keep a bit when at least k candidates reach the prefix with it: 64
@@ -306,10 +341,10 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   __shared__ ddt_u64 s_x[DDT_SPLIT_THREADS];
   __shared__ ddt_u64 top[DDT_SPLIT_MAXK];
   __shared__ float s_m[DDT_SPLIT_THREADS / 32], s_s[DDT_SPLIT_THREADS / 32];
-  __shared__ unsigned s_cnt, s_sum[DDT_SPLIT_THREADS / 32];
+  __shared__ unsigned s_cnt, s_sum[DDT_SPLIT_THREADS / 32], s_n_shares;
   __shared__ ddt_u64 s_bound;
   __shared__ int s_last;
-  if (tid == 0) s_cnt = 0u;
+  if (tid == 0) s_cnt = s_n_shares = 0u;
 
   // ---- read the slice: partial log-sum-exp and this thread's largest element. Per vector
   // of 8 the work is float compares and one fast exp per element: the element's orderable
@@ -381,9 +416,10 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   // a vector whose largest value is below the bound's value holds no candidate, and only
   // values at or above it need their key. A thread whose second largest vector maximum is
   // below the bound's value holds candidates in its best vector only, and reads just that
-  // vector again (one load); the others (a second vector reaching the bound, or single
-  // elements read) read their whole share of the slice again, which is HBM traffic once the
-  // slices in flight outgrow L2 (measured: a second read of the slice at bs 64).
+  // vector again (one load). A thread with a second vector reaching the bound lists itself,
+  // and the block reads the listed shares again together (ddt_visit_shares); a thread that
+  // read single elements (a misaligned row, a row's tail) reads its share again itself. Each
+  // is HBM traffic once the slices in flight outgrow L2, but only a few threads' worth.
   const unsigned bound_key = (unsigned)(bound >> 32);
   const float bound_value = bound_key ? ddt_key_float(bound_key) : NEG_INF;
   auto collect = [&](const float* x, int n, ddt_i64 first) {
@@ -398,12 +434,19 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
         ddt_collect(ddt_candidate(ddt_float_key(x[j]), (unsigned)(first + j)), bound, cand, &s_cnt, cap);
   };
   constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
-  if (scalar || second >= bound_value) {
+  int* shares = reinterpret_cast<int*>(s_x);  // free after the bound
+  if (scalar) {
     ddt_visit_slice<DTYPE>(row, lo, hi, collect);
+  } else if (second >= bound_value) {
+    shares[atomicAdd(&s_n_shares, 1u)] = tid;
   } else if (best_key != 0u && best >= bound_value) {
     ddt_visit_vector<DTYPE>(row, (ddt_i64)(best_id - best_id % VEC), collect);
   }
   __syncthreads();
+  if (s_n_shares != 0u) {  // block-uniform
+    ddt_visit_shares<DTYPE>(row, lo, hi, shares, (int)s_n_shares, collect);
+    __syncthreads();
+  }
   if (s_cnt > (unsigned)cap) ddt_collect_kth<DTYPE>(row, lo, hi, k, cand, &s_cnt, s_sum);  // block-uniform
   const int n = (int)(s_cnt < (unsigned)cap ? s_cnt : (unsigned)cap);
   ddt_select_top(cand, n, k, top);
