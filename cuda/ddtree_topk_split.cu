@@ -296,6 +296,12 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
   const int list = tid / C, chunk = tid % C;
   const int j_lo = chunk * g, j_hi = j_lo + g < k ? j_lo + g : k;
   const ddt_u64* mine = ws_cand + (ddt_i64)list * k;
+  // the partial sums load beside the samples (both L2 round trips), not after the collection
+  float m = -__int_as_float(0x7f800000), s = 0.f;
+  if (tid < S) {
+    m = __ldcg(ws_part + 2 * tid);
+    s = __ldcg(ws_part + 2 * tid + 1);
+  }
   ddt_u64 sample = 0ull;
   if (list < S && j_hi - j_lo == g) sample = __ldcg(mine + j_hi - 1);
   const ddt_u64 bound = ddt_block_mth_largest(sample, C, s_x, s_bound);
@@ -310,11 +316,6 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
       for (int u = 0; u < 8; ++u) ddt_collect(c[u], bound, cand, s_cnt, cap);
       if (c[7] < bound) break;  // includes a group cut by the chunk's end (zero-padded)
     }
-  }
-  float m = -__int_as_float(0x7f800000), s = 0.f;
-  if (tid < S) {
-    m = __ldcg(ws_part + 2 * tid);
-    s = __ldcg(ws_part + 2 * tid + 1);
   }
   ddt_block_lse(m, s, s_m, s_s);  // its barriers also publish the collected candidates
   const int n = (int)(*s_cnt < (unsigned)cap ? *s_cnt : (unsigned)cap);
