@@ -318,3 +318,22 @@ def test_k26_arms_past_the_deadline_are_reported_as_not_started(tmp_path):
     assert [a["arm"] for a in results["arms"]] == ["plain", "chain"]
     assert all(a["skipped"] == ["not started: deadline or no plain recording"] for a in results["arms"])
     assert "not started" in (tmp_path / "cut.md").read_text()
+
+
+def test_verdicts_give_the_decode_speed_beside_tok_s():
+    """A tree that loses in tok/s through a slower prefill but decodes faster says both."""
+    from sglang_ddtree.bench.k26_ab_report import verdicts
+
+    results = {
+        "args": {"profiles": ["p"]},
+        "arms": [
+            {"arm": "plain", "cells": [{**_cell(1, 100.0, 1, 10.0), "profile": None, "itl_ms": 9.0}]},
+            {"arm": "chain", "cells": [{**_cell(1, 150.0, 2.5, 16.0), "itl_ms": 4.4}]},
+            {"arm": "ddtree@8", "cells": [{**_cell(1, 135.0, 2.6, 15.0), "itl_ms": 4.0}]},
+        ],
+    }
+    said = verdicts(results)[0]
+    assert "ddtree@8 0.90x chain (decode 1.10x by ITL) (DDTREE LOSES)" in said
+    assert "ddtree@8 1.35x plain (decode 2.25x by ITL)" in said
+    results["arms"][1]["cells"][0]["itl_ms"] = float("nan")  # no TTFT reported: nothing said
+    assert "0.90x chain (DDTREE LOSES)" in verdicts(results)[0]
