@@ -19,6 +19,7 @@ B=.carry/gpu
 SITE=/tmp/ddtree-site-$V
 CACHE=/tmp/ddtree-cache
 t0=$(date +%s)
+export DEVICE_T0="$t0"  # jobs budget their steps from the call's start
 say() { echo "[device $(( $(date +%s) - t0 ))s] $*"; }
 mkdir -p "$OUT" "$CACHE"
 untar_xz() {  # untar_xz FILE DIR (python's lzma where the image has no xz)
