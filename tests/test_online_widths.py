@@ -219,10 +219,11 @@ def test_only_width_one_rounds_without_a_draft_cost_width_one():
 def test_a_step_costs_its_period_unless_another_batch_ran_in_between(monkeypatch):
     """The cost of a step is the host time from its start to the next step's start (what the
     step costs the server, the scheduler's work between steps included); a prefill in between
-    (``interrupt``) leaves that step out of the table."""
+    (``interrupt``) leaves that step out of the table, and the step after it too (under
+    overlap its period holds the prefill's device time)."""
     import sglang_ddtree.adapter.widths as widths_module
 
-    clock = iter([0.0, 1.0, 1.004, 1.010, 5.0])
+    clock = iter([0.0, 1.0, 1.004, 1.010, 5.0, 5.003, 5.006])
     monkeypatch.setattr(widths_module.time, "perf_counter", lambda: next(clock))
     widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
     run_step(widths, bs=8, accept_len=0)  # t=0: width 1 with a draft (not width 1's cost)
@@ -232,8 +233,11 @@ def test_a_step_costs_its_period_unless_another_batch_ran_in_between(monkeypatch
     widths.interrupt()  # a prefill: the width-2 step that started at 1.004 is not costed
     assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.010, still unprobed
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
-    assert run_step(widths, bs=8, accept_len=0) == 3  # t=5.0: the width-2 step took 3990 ms
-    assert widths.cost.counts[1].tolist() == [1, 1, 0, 0] and widths.cost(8, 2) == pytest.approx(3990.0)
+    # t=5.0: the step after the prefill took 3990 ms, the prefill's device time with it
+    assert run_step(widths, bs=8, accept_len=0) == 2
+    assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
+    assert run_step(widths, bs=8, accept_len=0) == 3  # t=5.003: the next width-2 step took 3 ms
+    assert widths.cost.counts[1].tolist() == [1, 1, 0, 0] and widths.cost(8, 2) == pytest.approx(3.0)
 
 
 def test_one_drafted_step_in_predict_every_makes_the_prediction():

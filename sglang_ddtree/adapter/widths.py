@@ -32,7 +32,9 @@ come and go; neither counts as a width-1 round cost.
 
 The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
 ``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
-between. That is what a step costs the server whatever bounds it (the device, the host's
+between, and when the step does not directly follow one: SGLang's overlap loop launches that
+step, then waits for the other batch's results, so the step's period holds the other batch's
+device time (on the K2.6 rank a 96-token request's TTFT is 15-20 decode rounds). That is what a step costs the server whatever bounds it (the device, the host's
 launches, the scheduler between steps, a wait on the previous step under overlap), where the
 round's own device time leaves out the host's share between rounds (which a host-bound round,
 on a small target, pays at every width, width 1 included). Under overlap the period of a step
@@ -90,6 +92,7 @@ class _Observed:
     values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
     # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
     ready: torch.cuda.Event | None  # None: already on the host
+    after_other_batch: bool = False  # the first step after another batch: its period is not costed
     period_ms: float | None = None  # start to the next start; None: another batch in between
     period_known: bool = False  # the next step has started (or a batch in between ended it)
 
@@ -142,6 +145,7 @@ class StepWidths:
         self.runners = None
         self.kept = None
         self._last: tuple[_Observed, float] | None = None  # the last finished step, its start
+        self._after_other_batch = False  # another batch ran since the last step started
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -193,13 +197,16 @@ class StepWidths:
 
     def interrupt(self) -> None:
         """Another batch (a prefill, an idle pass) runs between two steps: the last step's
-        period would count it, so that step adds nothing to the cost table."""
+        period would count it, and so would the next step's under overlap (the scheduler waits
+        for the other batch's results while the next step is in flight), so neither adds
+        anything to the cost table."""
         self._end_period(None)
+        self._after_other_batch = True
 
     def _end_period(self, now: float | None) -> None:
         if self._last is not None:
             observed, started = self._last
-            observed.end_period(now, started)
+            observed.end_period(None if observed.after_other_batch else now, started)
             self._last = None
 
     def watch(self, propose):
@@ -255,6 +262,7 @@ class StepWidths:
         self._observe(_Observed(bs, width, True, host, ready), started)
 
     def _observe(self, observed: _Observed, started: float) -> None:
+        observed.after_other_batch, self._after_other_batch = self._after_other_batch, False
         self._pending.append(observed)
         self._last = (observed, started)
 
