@@ -10,16 +10,16 @@
 // Stage 1, per slice: the partial log-sum-exp (max, sum of exp) and the slice's top k.
 //   * Each thread's largest candidate is a sample; the k-th largest sample B is a lower
 //     bound of the slice's k-th largest candidate (k distinct elements are >= B).
-//   * Every element >= B is collected into shared memory. An element >= B lies in a thread
-//     whose sample is >= B, and only k threads have one, so at most k x (elements per
-//     thread) are collected, and usually about k. A thread whose best vector alone can reach
-//     B reads that vector again; the shares of the few threads with a second such vector are
-//     read again by the whole block together (a share is ~80 vectors of a 163,840-entry slice:
-//     read by its own thread, 20 dependent round trips to memory). The launcher sizes the list for that worst
-//     case where it is small, else for many times the usual count; a block whose collection
-//     overflows the list (massive ties near the top, e.g. a repeating pattern) finds the
-//     slice's exact k-th largest candidate by a bitwise descent instead (64 counting passes
-//     over the slice) and collects the k candidates at or above it.
+//   * Every element >= B is collected into shared memory. An element >= B lies in a thread whose
+//     sample is >= B, and only k threads have one, so at most k x (elements per thread) are
+//     collected, and usually about k. A thread whose best vector alone can reach B reads that
+//     vector again; the shares of the few threads with a second such vector are read again by the
+//     whole block together (a share is ~80 vectors of a 163,840-entry slice: read by its own
+//     thread, 20 dependent round trips to memory). The launcher sizes the list for that worst case
+//     where it is small, else for many times the usual count; a block whose collection overflows
+//     the list (massive ties near the top, e.g. a repeating pattern) finds the slice's exact k-th
+//     largest candidate by a bitwise descent instead (64 counting passes over the slice) and
+//     collects the k candidates at or above it.
 //   * The collected candidates are ranked (or sorted when many), the top k written to the
 //     workspace sorted descending (zero-padded when the slice holds fewer than k).
 // Stage 2, in the row's last block to finish (a per-row counter, reset by that block, so the

@@ -34,11 +34,12 @@ The round cost ``T(bs, width)`` is measured as the step's period: the host time 
 ``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
 between, and when the step does not directly follow one: SGLang's overlap loop launches that
 step, then waits for the other batch's results, so the step's period holds the other batch's
-device time (on the K2.6 rank a 96-token request's TTFT is 15-20 decode rounds). That is what a step costs the server whatever bounds it (the device, the host's
-launches, the scheduler between steps, a wait on the previous step under overlap), where the
-round's own device time leaves out the host's share between rounds (which a host-bound round,
-on a small target, pays at every width, width 1 included). Under overlap the period of a step
-includes the wait for the step before it, so a change of width is attributed one step late.
+device time (on the K2.6 rank a 96-token request's TTFT is 15-20 decode rounds). That is
+what a step costs the server whatever bounds it (the device, the host's launches, the
+scheduler between steps, a wait on the previous step under overlap), where the round's own
+device time leaves out the host's share between rounds (which a host-bound round, on a small
+target, pays at every width, width 1 included). Under overlap the period of a step includes
+the wait for the step before it, so a change of width is attributed one step late.
 Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
 table (tests, debugging), which the measured rounds do not change.
@@ -145,7 +146,7 @@ class StepWidths:
         self.runners = None
         self.kept = None
         self._last: tuple[_Observed, float] | None = None  # the last finished step, its start
-        self._after_other_batch = False  # another batch ran since the last step started
+        self._after_other_batch = False  # another batch ran since the last step finished
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
