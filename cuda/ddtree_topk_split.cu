@@ -43,8 +43,9 @@
 // block stops after 5 = the slice read with its max alone (no exp, no sample: what the loads
 // cost), 6 = the read with its partial log-sum-exp (no sample), 1 = the slice read (partial
 // log-sum-exp, per-thread samples), 2 = the
-// block's bound and log-sum-exp, 3 = the slice's candidates collected, ranked and handed over
-// (no merge). A cut keeps its work alive with a store the data never triggers.
+// block's bound and log-sum-exp, 4 = the slice's candidates collected (the re-reads included),
+// 3 = collected, ranked and handed over (no merge). A cut keeps its work alive with a store the
+// data never triggers.
 #ifndef DDT_TOPK_CUT
 #define DDT_TOPK_CUT 0
 #endif
@@ -449,6 +450,10 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     __syncthreads();
   }
   if (s_cnt > (unsigned)cap) ddt_collect_kth<DTYPE>(row, lo, hi, k, cand, &s_cnt, s_sum);  // block-uniform
+#if DDT_TOPK_CUT == 4
+  if (m + s == -1.f && s_cnt == 1u && cand[0] == 1ull) ws_part[0] = m;
+  return;
+#endif
   const int n = (int)(s_cnt < (unsigned)cap ? s_cnt : (unsigned)cap);
   ddt_select_top(cand, n, k, top);
 

@@ -133,13 +133,14 @@ def test_topk_report():
             cut6_us=50.0,
             cut1_us=60.0,
             cut2_us=80.0,
+            cut4_us=120.0,
             cut3_us=150.0,
             cut0_us=201.0,
         )
     ]
     md = tkk.to_markdown(res)
     assert "## The split kernel stopped after each phase (cumulative us)" in md
-    assert "| 8 | 64 | 64 | 448 | 12 | 40.0 | 50.0 | 60.0 | 80.0 | 150.0 | 201.0 |" in md
+    assert "| 8 | 64 | 64 | 448 | 12 | 40.0 | 50.0 | 60.0 | 80.0 | 120.0 | 150.0 | 201.0 |" in md
     assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
     assert "bs 64 x depth 15: 39.3 us" in md  # 315 MB read once at 8000 GB/s
     assert "| split kernel | row kernel | x | torch logsumexp | torch topk |" in md

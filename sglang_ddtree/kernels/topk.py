@@ -249,6 +249,7 @@ SPLIT_CUTS = {
     6: "log-sum-exp",
     1: "per-thread sample (slice read)",
     2: "bound and lse",
+    4: "candidates collected",
     3: "candidates ranked",
     0: "merge (full kernel)",
 }
