@@ -118,8 +118,10 @@ def test_measured_costs_probe_every_width_twice_before_choosing():
     widths = step_widths(ProbedCostTable((1, 2, 4), (1, 2, 3, 5), probes=2))
     assert run_step(widths, bs=1, accept_len=4) == 1 and not widths.skips_draft  # nothing predicted
     assert widths.cost.counts[0].tolist() == [0, 0, 0, 0]  # a width-1 round with a draft: not width 1's cost
-    probes = [run_step(widths, bs=1, accept_len=4) for _ in range(8)]
-    assert probes == [1, 1, 2, 2, 3, 3, 5, 5]
+    # the first round after a change is not costed (under overlap its period is the round
+    # before it), so each width runs once more than its probes
+    probes = [run_step(widths, bs=1, accept_len=4) for _ in range(12)]
+    assert probes == [1, 1, 1, 2, 2, 2, 3, 3, 3, 5, 5, 5]
     assert run_step(widths, bs=1, accept_len=4) in (1, 2, 3, 5)
     assert run_step(widths, bs=3, accept_len=4) == 1  # a new batch-size row is probed again
     assert widths.cost.counts[0].tolist() == [2, 2, 2, 2]
@@ -212,28 +214,35 @@ def test_only_width_one_rounds_without_a_draft_cost_width_one():
     run_step(widths, bs=8, accept_len=0)  # width 1 with a draft: nothing predicted yet
     assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft
     assert widths.cost.counts[1].tolist() == [0, 0, 0, 0]  # the first step's period: not width 1's
+    # the first width-1 step without a draft follows a drafted one (under overlap its period
+    # is that step's round): not costed either; the next one is
+    assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft
+    assert widths.cost.counts[1].tolist() == [0, 0, 0, 0]
     run_step(widths, bs=8, accept_len=0)  # its start ends the period of the width-1 step before
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
 
 
 def test_a_step_costs_its_period_unless_another_batch_ran_in_between(monkeypatch):
     """The cost of a step is the host time from its start to the next step's start (what the
-    step costs the server, the scheduler's work between steps included); a prefill in between
-    (``interrupt``) leaves that step out of the table, and the step after it too (under
-    overlap its period holds the prefill's device time)."""
+    step costs the server, the scheduler's work between steps included). Left out: a step with
+    a prefill after it (``interrupt``), the step after that prefill, and a step that ran
+    otherwise than the one before it (under overlap both periods hold the device time of what
+    ran before them: the prefill, the other width's round)."""
     import sglang_ddtree.adapter.widths as widths_module
 
-    clock = iter([0.0, 1.0, 1.004, 1.010, 5.0, 5.003, 5.006])
+    clock = iter([0.0, 1.0, 1.5, 1.504, 1.6, 1.610, 5.0, 5.003])
     monkeypatch.setattr(widths_module.time, "perf_counter", lambda: next(clock))
     widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
     run_step(widths, bs=8, accept_len=0)  # t=0: width 1 with a draft (not width 1's cost)
-    assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft  # t=1.0
-    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.004: the width-1 step took 4 ms
+    assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft  # t=1.0: after a draft
+    assert run_step(widths, bs=8, accept_len=0) == 1  # t=1.5: not costed, so still unprobed
+    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.504: the width-1 step took 4 ms
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0] and widths.cost(8, 1) == pytest.approx(4.0)
-    widths.interrupt()  # a prefill: the width-2 step that started at 1.004 is not costed
-    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.010, still unprobed
+    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.6: the first width-2 step was not costed
+    widths.interrupt()  # a prefill: the width-2 step that started at 1.6 is not costed
+    assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.610, still unprobed
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
-    # t=5.0: the step after the prefill took 3990 ms, the prefill's device time with it
+    # t=5.0: the step after the prefill took 3390 ms, the prefill's device time with it
     assert run_step(widths, bs=8, accept_len=0) == 2
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
     assert run_step(widths, bs=8, accept_len=0) == 3  # t=5.003: the next width-2 step took 3 ms

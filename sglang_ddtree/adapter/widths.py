@@ -38,8 +38,11 @@ device time (on the K2.6 rank a 96-token request's TTFT is 15-20 decode rounds).
 what a step costs the server whatever bounds it (the device, the host's launches, the
 scheduler between steps, a wait on the previous step under overlap), where the round's own
 device time leaves out the host's share between rounds (which a host-bound round, on a small
-target, pays at every width, width 1 included). Under overlap the period of a step includes
-the wait for the step before it, so a change of width is attributed one step late.
+target, pays at every width, width 1 included). Under overlap the period of a step is the
+device time of the step before it where the device bounds the server, so only a step that
+ran as the one before it (the same width, drafted or not) is costed: a step after a change
+would charge the old width's round to the new width (and, when the choice alternates, blur
+the two widths' costs together).
 Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
 table (tests, debugging), which the measured rounds do not change.
@@ -93,7 +96,7 @@ class _Observed:
     values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
     # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
     ready: torch.cuda.Event | None  # None: already on the host
-    after_other_batch: bool = False  # the first step after another batch: its period is not costed
+    costed: bool = False  # its period is its own: ran as the step before it, no batch between
     period_ms: float | None = None  # start to the next start; None: another batch in between
     period_known: bool = False  # the next step has started (or a batch in between ended it)
 
@@ -147,6 +150,7 @@ class StepWidths:
         self.kept = None
         self._last: tuple[_Observed, float] | None = None  # the last finished step, its start
         self._after_other_batch = False  # another batch ran since the last step finished
+        self._last_kind: tuple[int, bool] | None = None  # the last finished step's (width, drafted)
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -207,7 +211,7 @@ class StepWidths:
     def _end_period(self, now: float | None) -> None:
         if self._last is not None:
             observed, started = self._last
-            observed.end_period(None if observed.after_other_batch else now, started)
+            observed.end_period(now if observed.costed else None, started)
             self._last = None
 
     def watch(self, propose):
@@ -263,7 +267,9 @@ class StepWidths:
         self._observe(_Observed(bs, width, True, host, ready), started)
 
     def _observe(self, observed: _Observed, started: float) -> None:
-        observed.after_other_batch, self._after_other_batch = self._after_other_batch, False
+        kind = (observed.width, observed.drafted)
+        observed.costed = not self._after_other_batch and kind == self._last_kind
+        self._after_other_batch, self._last_kind = False, kind
         self._pending.append(observed)
         self._last = (observed, started)
 
