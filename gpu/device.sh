@@ -47,5 +47,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 "$@"
 rc=$?
 say "job exited with $rc"
-( cd "$CACHE" && tar cf - --exclude=.restored . | { xz -T0 -6 2>/dev/null || python3 -c "import lzma, sys; sys.stdout.buffer.write(lzma.compress(sys.stdin.buffer.read()))"; } > "$OUT/cache-$V.tar.xz" ) && say "caches saved: $(du -h "$OUT/cache-$V.tar.xz" | cut -f1)"
+save_caches() {  # save_caches [TAR EXCLUDES...]: the caches into $OUT/cache-$V.tar.xz
+  ( cd "$CACHE" && tar cf - --exclude=.restored "$@" . | { xz -T0 -6 2>/dev/null || python3 -c "import lzma, sys; sys.stdout.buffer.write(lzma.compress(sys.stdin.buffer.read()))"; } > "$OUT/cache-$V.tar.xz" )
+}
+# A file over 16 MiB does not come back from a call: then the caches go without Triton's (its
+# kernels compile in seconds; the JIT's Marlin kernels, minutes of nvcc, must come back).
+MAX_BYTES=$(( 16 * 1024 * 1024 ))
+save_caches && [ "$(stat -c %s "$OUT/cache-$V.tar.xz")" -gt "$MAX_BYTES" ] \
+  && say "caches over 16 MiB ($(du -h "$OUT/cache-$V.tar.xz" | cut -f1)): saved without Triton's" \
+  && save_caches --exclude=./triton
+say "caches saved: $(du -h "$OUT/cache-$V.tar.xz" | cut -f1)"
 exit $rc

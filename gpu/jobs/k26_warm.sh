@@ -5,7 +5,7 @@
 # call brings back (with gpu/jobs/precompile_k26.py beside it for the Marlin MoE kernels) and
 # shows that the rank's shapes serve before a whole call is spent on the full rank.
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/k26_warm.sh
-# $OUT: k26_warm.{json,md}, k26_warm_logs.tar.gz, precompile_k26.log.
+# $OUT: k26_warm.{json,md,png}, k26_warm_logs.tar.gz.
 set -o pipefail
 S=${K26_WARM_S:-450}
 source gpu/jobs/precompile_k26.sh
@@ -15,4 +15,4 @@ LAYERS="${K26_WARM_LAYERS:-3}" K26_MODEL_DIR=/tmp/k26-warm LABEL=k26_warm ARMS=p
   --prompts 8 --start-timeout 420 --common-extra=--mem-fraction-static=0.12,--max-total-tokens=20000" \
   bash gpu/jobs/k26_rank.sh
 wait
-cat "$OUT/precompile_k26.log"
+cat /tmp/precompile_k26.log

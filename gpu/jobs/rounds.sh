@@ -23,7 +23,7 @@ timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT"
   --stack-profile-arms "${STACK_PROFILE_ARMS:-plain,dflash,ddtree@7,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" --stack-profile-bs 8 \
   --deadline-s "${ROUNDS_DEADLINE_S:-540}"
 wait
-tail -2 "$OUT/precompile_k26.log" 2>/dev/null
+tail -2 /tmp/precompile_k26.log 2>/dev/null
 rm -rf "$OUT/${LABEL}_work/traces"  # summarised into the JSON; too big to bring back
 tar czf "$OUT/${LABEL}_logs.tar.gz" -C "$OUT" "${LABEL}_work" && rm -rf "$OUT/${LABEL}_work"
 cat "$OUT/$LABEL.md" 2>/dev/null | head -70

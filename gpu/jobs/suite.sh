@@ -12,17 +12,18 @@
 # KERNEL_TESTS_S=0 leaves the kernel tests out (run in the session's first call instead:
 # `PRECOMPILE_K26=1 KERNEL_TESTS=1 bash gpu/jobs/topk.sh`).
 # $OUT: gpu_tests.log (kernel tests + suite, and whether every collected test finished),
-# gpu_tests_collected.txt, gpu_server.json, gpu_server_logs.tar.gz, k26_warm.{json,md,log}.
+# gpu_server.json, gpu_server_logs.tar.gz, k26_warm.{json,md,png}, k26_warm_logs.tar.gz: with the
+# caches the 8 files a call brings back (the rest stays in /tmp; the job prints its end).
 set -o pipefail
 ALL_ARMS=$(python -c "from tests.gpu_server.arms import ARMS; print(','.join(ARMS))")
-bash gpu/jobs/k26_warm.sh > "$OUT/k26_warm.log" 2>&1 &
+bash gpu/jobs/k26_warm.sh > /tmp/k26_warm.log 2>&1 &
 source gpu/jobs/kernel_tests.sh
 if [ "${KERNEL_TESTS_S:-270}" != 0 ]; then  # 0: they ran in this session's first call (topk.sh KERNEL_TESTS=1)
   kernel_tests "${KERNEL_TESTS_S:-270}" "$OUT/gpu_tests.log"
 fi
 export GPU_SERVER_ARMS="${GPU_SERVER_ARMS:-$ALL_ARMS}"
 SELECT=(-m gpu_server tests/gpu_server -p no:cacheprovider ${SUITE_K:+-k "$SUITE_K"})
-python -m pytest "${SELECT[@]}" --collect-only -q > "$OUT/gpu_tests_collected.txt" 2>&1
+python -m pytest "${SELECT[@]}" --collect-only -q > /tmp/gpu_tests_collected.txt 2>&1
 # The suite gets what is left of JOB_S from the call's start (the call's 600 s less the cache
 # upload) unless SUITE_S says otherwise; a cut run is named as such below (its pytest summary
 # counts only what ran). The whole suite took more than 400 s at 5ba7f73: SUITE_K splits it.
@@ -30,7 +31,7 @@ left=$(( ${JOB_S:-570} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
 timeout "${SUITE_S:-$(( left > 60 ? left : 60 ))}" python -m pytest "${SELECT[@]}" -v -rA --durations=0 \
   >> "$OUT/gpu_tests.log" 2>&1
 grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log"
-python gpu/jobs/unfinished_tests.py "$OUT/gpu_tests_collected.txt" "$OUT/gpu_tests.log" | tee -a "$OUT/gpu_tests.log"
+python gpu/jobs/unfinished_tests.py /tmp/gpu_tests_collected.txt "$OUT/gpu_tests.log" | tee -a "$OUT/gpu_tests.log"
 wait
-tail -5 "$OUT/k26_warm.log"
+tail -5 /tmp/k26_warm.log
 exit 0
