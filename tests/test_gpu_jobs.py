@@ -1,4 +1,5 @@
-"""The GPU jobs' helpers that run on the CPU: the suite's account of a run its time limit cut."""
+"""The GPU jobs on the CPU: every job script and Python file parses, and the suite's account
+of a run its time limit cut."""
 
 from __future__ import annotations
 
@@ -56,3 +57,17 @@ def test_a_whole_suite_says_so(tmp_path):
     out = _run(tmp_path, log)
     assert out.returncode == 0, out.stdout
     assert out.stdout.strip() == "suite complete: 4 of 4 tests finished"
+
+
+def test_every_gpu_job_script_parses():
+    """A syntax error in a job would be found only on the H200, after a machine start."""
+    scripts = sorted((ROOT / "gpu").rglob("*.sh"))
+    assert len(scripts) >= 10
+    for script in scripts:
+        out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, f"{script.relative_to(ROOT)}: {out.stderr}"
+
+
+def test_every_gpu_job_python_file_compiles():
+    for source in sorted((ROOT / "gpu").rglob("*.py")):
+        compile(source.read_text(), str(source), "exec")  # a SyntaxError names the file and line
