@@ -337,3 +337,15 @@ def test_verdicts_give_the_decode_speed_beside_tok_s():
     assert "ddtree@8 1.35x plain (decode 2.25x by ITL)" in said
     results["arms"][1]["cells"][0]["itl_ms"] = float("nan")  # no TTFT reported: nothing said
     assert "0.90x chain (DDTREE LOSES)" in verdicts(results)[0]
+
+
+def test_a_pass_has_two_requests_a_slot_and_a_thousand_output_tokens():
+    """64-token requests: 16 a pass at c=1, as before; 256-token requests (decode-bound) need
+    only 4 at c=1; from c=8 on two per slot decide."""
+    from sglang_ddtree.bench.k26_ab import requests_per_pass
+
+    assert requests_per_pass(1, 64) == 16
+    assert requests_per_pass(1, 256) == 4
+    assert requests_per_pass(1, 100) == 11  # 1,100 tokens: rounded up
+    assert requests_per_pass(8, 64) == 16 and requests_per_pass(8, 256) == 16
+    assert requests_per_pass(32, 64) == 64

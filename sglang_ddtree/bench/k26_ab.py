@@ -147,13 +147,18 @@ def inter_token_ms(done: list[dict]) -> float:
     return 1e3 * sum(d["latency_s"] - d["ttft_s"] for d in timed) / decode_tokens
 
 
-# Requests per timed pass: at least two per slot, and no fewer than this (at c=1 a pass of 4
-# requests let one slow TTFT move the cell by ~10%).
-MIN_REQUESTS_PER_PASS = 16
+# Output tokens per timed pass at the least (16 requests at the 64-token default: at c=1 a pass
+# of 4 requests let one slow TTFT move the cell by ~10%); longer outputs need fewer requests.
+MIN_TOKENS_PER_PASS = 1024
+
+
+def requests_per_pass(concurrency: int, output_len: int) -> int:
+    """At least two requests per slot and :data:`MIN_TOKENS_PER_PASS` output tokens."""
+    return max(2 * concurrency, -(-MIN_TOKENS_PER_PASS // max(output_len, 1)))
 
 
 def measure(server, prompts, output_len: int, concurrency: int, repeats: int, spread: float = 0.0) -> dict:
-    batch = [prompts[i % len(prompts)] for i in range(max(2 * concurrency, MIN_REQUESTS_PER_PASS))]
+    batch = [prompts[i % len(prompts)] for i in range(requests_per_pass(concurrency, output_len))]
     lens = output_lens(len(batch), output_len, spread, seed=concurrency)  # the same in every arm
     run_batch(server, batch[:concurrency], lens[:concurrency], concurrency)  # warm-up: the same shapes
     rows = []
