@@ -149,8 +149,9 @@ class StepWidths:
         self.runners = None
         self.kept = None
         self._last: tuple[_Observed, float] | None = None  # the last finished step, its start
-        self._after_other_batch = False  # another batch ran since the last step finished
-        self._last_kind: tuple[int, bool] | None = None  # the last finished step's (width, drafted)
+        # The last finished step's (width, drafted); None after another batch (or none yet): the
+        # next step is costed only when it ran as this says.
+        self._last_kind: tuple[int, bool] | None = None
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -206,7 +207,7 @@ class StepWidths:
         for the other batch's results while the next step is in flight), so neither adds
         anything to the cost table."""
         self._end_period(None)
-        self._after_other_batch = True
+        self._last_kind = None
 
     def _end_period(self, now: float | None) -> None:
         if self._last is not None:
@@ -268,8 +269,7 @@ class StepWidths:
 
     def _observe(self, observed: _Observed, started: float) -> None:
         kind = (observed.width, observed.drafted)
-        observed.costed = not self._after_other_batch and kind == self._last_kind
-        self._after_other_batch, self._last_kind = False, kind
+        observed.costed, self._last_kind = kind == self._last_kind, kind
         self._pending.append(observed)
         self._last = (observed, started)
 

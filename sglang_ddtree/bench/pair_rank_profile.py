@@ -40,9 +40,8 @@ from . import _stamp
 from .pair_eval import DEFAULT_PAIR, load_pair
 from .pair_eval_replay import drafter_logits_along, load_models, replay_rounds
 from .pair_eval_serving import Arm
-from .replay_profiles import RANKS, Profile, expected_accept_length
+from .replay_profiles import RANK_PROFILE_FILE, RANKS, Profile, expected_accept_length
 
-PROFILE_FILE = "rank_profile.json"
 BUDGETS = (7, 16, 32, 64)
 
 
@@ -175,7 +174,7 @@ def main(argv=None) -> int:
         "stamp": _stamp.stamp(),
     }
     data |= measure(pair, prompts, args.new_tokens)
-    profile_path = args.profile_out or args.pair / PROFILE_FILE
+    profile_path = args.profile_out or args.pair / RANK_PROFILE_FILE
     profile_path.parent.mkdir(parents=True, exist_ok=True)
     profile_path.write_text(
         json.dumps({k: data[k] for k in ("pair", "prompts", "new_tokens", "probs")}) + "\n"

@@ -110,12 +110,13 @@ def _chain_profile(name: str, source: str, chain_accept: float, depth: int = 7) 
 
 
 PAIRS = Path(__file__).resolve().parents[1] / "models" / "pairs"
+RANK_PROFILE_FILE = "rank_profile.json"  # in a pair's folder, written by :mod:`.pair_rank_profile`
 
 
 def measured_profile(pair: str) -> Profile:
     """The pair's measured rank histogram (``models/pairs/<pair>/rank_profile.json``, written by
     :mod:`.pair_rank_profile`) as the profile ``<pair>-ranks``."""
-    path = PAIRS / pair / "rank_profile.json"
+    path = PAIRS / pair / RANK_PROFILE_FILE
     data = json.loads(path.read_text())
     source = f"{path.name} of {pair}: {data['prompts']} prompts x {data['new_tokens']} greedy tokens"
     return Profile(f"{pair}-ranks", source, tuple(tuple(row) for row in data["probs"]))
