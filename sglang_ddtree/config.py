@@ -37,6 +37,8 @@ ENV_EAGER_DRAFT_KV = "SGLANG_DDTREE_EAGER_DRAFT_KV"  # debugging: the drafter KV
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
 ENV_ONLINE_BUDGET = "SGLANG_DDTREE_ONLINE_BUDGET"  # set from --speculative-ddtree-budget auto
+# benchmarks/debugging: steps between the online budget's own log lines (its widths per cell)
+ENV_ONLINE_BUDGET_LOG_EVERY = "SGLANG_DDTREE_ONLINE_BUDGET_LOG_EVERY"
 ENV_VERIFY_ATTENTION = (
     "SGLANG_DDTREE_VERIFY_ATTENTION"  # debugging: "sglang" keeps SGLang's MLA verify kernel
 )
@@ -127,6 +129,15 @@ def phase_times_interval() -> int:
     if value and not value.isdigit():
         raise DDTreeConfigError(f"{ENV_PHASE_TIMES}={value!r}: expected a non-negative integer")
     return int(value or 0)
+
+
+def online_budget_log_every(default: int) -> int:
+    """Steps between the online budget's own log lines (``default`` unless the environment
+    asks for another interval; 0 = none)."""
+    value = os.environ.get(ENV_ONLINE_BUDGET_LOG_EVERY, "").strip()
+    if value and not value.isdigit():
+        raise DDTreeConfigError(f"{ENV_ONLINE_BUDGET_LOG_EVERY}={value!r}: expected a non-negative integer")
+    return int(value) if value else default
 
 
 def online_budget_requested() -> bool:

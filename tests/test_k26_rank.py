@@ -349,3 +349,38 @@ def test_a_pass_has_two_requests_a_slot_and_a_thousand_output_tokens():
     assert requests_per_pass(1, 100) == 11  # 1,100 tokens: rounded up
     assert requests_per_pass(8, 64) == 16 and requests_per_pass(8, 256) == 16
     assert requests_per_pass(32, 64) == 64
+
+
+def test_the_online_budgets_widths_are_reported_per_cell(tmp_path):
+    """Each cell's widths are the difference of the cumulative lines logged around it."""
+    from sglang_ddtree.bench.k26_ab import steps_between, width_summary
+    from sglang_ddtree.bench.k26_ab_report import widths_by_cell
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "[t] DDTREE online budget: start-up round costs (bs -> width -> ms) {1: {1: 6.8, 9: 9.5}}\n"
+    )
+    assert width_summary(log) == {}  # the online budget, before its first width line
+    assert width_summary(tmp_path / "plain.log") is None  # no such server
+    line = "[t] DDTREE online budget: {'width_steps': {9: %d}, 'width_steps_by_bs': %s, 'round_ms': {}}\n"
+    with log.open("a") as f:
+        f.write(line % (50, "{1: {1: 5, 9: 45}}"))
+    before = width_summary(log)
+    with log.open("a") as f:
+        f.write("[t] Decode batch, #running-req: 8\n" + line % (150, "{1: {1: 5, 9: 45}, 8: {3: 20, 9: 80}}"))
+    between = steps_between(before, width_summary(log))
+    assert between == {8: {3: 20, 9: 80}}  # bs 1 did not move: not listed
+    cell = {"prompt_len": 96, "profile": "p", "concurrency": 8, "width_steps_by_bs": between}
+    md = "\n".join(widths_by_cell({"arms": [{"arm": "ddtree@auto64", "cells": [cell]}]}))
+    assert "| ddtree@auto64 | 96 | p | 8 | 8: 3x20, 9x80 |" in md
+
+
+def test_the_online_budget_log_interval_is_checked(monkeypatch):
+    from sglang_ddtree.config import ENV_ONLINE_BUDGET_LOG_EVERY, DDTreeConfigError, online_budget_log_every
+
+    assert online_budget_log_every(1000) == 1000
+    monkeypatch.setenv(ENV_ONLINE_BUDGET_LOG_EVERY, "50")
+    assert online_budget_log_every(1000) == 50
+    monkeypatch.setenv(ENV_ONLINE_BUDGET_LOG_EVERY, "-1")
+    with pytest.raises(DDTreeConfigError, match="non-negative"):
+        online_budget_log_every(1000)

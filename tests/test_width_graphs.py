@@ -19,7 +19,7 @@ import pytest
 import torch
 from kernel_cases import TIES, compile_emulator, random_topk
 
-from sglang_ddtree.budget import TimedCostTable, candidate_widths
+from sglang_ddtree.budget import TimedCostTable, WidthChooser, candidate_widths
 from sglang_ddtree.kernels import cpp
 from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
@@ -151,40 +151,60 @@ def test_timed_table_costs_a_batch_as_the_graph_that_serves_it():
         startup_cost_table((1, 3), {1: {1: 1.0}}, draft_ms)
 
 
-def test_timed_table_learns_the_round_overhead_of_a_row_from_any_width():
-    """Replays time the forwards only; a measured round adds the round's own work. Measured
-    cells follow their rounds; the cells of the same row not yet served carry the row's
-    measured excess, so an unserved width does not look cheaper than it is."""
-    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], refine_decay=0.5)
+def test_timed_table_learns_one_round_overhead_a_row_from_any_tree_width():
+    """Replays time the forwards only; a measured round adds the round's own work, the same at
+    every tree width of a row: every tree width costs its replay plus the median of the row's
+    measured excesses, whichever width they came from."""
+    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     assert table(1, 5) == 3.0
     table.observe(1, 3, 4.0)  # 2 ms above its replay
-    assert table(1, 3) == pytest.approx(3.0)  # half-way (decay 0.5)
-    assert table(1, 1) == pytest.approx(1.0 + 1.0) and table(1, 5) == pytest.approx(3.0 + 1.0)
+    assert table(1, 3) == pytest.approx(4.0) and table(1, 5) == pytest.approx(5.0)
+    assert table(1, 1) == pytest.approx(1.0 + 2.0)  # unmeasured width 1: the trees' excess, a bound
     assert table(8, 5) == 6.0  # another row is not touched
-    table.observe(1, 3, 4.0)
-    assert table(1, 3) == pytest.approx(3.5) and table(1, 1) == pytest.approx(2.5)
+    table.observe(1, 5, 7.0)  # 4 ms above
+    table.observe(1, 5, 6.0)  # 3 ms above: the median excess is 3
+    assert table(1, 3) == pytest.approx(5.0) and table(1, 5) == pytest.approx(6.0)
     table.observe(1, 1, float("inf"))
-    assert table(1, 1) == pytest.approx(2.5)
-    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own cell only, measured
-    assert table(1, 1) == pytest.approx(1.5) and table(1, 5) == pytest.approx(3.0 + 1.5)
+    assert table(1, 1) == pytest.approx(4.0)
+    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own excess, measured
+    assert table(1, 1) == pytest.approx(1.5) and table(1, 5) == pytest.approx(6.0)
+    assert list(table.rows_served()) == [True, False]
+
+
+def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():
+    """The K2.6 rank at 06a9d4f, bs 8: three rounds of width 9 whose periods held stalls
+    (about 85 ms against a 14 ms replay) priced width 9 at 33.8 ms when each cell followed its
+    own rounds, and the server ran widths 1 and 3 from then on. Under the row's median excess
+    the stalls are outvoted by the row's ordinary rounds, and width 9 stays the choice."""
+    widths = (1, 3, 9)
+    table = TimedCostTable((8,), widths, [[7.5, 10.9, 14.0]])
+    for _ in range(6):
+        table.observe(8, 3, 10.9 + 1.3)  # ordinary rounds: 1.3 ms of round work
+    for _ in range(3):
+        table.observe(8, 9, 85.0)  # stalled periods
+    assert table(8, 9) == pytest.approx(14.0 + 1.3)
+    chooser = WidthChooser(widths, table)
+    # pycode-4l-ranks at bs 8: about 2.68 and 1.9 tokens a request at widths 9 and 3
+    assert chooser.choose(8, [0.0, 8 * 0.9, 8 * 1.68]) == 9
 
 
 def test_timed_table_probes_width_one_once_the_row_knows_its_tree_rounds():
     """Width 1's start-up bound carries the trees' excess; the table asks for a few width-1
-    rounds once a row has served ``probe_after`` tree rounds, keeps the fastest, then refines."""
-    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], probes=2, probe_after=3)
-    table.refine_decay = 0.5
+    rounds once a row has served ``probe_after`` tree rounds, then width 1 costs its replay plus
+    the median of its own excesses."""
+    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], probes=3, probe_after=3)
     assert table.unprobed(1) is None  # no tree round yet: the excess is unknown
     for _ in range(3):
         table.observe(1, 5, 11.0)  # 8 ms of round work over the replay
     assert table.unprobed(1) == 1 and table.unprobed(8) is None  # per row
-    assert table(1, 1) > 6.0  # the bound: replay + the trees' excess
+    assert table(1, 1) == pytest.approx(9.0)  # the bound: replay + the trees' excess
     table.observe(1, 1, 2.5)
     assert table.unprobed(1) == 1 and table(1, 1) == 2.5  # measured, replacing the bound
+    table.observe(1, 1, 9.0)  # a width's first rounds can carry one-time work
     table.observe(1, 1, 2.0)
-    assert table.unprobed(1) is None and table(1, 1) == 2.0  # the fastest probe
-    table.observe(1, 1, 4.0)  # past the probes: exponentially weighted
-    assert table(1, 1) == pytest.approx(3.0)
+    assert table.unprobed(1) is None and table(1, 1) == 2.5  # the median of the probes
+    table.observe(1, 1, 2.0)
+    assert table(1, 1) == pytest.approx(2.25)
     assert table.unprobed(1) is None
 
 
@@ -203,7 +223,7 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     now = 1000.0
     monkeypatch.setattr(widths_module, "time", SimpleNamespace(perf_counter=lambda: now))
 
-    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probes=2, probe_after=2, refine_decay=1.0)
+    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probes=2, probe_after=2)
     widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width)
 
     def propose(hidden, k):  # a confident drafter: 0.9 per depth on its top-1

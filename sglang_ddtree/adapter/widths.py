@@ -324,9 +324,11 @@ class StepWidths:
         (probed cells; under graphs every width of a served row, as the chooser sees it)."""
         table = self.cost
         probed = isinstance(table, ProbedCostTable)
-        reached = table.counts > 0 if probed else table.served
+        reached = (
+            table.counts > 0 if probed else table.rows_served()[:, None].repeat(len(table.widths), axis=1)
+        )
         return {
-            bs: {w: round(table(bs, w), 2) for w, cell in zip(table.widths, cells) if cell or not probed}
+            bs: {w: round(table(bs, w), 2) for w, cell in zip(table.widths, cells) if cell}
             for bs, cells in zip(table.batch_sizes, reached)
             if cells.any()
         }

@@ -44,6 +44,7 @@ from ..config import (
     DDTreeConfig,
     DDTreeConfigError,
     eager_tree_step_requested,
+    online_budget_log_every,
     online_budget_requested,
     phase_times_interval,
     tree_backend_override,
@@ -105,7 +106,7 @@ class DDTreeWorker(DFlashWorkerV2):
             self.stats.extra = self.widths.summary
             # Without a stats line the online budget logs its widths itself (host values only).
             logs = get_parallel().tp_rank == 0 and not self.stats.interval
-            self.widths.log_every = LOG_EVERY if logs else 0
+            self.widths.log_every = online_budget_log_every(LOG_EVERY) if logs else 0
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.

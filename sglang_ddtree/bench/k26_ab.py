@@ -19,6 +19,7 @@ greedy outputs equal the plain recording. Writes ``<label>.json``, ``.md`` and `
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
 import json
 import statistics
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..config import ENV_BUDGET_COST_TABLE, ENV_VERIFY_ATTENTION
+from ..config import ENV_BUDGET_COST_TABLE, ENV_ONLINE_BUDGET_LOG_EVERY, ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds import online_budget_lines, width1_cost_table
@@ -58,6 +59,9 @@ SGLANG_VERIFY = "+sglang-verify"  # arm suffix: the same arm on SGLang's own MLA
 # ddtree@autoB only: every step at width 1, no drafter (an injected cost table): what the online
 # budget's fallback to no speculation costs against plain decoding at the rank's shapes.
 WIDTH1 = "+width1"
+# The online budget logs its widths every this many steps (its default is 1000): the report's
+# widths per cell are the differences of the lines logged after each cell.
+WIDTH_LOG_STEPS = 50
 
 
 def base_arm(arm: str, work: Path | None = None) -> tuple[str, dict]:
@@ -189,7 +193,7 @@ def start(arm: str, args, env: dict | None, log_dir: Path) -> ServerProcess:
     flags = ["--model-path", args.model, *args.common, *arm_args(name, args.drafter, args.graph_max_bs)]
     server = ServerProcess(
         flags,
-        env={**(env or {}), **arm_env},
+        env={**(env or {}), ENV_ONLINE_BUDGET_LOG_EVERY: str(WIDTH_LOG_STEPS), **arm_env},
         log_path=log_dir / f"{arm.replace('@', '_')}.log",
         start_timeout=args.start_timeout,
     )
@@ -238,9 +242,12 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
             if time.monotonic() > deadline:
                 record["skipped"].append(f"len={length} {profile} c={concurrency}")
                 continue
+            widths_before = width_summary(server.log_path)
             row = measure(
                 server, sets[key], args.output_len, concurrency, args.repeats, args.output_len_spread
             )
+            if widths_before is not None:  # the online budget: what it chose in this cell
+                row["width_steps_by_bs"] = steps_between(widths_before, width_summary(server.log_path))
             record["cells"].append(
                 {"prompt_len": length, "profile": None if arm == "plain" else profile, **row}
             )
@@ -253,6 +260,28 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
     if widths:
         record["online_budget_log"] = widths
     return record
+
+
+def width_summary(log_path) -> dict | None:
+    """The online budget's last logged width summary (cumulative counts), {} before its
+    first line; None for a server without the online budget."""
+    lines = online_budget_lines(log_path)
+    if not lines:
+        return None
+    summaries = [line for line in lines if line.startswith("{")]
+    return ast.literal_eval(summaries[-1]) if summaries else {}
+
+
+def steps_between(before: dict, after: dict) -> dict[int, dict[int, int]]:
+    """Steps per batch size and width between two cumulative width summaries (to within the
+    log's interval of ``WIDTH_LOG_STEPS`` steps)."""
+    old = before.get("width_steps_by_bs", {})
+    between = {}
+    for bs, steps in after.get("width_steps_by_bs", {}).items():
+        diff = {w: n - old.get(bs, {}).get(w, 0) for w, n in steps.items()}
+        if any(diff.values()):
+            between[bs] = {w: n for w, n in diff.items() if n}
+    return between
 
 
 def run_torch_profiles(server, arm: str, sets: dict, args, record: dict, deadline: float) -> None:

@@ -271,8 +271,35 @@ def to_markdown(results: dict) -> str:
     ]
     lines.append(_stamp.md_table(["arm", "prompt len", "profile", "identical share"], exactness(results)))
     lines += online_budget_section(results)
+    lines += widths_by_cell(results)
     lines += profile_section(results)
     return "\n".join(lines) + "\n"
+
+
+def widths_by_cell(results: dict) -> list[str]:
+    """The online budget's steps per batch size and width in each cell (warm-up included)."""
+    rows = [
+        [
+            arm["arm"],
+            cell["prompt_len"],
+            cell["profile"],
+            cell["concurrency"],
+            _steps(cell["width_steps_by_bs"]),
+        ]
+        for arm in results["arms"]
+        for cell in arm.get("cells", [])
+        if "width_steps_by_bs" in cell
+    ]
+    if not rows:
+        return []
+    header = ["arm", "prompt len", "profile", "conc", "steps: bs -> {width: steps}"]
+    return ["", "## Online budget: widths chosen per cell", "", _stamp.md_table(header, rows)]
+
+
+def _steps(by_bs: dict) -> str:
+    return "; ".join(
+        f"{bs}: " + ", ".join(f"{w}x{n}" for w, n in sorted(ws.items())) for bs, ws in sorted(by_bs.items())
+    )
 
 
 def plot(results: dict, path: Path) -> None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,18 +122,25 @@ class ProbedCostTable(RoundCostTable):
 class TimedCostTable(RoundCostTable):
     """A table timed at start-up (graph replays of the forwards, ``adapter/width_graphs.py``),
     refined by the rounds the server runs. A replay times the forwards only; a round adds its
-    own work (the tree step, mask, accept, commit), about the same at every width of a batch
-    size. So each row also learns its measured excess over the replays (exponentially
-    weighted, from any tree width it serves), and a cell not served yet costs its replay plus
-    that excess: an unserved width does not look cheaper than the served ones for lack of data.
+    own work (the tree step, mask, accept, commit, the scheduler between steps), about the
+    same at every tree width of a batch size. So a row learns one excess over the replays for
+    all its tree widths, the median of its last ``window`` measured excesses (from whichever
+    tree width served them), and a tree width costs its replay plus that excess: the
+    differences between widths come from the replays, the level from the rounds served.
 
-    Width 1 runs no drafter and no tree step (``adapter/widths.py``): its rounds teach only
-    their own cell, not the trees' excess, and before it is served it carries the trees'
-    excess, an upper bound of its own that can be several times its real cost where a round's
-    host work dominates (a small target). Left there, width 1 would never be chosen and never
-    measured. So once a row has served ``probe_after`` tree rounds (its excess is known),
-    :meth:`unprobed` asks for ``probes`` width-1 rounds; the fastest of them replaces the
-    bound, and later width-1 rounds refine it like any cell."""
+    Why one excess a row and not a cost a cell: a cell that followed its own rounds was priced
+    out by a few stalled periods and, no longer chosen, never measured again (at 06a9d4f on
+    the K2.6 rank, width 9 at bs 8 cost 33.8 ms after three rounds against its 14.0 ms replay,
+    and the server ran widths 1 and 3 there). A median over a row's rounds ignores stalls
+    that are rare; stalls that are common are part of every round, whatever its width.
+
+    Width 1 runs no drafter and no tree step (``adapter/widths.py``): its rounds keep an excess
+    of their own, and before any is measured width 1 carries the trees' excess, an upper bound
+    that can be several times its real cost where a round's host work dominates (a small
+    target). Left there, width 1 would never be chosen and never measured: once a row has
+    served ``probe_after`` tree rounds, :meth:`unprobed` asks for ``probes`` width-1 rounds."""
+
+    _TREE, _WIDTH1 = 0, 1
 
     def __init__(
         self,
@@ -140,25 +149,29 @@ class TimedCostTable(RoundCostTable):
         ms,
         probes: int = 3,
         probe_after: int = 8,
+        window: int = 16,
         **kw,
     ):
         super().__init__(batch_sizes, widths, ms, **kw)
-        if probes < 1 or probe_after < 0:
-            raise ValueError("probes must be >= 1 and probe_after >= 0")
+        if probes < 1 or probe_after < 0 or window < 1:
+            raise ValueError("probes and window must be >= 1 and probe_after >= 0")
         self.startup = self.ms.copy()
-        self.excess = np.zeros(len(self.batch_sizes))
-        self.served = np.zeros(self.ms.shape, dtype=bool)
         self.probes, self.probe_after = probes, probe_after
-        self.tree_rounds = np.zeros(len(self.batch_sizes), dtype=np.int64)
-        self.width1_rounds = np.zeros(len(self.batch_sizes), dtype=np.int64)
+        rows = len(self.batch_sizes)
+        self.excesses = [(deque(maxlen=window), deque(maxlen=window)) for _ in range(rows)]
+        self.excess = np.zeros((rows, 2))  # the medians of ``excesses``: tree, width 1
+        self.rounds = np.zeros((rows, 2), dtype=np.int64)
 
     def __call__(self, bs: int, width: int) -> float:
         row, column = self._row(bs), self._column(width)
-        cost = (
-            self.ms[row, column] if self.served[row, column] else self.startup[row, column] + self.excess[row]
-        )
+        kind = self._kind(width) if self.rounds[row, self._kind(width)] else self._TREE
+        cost = self.startup[row, column] + self.excess[row, kind]
         largest = self.batch_sizes[-1]
         return float(cost) * bs / largest if bs > largest else float(cost)
+
+    def rows_served(self) -> np.ndarray:
+        """Per row: whether any round has been measured in it."""
+        return self.rounds.sum(axis=1) > 0
 
     def unprobed(self, bs: int) -> int | None:
         """1 while the row of ``bs`` has served enough tree rounds and too few width-1 rounds
@@ -166,7 +179,7 @@ class TimedCostTable(RoundCostTable):
         if self.widths[0] != 1:
             return None
         row = self._row(bs)
-        if self.tree_rounds[row] >= self.probe_after and self.width1_rounds[row] < self.probes:
+        if self.rounds[row, self._TREE] >= self.probe_after and self.rounds[row, self._WIDTH1] < self.probes:
             return 1
         return None
 
@@ -175,25 +188,14 @@ class TimedCostTable(RoundCostTable):
         if cell is None:
             return
         row, column, ms = cell
-        if width == 1:
-            self._observe_width1(row, column, ms)
-            return
-        self.tree_rounds[row] += 1
-        if not self.served[row, column]:
-            self.ms[row, column] = self.startup[row, column] + self.excess[row]
-            self.served[row, column] = True
-        self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
-        excess = ms - self.startup[row, column]
-        self.excess[row] += self.refine_decay * (excess - self.excess[row])
+        kind = self._kind(width)
+        window = self.excesses[row][kind]
+        window.append(ms - self.startup[row, column])
+        self.excess[row, kind] = statistics.median(window)
+        self.rounds[row, kind] += 1
 
-    def _observe_width1(self, row: int, column: int, ms: float) -> None:
-        seen = self.width1_rounds[row]
-        self.width1_rounds[row] = seen + 1
-        if seen >= self.probes:
-            self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
-            return
-        self.ms[row, column] = ms if seen == 0 else min(self.ms[row, column], ms)
-        self.served[row, column] = True
+    def _kind(self, width: int) -> int:
+        return self._WIDTH1 if width == 1 else self._TREE
 
 
 def candidate_widths(max_budget: int) -> tuple[int, ...]:
