@@ -188,6 +188,28 @@ def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():
     assert chooser.choose(8, [0.0, 8 * 0.9, 8 * 1.68]) == 9
 
 
+def test_a_row_with_few_rounds_borrows_the_excess_of_the_nearest_row_with_enough():
+    """A batch size passed through in two steps (a pass draining) must not be priced by
+    those two periods alone (bs 4 at 92783de: 35 ms over its replays after two rounds)."""
+    table = TimedCostTable(
+        (1, 4, 8, 16), (1, 9), [[7.0, 9.5], [7.2, 11.7], [7.5, 14.0], [8.6, 19.3]], trust_after=4
+    )
+    table.observe(4, 9, 11.7 + 35.0)
+    assert table(4, 9) == pytest.approx(11.7 + 35.0)  # nothing trusted anywhere yet: its own
+    for _ in range(4):
+        table.observe(8, 9, 14.0 + 1.0)
+        table.observe(16, 9, 19.3 + 2.0)
+    assert table(4, 9) == pytest.approx(11.7 + 1.0)  # the nearest trusted row: bs 8
+    assert table(1, 9) == pytest.approx(9.5 + 1.0) and table(16, 9) == pytest.approx(19.3 + 2.0)
+    for _ in range(3):
+        table.observe(4, 9, 11.7 + 2.5)
+    assert table(4, 9) == pytest.approx(11.7 + 2.5)  # four rounds of its own: the median
+    assert table(1, 1) == pytest.approx(7.0 + 2.5)  # width 1 measured nowhere: the trees' excess
+    for _ in range(4):
+        table.observe(16, 1, 8.6 + 0.5)
+    assert table(1, 1) == pytest.approx(7.0 + 0.5)  # width 1's own excess, from the nearest trusted row
+
+
 def test_timed_table_probes_width_one_once_the_row_knows_its_tree_rounds():
     """Width 1's start-up bound carries the trees' excess; the table asks for a few width-1
     rounds once a row has served ``probe_after`` tree rounds, then width 1 costs its replay plus
