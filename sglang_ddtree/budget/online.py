@@ -185,8 +185,8 @@ class TimedCostTable(RoundCostTable):
     def _choose_sources(self, kind: int) -> None:
         """Where each row reads its excess of ``kind``: itself once it has ``trust_after``
         rounds, else the nearest row that has (the smaller on a tie), else itself (0 before
-        any round). Recomputed per measured round, not per lookup (the choice looks up every
-        width each step)."""
+        any round). Recomputed when a row becomes trusted, not per lookup (the choice looks up
+        every width each step)."""
         rows = np.arange(len(self.batch_sizes))
         trusted = np.flatnonzero(self.rounds[:, kind] >= self.trust_after)
         if trusted.size == 0:
@@ -219,7 +219,8 @@ class TimedCostTable(RoundCostTable):
         window.append(ms - self.startup[row, column])
         self.excess[row, kind] = statistics.median(window)
         self.rounds[row, kind] += 1
-        self._choose_sources(kind)
+        if self.rounds[row, kind] == self.trust_after:  # the trusted rows changed
+            self._choose_sources(kind)
 
     def _kind(self, width: int) -> int:
         return self._WIDTH1 if width == 1 else self._TREE
