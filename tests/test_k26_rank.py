@@ -384,3 +384,34 @@ def test_the_online_budget_log_interval_is_checked(monkeypatch):
     monkeypatch.setenv(ENV_ONLINE_BUDGET_LOG_EVERY, "-1")
     with pytest.raises(DDTreeConfigError, match="non-negative"):
         online_budget_log_every(1000)
+
+
+def test_the_online_budgets_goals_are_checked_against_the_same_call():
+    """auto over the best fixed budget and over plain, per prompt set and concurrency."""
+    from sglang_ddtree.bench.k26_ab_report import online_budget_goals
+
+    def arm(name, profile, rates):
+        cells = [
+            {"prompt_len": 96, "profile": profile, "concurrency": c, "tok_per_s": r} for c, r in rates.items()
+        ]
+        return {"arm": name, "cells": cells}
+
+    results = {
+        "args": {"profiles": ["p"]},
+        "arms": [
+            arm("plain", None, {1: 100.0, 8: 400.0}),
+            arm("ddtree@8", "p", {1: 160.0, 8: 430.0}),
+            arm("ddtree@16", "p", {1: 150.0, 8: 440.0}),
+            arm("ddtree@auto16", "p", {1: 140.0, 8: 420.0}),
+        ],
+    }
+    md = "\n".join(online_budget_goals(results))
+    assert (
+        "| 96 | p | ddtree@auto16 tok/s / best fixed (ddtree@8) tok/s, c=1 | 0.875 | >= 0.95 | False |" in md
+    )
+    assert (
+        "| 96 | p | ddtree@auto16 tok/s / best fixed (ddtree@16) tok/s, c=8 | 0.955 | >= 0.95 | True |" in md
+    )
+    assert "| 96 | p | ddtree@auto16 tok/s / plain tok/s, c=8 | 1.050 | >= 0.95 | True |" in md
+    results["arms"].pop()  # no online budget, no section
+    assert online_budget_goals(results) == []

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from . import _stamp
-from .gpu_rounds_report import online_budget_section, profile_section
+from .gpu_rounds_report import online_budget_section, online_budget_targets, profile_section
 from .replay_profiles import PROFILES, expected_accept_length
 
 LIVE_SERVICE = "live K2.6 service (8x RTX PRO 6000, TP-8, DDTree): 138.7 tok/s c1, 322 c4, 466 c8, 517 c10"
@@ -270,10 +270,29 @@ def to_markdown(results: dict) -> str:
         "",
     ]
     lines.append(_stamp.md_table(["arm", "prompt len", "profile", "identical share"], exactness(results)))
+    lines += online_budget_goals(results)
     lines += online_budget_section(results)
     lines += widths_by_cell(results)
     lines += profile_section(results)
     return "\n".join(lines) + "\n"
+
+
+def online_budget_goals(results: dict) -> list[str]:
+    """Issue 18's goals per prompt length and profile, for calls with an online-budget arm:
+    within 5% of the best fixed budget of the same call and of plain, at every concurrency."""
+    by_set: dict = {}
+    for (length, profile, c), arms in _cells(results).items():
+        for arm, cell in arms.items():
+            by_set.setdefault((length, profile), {}).setdefault(arm, {})[c] = cell
+    rows = [
+        [length, profile, *row]
+        for (length, profile), levels in sorted(by_set.items())
+        for row in online_budget_targets(levels)
+    ]
+    if not rows:
+        return []
+    header = ["prompt len", "profile", "ratio", "measured", "goal", "met"]
+    return ["", "## Online budget: the goals (same call)", "", _stamp.md_table(header, rows)]
 
 
 def widths_by_cell(results: dict) -> list[str]:
