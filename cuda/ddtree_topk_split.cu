@@ -303,19 +303,29 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
     m = __ldcg(ws_part + 2 * tid);
     s = __ldcg(ws_part + 2 * tid + 1);
   }
-  ddt_u64 sample = 0ull;
-  if (list < S && j_hi - j_lo == g) sample = __ldcg(mine + j_hi - 1);
+  // The chunk's first eight candidates load with its sample (the chunk's last), all in one
+  // round trip to L2, before the bound is known: a sample first and the chunk after it were two
+  // dependent round trips, and g <= 8 at every bs-1 plan (g = 4 at k 64 over 16 splits).
+  const bool full = list < S && j_hi - j_lo == g;
+  ddt_u64 c[8];
+  ddt_u64 sample = full && g > 8 ? __ldcg(mine + j_hi - 1) : 0ull;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    c[u] = list < S && j_lo + u < j_hi ? __ldcg(mine + j_lo + u) : 0ull;
+    if (full && j_lo + u == j_hi - 1) sample = c[u];  // predicated: no indexing by g
+  }
   const ddt_u64 bound = ddt_block_mth_largest(sample, C, s_x, s_bound);
   if (list < S) {
     // Eight loads in flight at a time (a load per step would wait on each in turn); the list
-    // is sorted, so once a group ends below the bound the rest of the chunk is below too.
-    for (int j0 = j_lo; j0 < j_hi; j0 += 8) {
-      ddt_u64 c[8];
+    // is sorted, so once a group ends below the bound the rest of the chunk is below too
+    // (a group cut by the chunk's end is zero-padded).
+#pragma unroll
+    for (int u = 0; u < 8; ++u) ddt_collect(c[u], bound, cand, s_cnt, cap);
+    for (int j0 = j_lo + 8; j0 < j_hi && c[7] >= bound; j0 += 8) {
 #pragma unroll
       for (int u = 0; u < 8; ++u) c[u] = j0 + u < j_hi ? __ldcg(mine + j0 + u) : 0ull;
 #pragma unroll
       for (int u = 0; u < 8; ++u) ddt_collect(c[u], bound, cand, s_cnt, cap);
-      if (c[7] < bound) break;  // includes a group cut by the chunk's end (zero-padded)
     }
   }
   ddt_block_lse(m, s, s_m, s_s);  // its barriers also publish the collected candidates
