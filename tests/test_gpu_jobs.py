@@ -71,3 +71,75 @@ def test_every_gpu_job_script_parses():
 def test_every_gpu_job_python_file_compiles():
     for source in sorted((ROOT / "gpu").rglob("*.py")):
         compile(source.read_text(), str(source), "exec")  # a SyntaxError names the file and line
+
+
+def _tar_xz(path: Path, files: dict[str, str]) -> None:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:xz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _names(path: Path) -> set[str]:
+    import tarfile
+
+    with tarfile.open(path, "r:xz") as tar:
+        return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
+
+
+def _device_sh(tmp_path: Path, out: Path, job: str) -> subprocess.CompletedProcess:
+    """gpu/device.sh in a copy of the repository with a fake bundle and caches carried."""
+    repo = tmp_path / "repo"
+    if not repo.exists():
+        (repo / "gpu").mkdir(parents=True)
+        (repo / "gpu" / "device.sh").write_text((ROOT / "gpu" / "device.sh").read_text())
+        carry = repo / ".carry" / "gpu"
+        carry.mkdir(parents=True)
+        _tar_xz(carry / "site-fake.tar.xz", {"marker.py": ""})
+        _tar_xz(carry / "cache-fake.tar.xz", {"./jit/marlin.so": "jit"})
+        _tar_xz(carry / "triton-fake.tar.xz", {"./triton/old/k.cubin": "old"})
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SGLANG_VERSION": "fake",
+        "OUT": str(out),
+        "DEVICE_SITE_DIR": str(tmp_path / f"site-{out.name}"),
+        "DEVICE_CACHE_DIR": str(tmp_path / f"cache-{out.name}"),
+    }
+    return subprocess.run(
+        ["bash", str(repo / "gpu" / "device.sh"), "bash", "-c", job],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+# The job sees both carried caches and compiles one more Triton kernel.
+COMPILES = (
+    'test -f "$SGLANG_JIT_CACHE_DIR/marlin.so" && test -f "$TRITON_CACHE_DIR/old/k.cubin"'
+    ' && mkdir -p "$TRITON_CACHE_DIR/new" && echo new > "$TRITON_CACHE_DIR/new/k.cubin"'
+)
+
+
+def test_device_sh_carries_the_jit_and_triton_caches_in_two_files(tmp_path):
+    out = tmp_path / "out"
+    run = _device_sh(tmp_path, out, COMPILES)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _names(out / "cache-fake.tar.xz") == {"jit/marlin.so"}
+    assert _names(out / "triton-fake.tar.xz") == {"triton/old/k.cubin", "triton/new/k.cubin"}
+
+
+def test_device_sh_leaves_tritons_cache_out_when_the_job_fills_the_files(tmp_path):
+    """A call brings back 8 files: seven of the job's and the JIT caches leave no room."""
+    out = tmp_path / "full"
+    run = _device_sh(
+        tmp_path, out, COMPILES + ' && for i in 1 2 3 4 5 6 7; do echo > "$OUT/f$i"; done; exit 3'
+    )
+    assert run.returncode == 3  # the job's status
+    assert (out / "cache-fake.tar.xz").exists() and not (out / "triton-fake.tar.xz").exists()
+    assert "Triton's cache not saved" in run.stdout
