@@ -16,7 +16,7 @@
 # sixteen; the GPU timings replay CUDA graphs, which the host barely touches) and waits for
 # them, so a session's first call warms the cache the K2.6 calls need (~6 minutes cold).
 # $OUT: topk_tests.log, topk_kernels_h200.{json,md}, splits/topk_kernels_h200.{json,md}
-# (gpu_kernel_tests.log): with the caches 7 files of the 8 a call brings back.
+# (gpu_kernel_tests.log): with the two caches 8 files, all a call brings back.
 set -o pipefail
 source gpu/jobs/precompile_k26.sh
 [ "${PRECOMPILE_K26:-0}" = 1 ] && precompile_k26 500
