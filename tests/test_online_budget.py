@@ -134,15 +134,6 @@ def test_cost_table_serves_a_batch_from_the_smallest_captured_size_that_holds_it
     assert table(32, 8) == pytest.approx(12.0)  # past the largest graph: eager, grows with bs
 
 
-def test_cost_table_refines_with_measured_rounds():
-    table = RoundCostTable((1, 4), (2,), [[1.0], [2.0]], refine_decay=0.5)
-    table.observe(3, 2, 4.0)
-    assert table(4, 2) == pytest.approx(3.0)
-    table.observe(3, 2, float("nan"))  # a failed timing teaches nothing
-    assert table(4, 2) == pytest.approx(3.0)
-    assert table(1, 2) == 1.0
-
-
 @pytest.mark.parametrize(
     "args",
     [((1, 1), (2,), [[1.0], [1.0]]), ((1,), (2,), [[0.0]]), ((1,), (3, 2), [[1.0, 1.0]])],

@@ -31,19 +31,17 @@ import numpy as np
 
 
 class RoundCostTable:
-    """``T(bs, width)`` in ms: measured per captured batch size (rows) and width (columns)."""
+    """``T(bs, width)`` in ms per captured batch size (rows) and width (columns): fixed (an
+    injected table); the measured tables below refine themselves from the rounds served."""
 
-    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], ms, refine_decay: float = 0.1):
+    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], ms):
         self.batch_sizes = tuple(int(b) for b in batch_sizes)
         self.widths = tuple(int(w) for w in widths)
         self.ms = np.array(ms, dtype=np.float64).reshape(len(self.batch_sizes), len(self.widths))
-        self.refine_decay = refine_decay
         _check_increasing("batch sizes", self.batch_sizes)
         _check_increasing("widths", self.widths)
         if not np.all(np.isfinite(self.ms) & (self.ms > 0)):
             raise ValueError("round costs must be positive and finite")
-        if not 0.0 < refine_decay <= 1.0:
-            raise ValueError("refine_decay must lie in (0, 1]")
 
     @classmethod
     def from_function(cls, batch_sizes: Sequence[int], widths: Sequence[int], cost, **kw) -> RoundCostTable:
@@ -56,13 +54,6 @@ class RoundCostTable:
         largest = self.batch_sizes[-1]
         # Past the largest captured size the step runs eagerly; assume it grows with bs.
         return cost * bs / largest if bs > largest else cost
-
-    def observe(self, bs: int, width: int, ms: float) -> None:
-        """Fold one measured round into the cell that served it (exponentially weighted)."""
-        cell = self._cell(bs, width, ms)
-        if cell is not None:
-            row, column, ms = cell
-            self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
 
     def _cell(self, bs: int, width: int, ms: float) -> tuple[int, int, float] | None:
         """Where a measured round belongs, and its cost as that cell counts it (``None``
@@ -89,13 +80,18 @@ class ProbedCostTable(RoundCostTable):
     eager path): every cell starts unknown; :meth:`unprobed` names the width a batch of
     ``bs`` should run next until each of its row's cells has been measured ``probes``
     times. A probed cell keeps the fastest of its probes (a width's first round can carry
-    one-time work), then follows the rounds it serves like the base table."""
+    one-time work), then follows the rounds it serves (exponentially weighted by
+    ``refine_decay``)."""
 
-    def __init__(self, batch_sizes: Sequence[int], widths: Sequence[int], probes: int = 2, **kw):
-        super().__init__(batch_sizes, widths, np.ones((len(batch_sizes), len(widths))), **kw)
+    def __init__(
+        self, batch_sizes: Sequence[int], widths: Sequence[int], probes: int = 2, refine_decay: float = 0.1
+    ):
+        super().__init__(batch_sizes, widths, np.ones((len(batch_sizes), len(widths))))
         if probes < 1:
             raise ValueError("probes must be >= 1")
-        self.probes = probes
+        if not 0.0 < refine_decay <= 1.0:
+            raise ValueError("refine_decay must lie in (0, 1]")
+        self.probes, self.refine_decay = probes, refine_decay
         self.counts = np.zeros(self.ms.shape, dtype=np.int64)
 
     def unprobed(self, bs: int) -> int | None:
@@ -157,9 +153,8 @@ class TimedCostTable(RoundCostTable):
         probe_after: int = 8,
         window: int = 16,
         trust_after: int = 4,
-        **kw,
     ):
-        super().__init__(batch_sizes, widths, ms, **kw)
+        super().__init__(batch_sizes, widths, ms)
         if probes < 1 or probe_after < 0 or not 1 <= trust_after <= window:
             raise ValueError("probes >= 1, probe_after >= 0 and 1 <= trust_after <= window")
         self.startup = self.ms.copy()
