@@ -108,11 +108,16 @@ def max_topk_override() -> int | None:
     return int(value)
 
 
-def stats_log_interval() -> int:
-    value = os.environ.get(ENV_LOG_TREE_STATS, "").strip()
+def _env_count(name: str) -> int | None:
+    """A non-negative integer from the environment; None where unset or empty."""
+    value = os.environ.get(name, "").strip()
     if value and not value.isdigit():
-        raise DDTreeConfigError(f"{ENV_LOG_TREE_STATS}={value!r}: expected a non-negative integer")
-    return int(value or 0)
+        raise DDTreeConfigError(f"{name}={value!r}: expected a non-negative integer")
+    return int(value) if value else None
+
+
+def stats_log_interval() -> int:
+    return _env_count(ENV_LOG_TREE_STATS) or 0
 
 
 def eager_tree_step_requested() -> bool:
@@ -125,19 +130,14 @@ def eager_draft_kv_requested() -> bool:
 
 def phase_times_interval() -> int:
     """Rounds between log lines of the round's host time per phase (0 = not measured)."""
-    value = os.environ.get(ENV_PHASE_TIMES, "").strip()
-    if value and not value.isdigit():
-        raise DDTreeConfigError(f"{ENV_PHASE_TIMES}={value!r}: expected a non-negative integer")
-    return int(value or 0)
+    return _env_count(ENV_PHASE_TIMES) or 0
 
 
 def online_budget_log_every(default: int) -> int:
     """Steps between the online budget's own log lines (``default`` unless the environment
     asks for another interval; 0 = none)."""
-    value = os.environ.get(ENV_ONLINE_BUDGET_LOG_EVERY, "").strip()
-    if value and not value.isdigit():
-        raise DDTreeConfigError(f"{ENV_ONLINE_BUDGET_LOG_EVERY}={value!r}: expected a non-negative integer")
-    return int(value) if value else default
+    count = _env_count(ENV_ONLINE_BUDGET_LOG_EVERY)
+    return default if count is None else count
 
 
 def online_budget_requested() -> bool:
