@@ -104,7 +104,8 @@ def _device_sh(tmp_path: Path, out: Path, job: str) -> subprocess.CompletedProce
         _tar_xz(carry / "cache-fake.tar.xz", {"./jit/marlin.so": "jit"})
         _tar_xz(carry / "triton-fake.tar.xz", {"./triton/old/k.cubin": "old"})
     env = {
-        "PATH": "/usr/bin:/bin",
+        # the test's Python first: device.sh unpacks with python3's lzma where there is no xz
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         "SGLANG_VERSION": "fake",
         "OUT": str(out),
         "DEVICE_SITE_DIR": str(tmp_path / f"site-{out.name}"),
