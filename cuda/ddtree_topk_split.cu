@@ -39,6 +39,7 @@
 #define DDT_SPLIT_MAXK 256
 #define DDT_SPLIT_RANK_MAX 512  // above, the collected candidates are sorted instead of ranked
 #define DDT_SPLIT_UNROLL 4
+#define DDT_LSE_SLACK 16.f  // how far a vector may pass the running maximum before the sum is rescaled
 // Benchmark cut points (the top-k benchmark's --phases times each; serving compiles 0): the
 // block stops after 5 = the slice read with its max alone (no exp, no sample: what the loads
 // cost), 6 = the read with its partial log-sum-exp (no sample), 1 = the slice read (partial
@@ -359,15 +360,23 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   if (tid == 0) s_cnt = s_n_shares = 0u;
 
   // ---- read the slice: partial log-sum-exp and this thread's largest element. Per vector
-  // of 8 the work is float compares and one fast exp per element: the element's orderable
-  // key is made only for the vector that raises the thread's best (its sample must be an
-  // element of the slice, key and id, for the bound below to hold; ties keep the smaller id).
+  // of 8 the work is float compares and one exp per element; everything else a vector does is
+  // a few predicated moves, because a branch that is rare in one thread is common in a warp of
+  // 32 (a new largest vector of some lane in most of a share's ~80 vectors), and a divergent
+  // branch costs the warp its whole body.
+  //   * The running maximum of the exponentials moves only when a vector passes it by more than
+  //     DDT_LSE_SLACK (terms up to e^16 a piece cannot overflow a float sum), so the rescale is
+  //     rare in a warp too; the thread's exact maximum (`best`) rebases the sum after the read.
+  //   * The thread's sample is its largest vector maximum with the vector's last id: the
+  //     element that holds it (key and smaller id) is at least as large, so k threads' samples
+  //     still certify k distinct elements at or above the k-th largest sample (the bound below).
+  //     Finding the element's own id would be a branch per new largest vector.
   // The read also keeps the second largest vector maximum of the thread (`second`) and whether
   // it read single elements (`scalar`): the collection below reads only the best vector again
   // when no other vector of the thread can reach the bound.
   float m = NEG_INF, s = 0.f;
   float best = NEG_INF, second = NEG_INF;
-  unsigned best_key = 0u, best_id = 0u;
+  int best_last = -1;  // the last id of the best vector (-1: none yet)
   bool scalar = false;
   ddt_visit_slice<DTYPE>(row, lo, hi, [&](const float* x, int n, ddt_i64 first) {
     scalar |= n == 1;
@@ -379,36 +388,28 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     m = fmaxf(m, vmax);
     return;
 #endif
-    if (vmax != NEG_INF) {
-      if (vmax > m) {
-        s = (m == NEG_INF) ? 0.f : s * __expf(m - vmax);
-        m = vmax;
-      }
-      // __expf: one multiply and the hardware exp2; its relative error (~1e-7 near the row's
-      // maximum, where the sum's mass is) stays far below the log-probs' float32 rounding
+    if (vmax > m + DDT_LSE_SLACK) {  // m = -inf: s is 0 and exp(-inf) is 0
+      s *= ddt_exp_ftz(m - vmax);
+      m = vmax;
+    }
+    if (m != NEG_INF) {
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        if (j < n) s += __expf(x[j] - m);
+        if (j < n) s += ddt_exp_ftz(x[j] - m);
     }
 #if DDT_TOPK_CUT == 6
     return;
 #endif
-    if (best_key == 0u || vmax > best) {
-      second = best;
-      int first_max = 0;
-#pragma unroll
-      for (int j = 7; j >= 0; --j)
-        if (j < n && x[j] == vmax) first_max = j;
-      best = vmax;
-      // the key of vmax, not of x[first_max]: equal (keys equate -0 and +0), and a runtime
-      // index into x[] would put the vector in local memory (measured: 2.5x the slice read)
-      best_key = ddt_float_key(vmax);
-      best_id = (unsigned)(first + first_max);
-    } else if (vmax > second) {
-      second = vmax;
-    }
+    const bool raises = best_last < 0 || vmax > best;
+    second = raises ? best : fmaxf(second, vmax);
+    best_last = raises ? (int)first + n - 1 : best_last;
+    best = raises ? vmax : best;
   });
-  const ddt_u64 sample = best_key ? ddt_candidate(best_key, best_id) : 0ull;
+  if (best > m) {  // rebase the sum on the thread's maximum (log-sum-exp's usual form)
+    s *= ddt_exp_ftz(m - best);
+    m = best;
+  }
+  const ddt_u64 sample = best_last >= 0 ? ddt_candidate(ddt_float_key(best), (unsigned)best_last) : 0ull;
 #if DDT_TOPK_CUT == 5 || DDT_TOPK_CUT == 6
   if (m + s == -1.f) ws_part[0] = m;  // (the sample is a constant 0 here: it cannot keep the read alive)
   return;
@@ -451,8 +452,8 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
     ddt_visit_slice<DTYPE>(row, lo, hi, collect);
   } else if (second >= bound_value) {
     shares[atomicAdd(&s_n_shares, 1u)] = tid;
-  } else if (best_key != 0u && best >= bound_value) {
-    ddt_visit_vector<DTYPE>(row, (ddt_i64)(best_id - best_id % VEC), collect);
+  } else if (best_last >= 0 && best >= bound_value) {
+    ddt_visit_vector<DTYPE>(row, (ddt_i64)(best_last - best_last % VEC), collect);
   }
   __syncthreads();
   if (s_n_shares != 0u) {  // block-uniform

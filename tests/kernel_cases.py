@@ -124,7 +124,18 @@ def reference_accept(tokens, parents, sizes, posterior, prefix_lens=None) -> dic
 # distinct values (massive ties), one value everywhere, -inf entries, a whole slice of -inf,
 # equal maxima on both sides of every slice boundary, and a saw tooth (many candidates reach
 # the bound: the kernels' sort path).
-TOPK_MODES = ("randn", "round", "few", "equal", "neginf", "neginf_slice", "boundary", "sawtooth", "staircase")
+TOPK_MODES = (
+    "randn",
+    "round",
+    "few",
+    "equal",
+    "neginf",
+    "neginf_slice",
+    "boundary",
+    "sawtooth",
+    "staircase",
+    "ramp",
+)
 
 
 def topk_logits(mode: str, rows: int, vocab: int, gen: torch.Generator, slice_len: int = 0) -> torch.Tensor:
@@ -155,6 +166,10 @@ def topk_logits(mode: str, rows: int, vocab: int, gen: torch.Generator, slice_le
         # threads each hold one value, the last threads of a block the top ones, and k
         # threads' whole shares tie at the bound (its list's worst case)
         x = ((torch.arange(vocab) % 2048) // 8).float().expand(rows, vocab).clone()
+    elif mode == "ramp":
+        # rising by 80 over the row: every thread's running maximum passes the split kernel's
+        # log-sum-exp slack (16) several times, so its rescales and final rebase carry the sum
+        x = torch.linspace(0.0, 80.0, vocab).expand(rows, vocab) + x / 6
     return x.contiguous()
 
 
