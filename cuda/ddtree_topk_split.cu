@@ -216,16 +216,6 @@ __device__ __forceinline__ void ddt_visit_slice(const unsigned char* row, ddt_i6
   }
 }
 
-// Visit the aligned vector of `row` that starts at element `first` (a multiple of the vector
-// length), as ddt_visit_slice's aligned path visits it.
-template <int DTYPE, class F>
-__device__ __forceinline__ void ddt_visit_vector(const unsigned char* row, ddt_i64 first, F f) {
-  constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
-  float x[8];
-  ddt_unpack16(reinterpret_cast<const uint4*>(row)[first / VEC], DTYPE, x);
-  f(x, VEC, first);
-}
-
 // Visit the whole aligned shares (as ddt_visit_slice's aligned path gives them to their
 // threads) of the n threads listed in shares[], spread over the block: a share is the vectors
 // v_lo + t + 256 j, so the block reads n x (vectors of the longest share) in
@@ -448,18 +438,25 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   };
   constexpr int VEC = DTYPE == DDT_F32 ? 4 : 8;
   int* shares = reinterpret_cast<int*>(s_x);  // free after the bound
+  // The best vector's load goes out before the barrier that lists the shares and is used after
+  // their reads went out too: one round trip to memory for both, not one after the other.
+  const bool best_again = !scalar && second < bound_value && best_last >= 0 && best >= bound_value;
+  const ddt_i64 best_first = best_last - best_last % VEC;
+  uint4 best_raw;
+  if (best_again) best_raw = reinterpret_cast<const uint4*>(row)[best_first / VEC];
   if (scalar) {
     ddt_visit_slice<DTYPE>(row, lo, hi, collect);
   } else if (second >= bound_value) {
     shares[atomicAdd(&s_n_shares, 1u)] = tid;
-  } else if (best_last >= 0 && best >= bound_value) {
-    ddt_visit_vector<DTYPE>(row, (ddt_i64)(best_last - best_last % VEC), collect);
   }
   __syncthreads();
-  if (s_n_shares != 0u) {  // block-uniform
-    ddt_visit_shares<DTYPE>(row, lo, hi, shares, (int)s_n_shares, collect);
-    __syncthreads();
+  if (s_n_shares != 0u) ddt_visit_shares<DTYPE>(row, lo, hi, shares, (int)s_n_shares, collect);  // block-uniform
+  if (best_again) {
+    float x[8];
+    ddt_unpack16(best_raw, DTYPE, x);
+    collect(x, VEC, best_first);
   }
+  __syncthreads();
   if (s_cnt > (unsigned)cap) ddt_collect_kth<DTYPE>(row, lo, hi, k, cand, &s_cnt, s_sum);  // block-uniform
 #if DDT_TOPK_CUT == 4
   if (m + s == -1.f && s_cnt == 1u && cand[0] == 1ull) ws_part[0] = m;
