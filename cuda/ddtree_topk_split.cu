@@ -140,11 +140,19 @@ __device__ __forceinline__ unsigned ddt_block_sum(unsigned v, unsigned* s_warp) 
 __device__ void ddt_select_top(ddt_u64* cand, int n, int k, ddt_u64* top) {
   const int tid = threadIdx.x;
   if (n <= DDT_SPLIT_RANK_MAX) {
-    for (int i = tid; i < n; i += DDT_SPLIT_THREADS) {
-      const ddt_u64 x = cand[i];
+    // A rank is a loop over all n candidates; p neighbouring lanes share one candidate's loop
+    // (each every p-th candidate, summed by shuffles), so the usual ~k candidates use more of
+    // the block and finish in 1/p of the steps
+    int p = 1;
+    while (p < 8 && 2 * p * n <= DDT_SPLIT_THREADS) p <<= 1;
+    for (int t0 = 0; t0 < n * p; t0 += DDT_SPLIT_THREADS) {  // block-uniform: the shuffles below
+      const int t = t0 + tid, i = t / p;
+      const ddt_u64 x = i < n ? cand[i] : 0ull;
       int rank = 0;
-      for (int j = 0; j < n; ++j) rank += cand[j] > x ? 1 : 0;
-      if (rank < k) top[rank] = x;
+      if (i < n)
+        for (int j = t % p; j < n; j += p) rank += cand[j] > x ? 1 : 0;
+      for (int o = 1; o < p; o <<= 1) rank += __shfl_xor_sync(DDT_FULL_MASK, rank, o);
+      if (i < n && t % p == 0 && rank < k) top[rank] = x;
     }
   } else {
     int p2 = 1;
