@@ -140,19 +140,11 @@ __device__ __forceinline__ unsigned ddt_block_sum(unsigned v, unsigned* s_warp) 
 __device__ void ddt_select_top(ddt_u64* cand, int n, int k, ddt_u64* top) {
   const int tid = threadIdx.x;
   if (n <= DDT_SPLIT_RANK_MAX) {
-    // A rank is a loop over all n candidates; p neighbouring lanes share one candidate's loop
-    // (each every p-th candidate, summed by shuffles), so the usual ~k candidates use more of
-    // the block and finish in 1/p of the steps
-    int p = 1;
-    while (p < 8 && 2 * p * n <= DDT_SPLIT_THREADS) p <<= 1;
-    for (int t0 = 0; t0 < n * p; t0 += DDT_SPLIT_THREADS) {  // block-uniform: the shuffles below
-      const int t = t0 + tid, i = t / p;
-      const ddt_u64 x = i < n ? cand[i] : 0ull;
+    for (int i = tid; i < n; i += DDT_SPLIT_THREADS) {
+      const ddt_u64 x = cand[i];
       int rank = 0;
-      if (i < n)
-        for (int j = t % p; j < n; j += p) rank += cand[j] > x ? 1 : 0;
-      for (int o = 1; o < p; o <<= 1) rank += __shfl_xor_sync(DDT_FULL_MASK, rank, o);
-      if (i < n && t % p == 0 && rank < k) top[rank] = x;
+      for (int j = 0; j < n; ++j) rank += cand[j] > x ? 1 : 0;
+      if (rank < k) top[rank] = x;
     }
   } else {
     int p2 = 1;
@@ -287,36 +279,6 @@ __device__ __noinline__ void ddt_collect_kth(const unsigned char* row, ddt_i64 l
   __syncthreads();
 }
 
-// The merge's bound: the C-th largest of the S lists' samples, each list's C samples sorted
-// descending (zeros last), in every thread. A sample's rank is the sum over the lists of how many
-// of their samples exceed it, a binary search in each (distinct candidates: exactly one nonzero
-// sample has rank C - 1; with fewer than C nonzero samples the C-th largest is 0). Two barriers
-// and S searches of log2(C) steps instead of a sort over the block (12 barriers).
-__device__ __forceinline__ ddt_u64 ddt_merge_bound(ddt_u64 sample, int S, int C, ddt_u64* s_x, ddt_u64* s_out) {
-  const int tid = threadIdx.x;
-  if (tid == 0) *s_out = 0ull;
-  if (tid < S * C) s_x[tid] = sample;
-  __syncthreads();
-  if (tid < S * C && sample != 0ull) {
-    int top = 1;  // the largest power of two <= C
-    while (top * 2 <= C) top *= 2;
-    int rank = 0;
-#pragma unroll 1
-    for (int l = 0; l < S; ++l) {
-      const ddt_u64* list = s_x + l * C;
-      int above = 0;  // how many of the list's samples exceed ours (a prefix: sorted descending)
-      for (int step = top; step > 0; step >>= 1)
-        if (above + step <= C && list[above + step - 1] > sample) above += step;
-      rank += above;
-    }
-    if (rank == C - 1) *s_out = sample;
-  }
-  __syncthreads();
-  const ddt_u64 out = *s_out;
-  __syncthreads();  // s_x and s_out are reused by the caller
-  return out;
-}
-
 // Stage 2: the last block of row r merges the S sorted candidate lists and partial sums.
 __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int S, int k, int g,
                                ddt_u64* cand, int cap, ddt_u64* s_x, ddt_u64* top, float* s_m, float* s_s,
@@ -343,7 +305,7 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
     c[u] = list < S && j_lo + u < j_hi ? __ldcg(mine + j_lo + u) : 0ull;
     if (full && j_lo + u == j_hi - 1) sample = c[u];  // predicated: no indexing by g
   }
-  const ddt_u64 bound = ddt_merge_bound(sample, S, C, s_x, s_bound);
+  const ddt_u64 bound = ddt_block_mth_largest(sample, C, s_x, s_bound);
   if (list < S) {
     // Eight loads in flight at a time (a load per step would wait on each in turn); the list
     // is sorted, so once a group ends below the bound the rest of the chunk is below too
