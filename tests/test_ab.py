@@ -353,3 +353,33 @@ def test_bad_options_are_refused(tmp_path, capsys):
     assert ab.main([*FAKE[:4], "--concurrency", "1,4", "--num-prompts", "1,2,3"]) == 2
     assert "one per level" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_online_budget_arms_serve_auto_beside_fixed_budgets():
+    """``ddtree@auto`` / ``ddtree@autoB``: the online budget with trees of up to ``--budget`` /
+    ``B`` nodes (``--speculative-num-draft-tokens`` B + 1), in the same run as fixed budgets."""
+    from argparse import Namespace
+
+    from sglang_ddtree.adapter.server_args import parse_budget
+    from sglang_ddtree.bench.ab.arms import build_arms, parse_arm_names
+
+    assert parse_arm_names("ddtree@8,ddtree@auto,ddtree@auto16,plain") == [
+        ("ddtree@8", "ddtree", 8),
+        ("ddtree@auto", "ddtree", "auto"),
+        ("ddtree@auto16", "ddtree", "auto16"),
+        ("plain", "plain", None),
+    ]
+    opts = Namespace(arms="ddtree@8,ddtree@auto,ddtree@auto16", arm_args=[], chain_impl="dflash", budget=32)
+    arms = {arm.name: arm.server_args for arm in build_arms(opts, "target", "drafter", [], cpu=False)}
+
+    def flag(args, name):
+        return args[args.index(name) + 1]
+
+    assert flag(arms["ddtree@8"], "--speculative-ddtree-budget") == "8"
+    assert "--speculative-num-draft-tokens" not in arms["ddtree@8"]
+    for name, largest in (("ddtree@auto", 32), ("ddtree@auto16", 16)):
+        assert parse_budget(flag(arms[name], "--speculative-ddtree-budget")) == "auto"
+        assert flag(arms[name], "--speculative-num-draft-tokens") == str(largest + 1)
+    for bad in ("ddtree@autox", "chain@auto", "ddtree@auto-8"):
+        with pytest.raises(Exception, match="--arms"):
+            parse_arm_names(bad)

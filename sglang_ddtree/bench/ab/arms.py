@@ -217,17 +217,20 @@ def drafter_block_size(drafter: str) -> int:
     return from_config(json.loads(path.read_text()))
 
 
-def parse_arm_names(text: str) -> list[tuple[str, str, int | None]]:
-    """``ddtree,ddtree@64,chain,plain`` -> [(name, kind, budget)]."""
+def parse_arm_names(text: str) -> list[tuple[str, str, int | str | None]]:
+    """``ddtree,ddtree@64,ddtree@auto32,chain,plain`` -> [(name, kind, budget)]; the online
+    budget's arms (``ddtree@auto``, ``ddtree@autoN``) carry the budget ``"auto"`` / ``"autoN"``."""
     arms = []
     for raw in [t.strip() for t in text.split(",") if t.strip()]:
-        match = re.fullmatch(r"(ddtree|chain|plain)(?:@(\d+))?", raw)
+        match = re.fullmatch(r"(ddtree|chain|plain)(?:@(\d+|auto\d*))?", raw)
         if not match:
-            raise ABError(f"--arms: unknown arm {raw!r}; expected ddtree, ddtree@BUDGET, chain or plain.")
+            raise ABError(
+                f"--arms: unknown arm {raw!r}; expected ddtree, ddtree@BUDGET, ddtree@auto[BUDGET], chain or plain."
+            )
         kind, budget = match.group(1), match.group(2)
         if budget is not None and kind != "ddtree":
             raise ABError(f"--arms: {raw!r}: only ddtree takes a budget (ddtree@BUDGET).")
-        arms.append((raw, kind, None if budget is None else int(budget)))
+        arms.append((raw, kind, budget if budget is None or budget.startswith("auto") else int(budget)))
     names = [a[0] for a in arms]
     if len(set(names)) != len(names):
         raise ABError(f"--arms lists an arm twice: {text!r}.")
@@ -271,9 +274,13 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
 
 
 def _arm_spec(
-    opts, kind: str, budget: int | None, drafter: str | None, chain_impl: str
+    opts, kind: str, budget: int | str | None, drafter: str | None, chain_impl: str
 ) -> tuple[list[str], str]:
     """The speculative flags of one arm, and a sentence saying what it serves."""
+    if kind == "ddtree" and isinstance(budget, str):  # the online budget: a width per step
+        largest = int(budget.removeprefix("auto") or opts.budget)
+        spec = [*_ddtree_flags(drafter, "auto"), "--speculative-num-draft-tokens", str(largest + 1)]
+        return spec, f"DDTREE, online budget (a verify width per step, trees of up to {largest} nodes)"
     if kind == "ddtree":
         budget = budget or opts.budget
         return _ddtree_flags(drafter, budget), f"DDTREE, tree budget {budget}"
@@ -291,7 +298,7 @@ def _arm_spec(
     return [], "no speculation"
 
 
-def _ddtree_flags(drafter: str, budget: int) -> list[str]:
+def _ddtree_flags(drafter: str, budget: int | str) -> list[str]:
     return [
         "--speculative-algorithm",
         "DDTREE",

@@ -6,7 +6,9 @@ and driven with SGLang's own load generator, ``sglang.bench_serving``, run as a
 subprocess once per (concurrency, repeat). Arms:
 
 * ``ddtree``: ``--speculative-algorithm DDTREE --speculative-ddtree-budget B``
-  (``ddtree@B`` picks another budget; several may be listed);
+  (``ddtree@B`` picks another budget; several may be listed; ``ddtree@auto`` / ``ddtree@autoB``
+  serve the online budget, ``--speculative-ddtree-budget auto`` with trees of up to ``--budget``
+  / ``B`` nodes, beside fixed budgets in the same run);
 * ``chain``: the DFlash chain with the same drafter: stock ``--speculative-algorithm
   DFLASH`` on GPUs; on a CPU (where SGLang refuses DFLASH) DDTREE with
   ``--speculative-ddtree-max-topk 1`` and budget = block size - 1, which is the same chain;
@@ -89,7 +91,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--arms",
         default=DEFAULT_ARMS,
-        help=f"comma-separated arms, run in this order (default {DEFAULT_ARMS}); ddtree@B for budget B",
+        help=f"comma-separated arms, run in this order (default {DEFAULT_ARMS}); ddtree@B for budget B, "
+        "ddtree@auto / ddtree@autoB for the online budget (trees of up to --budget / B nodes)",
     )
     g.add_argument(
         "--budget",
