@@ -44,8 +44,9 @@ __device__ __forceinline__ void ddt_unpack16(uint4 raw, int dtype, float* x) {
 
 // e^x for log-sum-exp terms: the hardware exp2 of x * log2(e) with results below 2^-126 flushed
 // to zero. __expf without fast-math is the same exp2 plus a fix-up for such results (a compare
-// and two predicated multiplies an element: a third of the top-k's slice read); a term below
-// 2^-126 cannot move a sum that holds the maximum's own term, 1, in float32.
+// and two predicated multiplies an element, about a quarter of the instructions of the top-k's
+// slice read); a term below 2^-126 cannot move a sum that holds the maximum's own term, 1, in
+// float32.
 __device__ __forceinline__ float ddt_exp_ftz(float x) {
 #ifdef __CUDA_ARCH__
   float y;

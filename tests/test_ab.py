@@ -361,7 +361,7 @@ def test_online_budget_arms_serve_auto_beside_fixed_budgets():
     from argparse import Namespace
 
     from sglang_ddtree.adapter.server_args import parse_budget
-    from sglang_ddtree.bench.ab.arms import build_arms, parse_arm_names
+    from sglang_ddtree.bench.ab.arms import ABError, build_arms, parse_arm_names
 
     assert parse_arm_names("ddtree@8,ddtree@auto,ddtree@auto16,plain") == [
         ("ddtree@8", "ddtree", 8),
@@ -381,5 +381,5 @@ def test_online_budget_arms_serve_auto_beside_fixed_budgets():
         assert parse_budget(flag(arms[name], "--speculative-ddtree-budget")) == "auto"
         assert flag(arms[name], "--speculative-num-draft-tokens") == str(largest + 1)
     for bad in ("ddtree@autox", "chain@auto", "ddtree@auto-8"):
-        with pytest.raises(Exception, match="--arms"):
+        with pytest.raises(ABError, match="--arms"):
             parse_arm_names(bad)

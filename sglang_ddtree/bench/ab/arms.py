@@ -278,8 +278,10 @@ def _arm_spec(
 ) -> tuple[list[str], str]:
     """The speculative flags of one arm, and a sentence saying what it serves."""
     if kind == "ddtree" and isinstance(budget, str):  # the online budget: a width per step
-        largest = int(budget.removeprefix("auto") or opts.budget)
-        spec = [*_ddtree_flags(drafter, "auto"), "--speculative-num-draft-tokens", str(largest + 1)]
+        from ...adapter.server_args import AUTO_BUDGET
+
+        largest = int(budget.removeprefix(AUTO_BUDGET) or opts.budget)
+        spec = [*_ddtree_flags(drafter, AUTO_BUDGET), "--speculative-num-draft-tokens", str(largest + 1)]
         return spec, f"DDTREE, online budget (a verify width per step, trees of up to {largest} nodes)"
     if kind == "ddtree":
         budget = budget or opts.budget
