@@ -10,7 +10,13 @@ import pytest
 
 from sglang_ddtree.bench import gpu_rounds_report
 from sglang_ddtree.bench.gpu_rounds import arm_args, parallel_args
-from sglang_ddtree.bench.round_profile import categorise, host_time_by_area, summarise_trace, sync_sites
+from sglang_ddtree.bench.round_profile import (
+    categorise,
+    host_time_by_area,
+    request_timeline,
+    summarise_trace,
+    sync_sites,
+)
 
 
 def _kernel(name, ts, dur):
@@ -135,6 +141,66 @@ def test_each_wait_for_the_device_goes_to_its_innermost_sglang_or_plugin_frame()
         ["(no Python frame)", "sync", 0.5],
     ]
     assert sync_sites([e for e in events if e["cat"] != "python_function"], steps=2) == []
+
+
+def test_request_timeline_orders_forwards_and_long_waits_from_the_first_forward():
+    def span(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": 1}
+
+    def launched(name, ts, correlation, tid=1):
+        event = _host("cuda_runtime", name, ts, 1, tid=tid)
+        event["args"] = {"correlation": correlation}
+        return event
+
+    def kernel(ts, correlation):
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "ts": ts,
+            "dur": 1,
+            "args": {"correlation": correlation},
+        }
+
+    prefill, draft, verify = "step[EXTEND bs=1 toks=96]", "step[DRAFT bs=1]", "step[VERIFY bs=1]"
+    events = [
+        _host("cuda_runtime", "cudaStreamSynchronize", 500, 9000),  # idle, before the request
+        span("user_annotation", prefill, 1000, 2000),
+        *[launched("cudaLaunchKernel", 1100 + i, i) for i in range(5)],
+        span("gpu_user_annotation", prefill, 1500, 30000),
+        kernel(1500, 0),
+        span("user_annotation", draft, 3500, 400),
+        launched("cudaGraphLaunch", 3600, 10),
+        span("user_annotation", verify, 4000, 900),  # eager: launches, no graph
+        *[launched("cudaLaunchKernel", 4100 + i, 20 + i) for i in range(7)],
+        launched("cudaLaunchKernel", 4200, 30, tid=2),  # another thread
+        _host("cuda_runtime", "cudaStreamSynchronize", 5000, 40000),  # the host waits 40 ms
+        _host("cuda_runtime", "cudaEventSynchronize", 46000, 100),  # below the 0.2 ms floor
+        span("user_annotation", draft, 47000, 300),
+        launched("cudaGraphLaunch", 47100, 40),
+        # the first draft's graph runs after the second draft's host span began: its kernel's
+        # correlation, not the time, gives it to the first draft (the second has no GPU span)
+        span("gpu_user_annotation", draft, 47200, 600),
+        kernel(47200, 10),
+    ]
+    rows = request_timeline(events)
+    assert [r["what"] for r in rows] == [prefill, draft, verify, "wait: cudaStreamSynchronize", draft]
+    first, first_draft, eager, wait, second_draft = rows
+    assert first == {
+        "at_ms": 0.0,
+        "what": prefill,
+        "host_ms": 2.0,
+        "launches": 5,
+        "graph_launches": 0,
+        "gpu_at_ms": 0.5,
+        "gpu_ms": 30.0,
+    }
+    assert first_draft["graph_launches"] == 1
+    assert (first_draft["gpu_at_ms"], first_draft["gpu_ms"]) == (46.2, 0.6)
+    assert (eager["launches"], eager["graph_launches"]) == (7, 0)
+    assert wait == {"at_ms": 4.0, "what": "wait: cudaStreamSynchronize", "host_ms": 40.0}
+    assert second_draft["at_ms"] == 46.0 and "gpu_ms" not in second_draft
+    assert request_timeline([e for e in events if e["cat"] == "cuda_runtime"]) == []
 
 
 def test_phase_line_of_the_server_log(tmp_path):

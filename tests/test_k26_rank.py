@@ -415,3 +415,40 @@ def test_the_online_budgets_goals_are_checked_against_the_same_call():
     assert "| 96 | p | ddtree@auto16 tok/s / plain tok/s, c=8 | 1.050 | >= 0.95 | True |" in md
     results["arms"].pop()  # no online budget, no section
     assert online_budget_goals(results) == []
+
+
+def test_the_report_shows_each_profiled_request_start():
+    from sglang_ddtree.bench.k26_ab_report import to_markdown
+
+    timeline = [
+        {
+            "at_ms": 0.0,
+            "what": "step[EXTEND bs=1 toks=96]",
+            "host_ms": 3.0,
+            "launches": 900,
+            "graph_launches": 0,
+        },
+        {"at_ms": 4.0, "what": "wait: cudaStreamSynchronize", "host_ms": 48.25},
+    ]
+    results = {
+        "stamp": {"device": "test"},
+        "args": {"profiles": ["p"], "graph_max_bs": 4},
+        "arms": [
+            {
+                "arm": "ddtree@auto16",
+                "cells": [],
+                "start_profiles": [
+                    {"trace": "a.trace.json.gz", "ttft_ms": 168.8, "timeline": timeline},
+                    {"error": "no complete trace in x after 90 s"},
+                ],
+            }
+        ],
+    }
+    text = to_markdown(results)
+    assert "## Request start (profiled)" in text and "### ddtree@auto16, request 1" in text
+    assert "- TTFT (SGLang's stamp): 168.8 ms; trace `a.trace.json.gz`" in text
+    assert "| 0.0 | step[EXTEND bs=1 toks=96] | 3 |  |  | 900 | 0 |" in text
+    assert "| 4 | wait: cudaStreamSynchronize | 48.2 |  |  |  |  |" in text
+    assert "### ddtree@auto16, request 2\n\n- no complete trace in x after 90 s" in text
+    results["arms"][0].pop("start_profiles")
+    assert "Request start" not in to_markdown(results)

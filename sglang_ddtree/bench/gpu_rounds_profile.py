@@ -11,7 +11,7 @@ import urllib.error
 from pathlib import Path
 
 from ..launch import ServerProcess, http_text
-from .round_profile import load_trace, summarise_trace
+from .round_profile import load_trace, request_timeline, summarise_trace
 
 
 def request_tokens(server: ServerProcess, prompt: list[int], output_len: int) -> dict:
@@ -83,6 +83,36 @@ def _finished_trace(folder: Path, timeout_s: float) -> str | None:
         last_size = size
         time.sleep(2.0)
     return None
+
+
+# Scheduler batches a request-start trace records: the request's prefill and its first decode
+# rounds (a round is a drafter forward and a verify). SGLang writes the trace from a later
+# batch, so the request outlasts them: START_OUTPUT_LEN tokens take more than START_STEPS + 1
+# rounds at up to 16 tokens a round.
+START_STEPS = 8
+START_OUTPUT_LEN = 256
+
+
+def profile_request_start(server, prompt: list[int], out: Path, export_s: float) -> dict:
+    """One request from an idle server under SGLang's torch profiler (no Python stacks: the
+    host's pace stays the served one): its TTFT as SGLang stamps it, and the timeline of its
+    prefill and first rounds (:func:`.round_profile.request_timeline`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    http_text(  # answers in plain text
+        f"{server.url}/start_profile",
+        {"output_dir": str(out), "num_steps": START_STEPS, "activities": ["CPU", "GPU"], "with_stack": False},
+    )
+    params = {"max_new_tokens": START_OUTPUT_LEN, "temperature": 0.0, "ignore_eos": True}
+    meta = server.generate({"input_ids": prompt, "sampling_params": params})["meta_info"]
+    ttft = meta.get("first_token_latency")  # with --enable-metrics
+    trace = _finished_trace(out, export_s)
+    if trace is None:
+        return {"error": f"no complete trace in {out} after {export_s:.0f} s"}
+    return {
+        "trace": trace.rsplit("/", 1)[-1],
+        "ttft_ms": None if ttft is None else 1e3 * ttft,
+        "timeline": request_timeline(load_trace(trace)),
+    }
 
 
 def profile_or_error(server, prompts, args, arm: str, bs: int, trace_dir: Path, with_stack: bool) -> dict:

@@ -31,7 +31,7 @@ from ..config import ENV_BUDGET_COST_TABLE, ENV_ONLINE_BUDGET_LOG_EVERY, ENV_VER
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds import online_budget_lines, width1_cost_table
-from .gpu_rounds_profile import profile_or_error
+from .gpu_rounds_profile import profile_or_error, profile_request_start
 from .k26_ab_report import CHAIN_BUDGET, write_report
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
@@ -228,6 +228,8 @@ def same_share(outputs: list[list[int]], prompts: list[list[int]], sequences: li
 
 def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline: float) -> dict:
     record = {"arm": arm, "start_s": round(server.start_s, 1), "cells": [], "skipped": []}
+    if arm in args.start_profile_arms:
+        run_start_profiles(server, arm, sets, args, record)
     if arm in args.torch_profile_arms:  # first: a few rounds each, and the arm's share ends in cells
         run_torch_profiles(server, arm, sets, args, record, deadline)
     keys = list(sets) if arm != "plain" else [k for k in sets if k[1] == args.profiles[0]]
@@ -284,6 +286,28 @@ def steps_between(before: dict, after: dict) -> dict[int, dict[int, int]]:
     return between
 
 
+# Profiled requests per ``--start-profile-arms`` arm, after one unprofiled one (one-time work of
+# a first request stays out of them).
+START_PROFILE_REQUESTS = 2
+
+
+def run_start_profiles(server, arm: str, sets: dict, args, record: dict) -> None:
+    """Requests one at a time from an idle server, each under the torch profiler from idle
+    through its prefill and first rounds: where its time to first token goes."""
+    prompts = sets[(min(args.prompt_lens), args.profiles[0])]
+    trace_dir = Path(args.out) / f"{args.label}_work" / "traces"
+    _generate(server, prompts[0], args.output_len)
+    record["start_profiles"] = [
+        profile_request_start(
+            server,
+            prompts[1 + i],
+            trace_dir / f"{arm.replace('@', '_')}_start{i}",
+            args.profile_export_s,
+        )
+        for i in range(START_PROFILE_REQUESTS)
+    ]
+
+
 def run_torch_profiles(server, arm: str, sets: dict, args, record: dict, deadline: float) -> None:
     """Per-round torch profiles of ``arm`` at the longest prompts (where the verify's
     attention reads the most): GPU time by kernel family, launches, synchronisations."""
@@ -333,12 +357,18 @@ def main(argv=None) -> int:
         action="store_true",
         help="record those profiles with Python stacks: host time by area and where the host waits",
     )
+    p.add_argument(
+        "--start-profile-arms",
+        default="",
+        help="comma list: arms whose request start (prefill and first rounds, from idle) is profiled",
+    )
     p.add_argument("--profile-steps", type=int, default=10, help="decode steps per profile")
     p.add_argument("--profile-export-s", type=float, default=90.0, help="wait this long for a trace file")
     p.add_argument("--profile-output-len", type=int, default=512, help="tokens per profiled request")
     args = p.parse_args(argv)
     t0 = args.t0 = time.monotonic()
     args.torch_profile_arms = [arm for arm in args.torch_profile_arms.split(",") if arm]
+    args.start_profile_arms = [arm for arm in args.start_profile_arms.split(",") if arm]
     args.common = args.common.split() + [flag for flag in args.common_extra.split(",") if flag]
     args.profiles = args.profiles.split(",")
     out = Path(args.out)

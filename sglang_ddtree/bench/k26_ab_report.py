@@ -274,7 +274,58 @@ def to_markdown(results: dict) -> str:
     lines += online_budget_section(results)
     lines += widths_by_cell(results)
     lines += profile_section(results)
+    lines += start_profile_section(results)
     return "\n".join(lines) + "\n"
+
+
+# Rows of a request-start timeline in the report (its JSON keeps them all).
+START_ROWS = 24
+
+
+def start_profile_section(results: dict) -> list[str]:
+    """Each profiled request start (``--start-profile-arms``): its TTFT and its timeline."""
+    lines = []
+    for arm in results["arms"]:
+        for i, profile in enumerate(arm.get("start_profiles") or []):
+            lines += ["", f"### {arm['arm']}, request {i + 1}", ""]
+            if "error" in profile:
+                lines.append(f"- {profile['error']}")
+                continue
+            lines += [
+                f"- TTFT (SGLang's stamp): {_fmt_ms(profile.get('ttft_ms'))}; trace `{profile['trace']}`",
+                "",
+            ]
+            rows = [
+                [
+                    r["at_ms"],
+                    r["what"],
+                    r["host_ms"],
+                    *(r.get(key, "") for key in ("gpu_at_ms", "gpu_ms", "launches", "graph_launches")),
+                ]
+                for r in profile["timeline"][:START_ROWS]
+            ]
+            header = [
+                "at ms",
+                "forward or wait",
+                "host ms",
+                "GPU at ms",
+                "GPU ms",
+                "launches",
+                "graph launches",
+            ]
+            lines.append(_stamp.md_table(header, rows))
+    if not lines:
+        return []
+    intro = (
+        "One request at a time from an idle server, under the torch profiler from idle through its "
+        "prefill and first rounds (no Python stacks). Times from the first forward's host start; "
+        "a forward with hundreds of launches and no graph launch ran eagerly."
+    )
+    return ["", "## Request start (profiled)", "", intro, *lines]
+
+
+def _fmt_ms(ms) -> str:
+    return "-" if ms is None else f"{ms:.1f} ms"
 
 
 def online_budget_goals(results: dict) -> list[str]:

@@ -18,6 +18,7 @@ host synchronisation. Per round (one decode step = one draft + verify round):
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import re
@@ -230,6 +231,87 @@ def sync_sites(events: list[dict], steps: int, top: int = 12) -> list[list]:
         counts[_ADDRESS.sub("", site), kind] += 1
     ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
     return [[site, kind, n / steps] for (site, kind), n in ranked]
+
+
+# SGLang 0.5.23 names every model forward in a trace (``ModelRunner.forward``'s step span):
+# ``step[EXTEND bs=1 toks=96]`` for a prefill, ``step[DRAFT bs=1]`` for a drafter forward,
+# ``step[VERIFY bs=1]`` for a target verify.
+STEP_SPAN = re.compile(r"^step\[")
+
+
+def request_timeline(events: list[dict], min_wait_ms: float = 0.2) -> list[dict]:
+    """The way of one request from idle to its first decode rounds, in host order: every
+    model forward (its host span, its GPU span where the trace has one, and the kernel and
+    graph launches its host span made) and every host wait for the device of at least
+    ``min_wait_ms``. Times in ms from the first forward's host start. A forward that launches
+    hundreds of kernels instead of one graph ran eagerly; a long wait or a gap between spans
+    is host time the request's first token waits for."""
+    spans = sorted((e for e in events if _is_step(e, "user_annotation")), key=lambda e: e["ts"])
+    if not spans:
+        return []
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    gpu_of = _gpu_spans_of(spans, events, runtime)
+    t0, ms = spans[0]["ts"], 1e-3
+    rows = []
+    for span in spans:
+        end = span["ts"] + span.get("dur", 0)
+        inside = [
+            e["name"] for e in runtime if e.get("tid") == span.get("tid") and span["ts"] <= e["ts"] <= end
+        ]
+        row = {
+            "at_ms": (span["ts"] - t0) * ms,
+            "what": span["name"],
+            "host_ms": span.get("dur", 0) * ms,
+            "launches": sum(bool(LAUNCH.match(n)) for n in inside),
+            "graph_launches": sum(bool(GRAPH_LAUNCH.match(n)) for n in inside),
+        }
+        gpu = gpu_of.get(id(span))
+        if gpu is not None:
+            row.update(gpu_at_ms=(gpu["ts"] - t0) * ms, gpu_ms=gpu.get("dur", 0) * ms)
+        rows.append(row)
+    dtoh = _device_to_host_correlations(events)
+    for e in runtime:
+        name = e.get("name", "")
+        is_wait = SYNC.match(name) or (MEMCPY.match(name) and e.get("args", {}).get("correlation") in dtoh)
+        if is_wait and e.get("dur", 0) * ms >= min_wait_ms and e["ts"] >= t0:
+            rows.append(
+                {"at_ms": (e["ts"] - t0) * ms, "what": f"wait: {name}", "host_ms": e.get("dur", 0) * ms}
+            )
+    return sorted(rows, key=lambda r: r["at_ms"])
+
+
+def _is_step(event: dict, category: str) -> bool:
+    return (
+        event.get("ph") == "X"
+        and event.get("cat") == category
+        and bool(STEP_SPAN.match(event.get("name", "")))
+    )
+
+
+def _gpu_spans_of(spans: list[dict], events: list[dict], runtime: list[dict]) -> dict[int, dict]:
+    """``{id(host span): its GPU span}``: a GPU span belongs to the host span that launched
+    its first kernel (the kernel's correlation id names the launch; a graph's kernels carry
+    their graph launch's). Time alone cannot tell: the device may run a forward long after
+    the host moved on to the next one."""
+    launches = {e.get("args", {}).get("correlation"): e for e in runtime}
+    kernels = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"]
+    )
+    starts = [k["ts"] for k in kernels]
+    owner = {}
+    for gpu in (e for e in events if _is_step(e, "gpu_user_annotation")):
+        first = bisect.bisect_left(starts, gpu["ts"])
+        if first == len(kernels) or kernels[first]["ts"] > gpu["ts"] + gpu.get("dur", 0):
+            continue
+        launch = launches.get(kernels[first].get("args", {}).get("correlation"))
+        if launch is None:
+            continue
+        for span in spans:
+            same_thread = span.get("tid") == launch.get("tid") and span["name"] == gpu["name"]
+            if same_thread and span["ts"] <= launch["ts"] <= span["ts"] + span.get("dur", 0):
+                owner[id(span)] = gpu
+                break
+    return owner
 
 
 def summarise_trace(path: str, steps: int) -> dict:
