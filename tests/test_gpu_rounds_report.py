@@ -169,6 +169,8 @@ def test_request_timeline_orders_forwards_and_long_waits_from_the_first_forward(
         *[launched("cudaLaunchKernel", 1100 + i, i) for i in range(5)],
         span("gpu_user_annotation", prefill, 1500, 30000),
         kernel(1500, 0),
+        *[{**kernel(2000 + 20000 * i, 1 + i), "name": "marlin", "dur": 10000} for i in range(2)],
+        {**kernel(31600, 3), "name": "after the span"},
         span("user_annotation", draft, 3500, 400),
         launched("cudaGraphLaunch", 3600, 10),
         span("user_annotation", verify, 4000, 900),  # eager: launches, no graph
@@ -194,6 +196,7 @@ def test_request_timeline_orders_forwards_and_long_waits_from_the_first_forward(
         "graph_launches": 0,
         "gpu_at_ms": 0.5,
         "gpu_ms": 30.0,
+        "top_kernels": [["marlin", 20.0], ["k", 0.001]],  # the kernels inside its GPU span
     }
     assert first_draft["graph_launches"] == 1
     assert (first_draft["gpu_at_ms"], first_draft["gpu_ms"]) == (46.2, 0.6)

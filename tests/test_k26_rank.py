@@ -427,6 +427,7 @@ def test_the_report_shows_each_profiled_request_start():
             "host_ms": 3.0,
             "launches": 900,
             "graph_launches": 0,
+            "top_kernels": [["Marlin<int4>", 120.25], ["fused_moe", 3.0]],
         },
         {"at_ms": 4.0, "what": "wait: cudaStreamSynchronize", "host_ms": 48.25},
     ]
@@ -447,8 +448,10 @@ def test_the_report_shows_each_profiled_request_start():
     text = to_markdown(results)
     assert "## Request start (profiled)" in text and "### ddtree@auto16, request 1" in text
     assert "- TTFT (SGLang's stamp): 168.8 ms; trace `a.trace.json.gz`" in text
-    assert "| 0.0 | step[EXTEND bs=1 toks=96] | 3 |  |  | 900 | 0 |" in text
-    assert "| 4 | wait: cudaStreamSynchronize | 48.2 |  |  |  |  |" in text
+    assert (
+        "| 0.0 | step[EXTEND bs=1 toks=96] | 3 |  |  | 900 | 0 | Marlin<int4> 120.2, fused_moe 3.0 |" in text
+    )
+    assert "| 4 | wait: cudaStreamSynchronize | 48.2 |  |  |  |  |  |" in text
     assert "### ddtree@auto16, request 2\n\n- no complete trace in x after 90 s" in text
     results["arms"][0].pop("start_profiles")
     assert "Request start" not in to_markdown(results)

@@ -301,6 +301,7 @@ def start_profile_section(results: dict) -> list[str]:
                     r["what"],
                     r["host_ms"],
                     *(r.get(key, "") for key in ("gpu_at_ms", "gpu_ms", "launches", "graph_launches")),
+                    ", ".join(f"{name[:48]} {ms:.1f}" for name, ms in r.get("top_kernels", [])),
                 ]
                 for r in profile["timeline"][:START_ROWS]
             ]
@@ -312,6 +313,7 @@ def start_profile_section(results: dict) -> list[str]:
                 "GPU ms",
                 "launches",
                 "graph launches",
+                "largest kernels (GPU ms)",
             ]
             lines.append(_stamp.md_table(header, rows))
     if not lines:

@@ -250,7 +250,10 @@ def request_timeline(events: list[dict], min_wait_ms: float = 0.2) -> list[dict]
     if not spans:
         return []
     runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver")]
-    gpu_of = _gpu_spans_of(spans, events, runtime)
+    kernels = sorted(
+        (e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"]
+    )
+    gpu_of = _gpu_spans_of(spans, kernels, runtime, events)
     t0, ms = spans[0]["ts"], 1e-3
     rows = []
     for span in spans:
@@ -268,6 +271,7 @@ def request_timeline(events: list[dict], min_wait_ms: float = 0.2) -> list[dict]
         gpu = gpu_of.get(id(span))
         if gpu is not None:
             row.update(gpu_at_ms=(gpu["ts"] - t0) * ms, gpu_ms=gpu.get("dur", 0) * ms)
+            row["top_kernels"] = _top_kernels(kernels, gpu)
         rows.append(row)
     dtoh = _device_to_host_correlations(events)
     for e in runtime:
@@ -288,15 +292,29 @@ def _is_step(event: dict, category: str) -> bool:
     )
 
 
-def _gpu_spans_of(spans: list[dict], events: list[dict], runtime: list[dict]) -> dict[int, dict]:
+# Kernels named per forward of a request-start timeline: the ones with the most GPU time.
+TOP_KERNELS = 3
+
+
+def _top_kernels(kernels: list[dict], gpu: dict) -> list[list]:
+    """``[[kernel name, ms], ...]``: the kernels with the most GPU time inside a GPU span."""
+    end = gpu["ts"] + gpu.get("dur", 0)
+    totals: dict[str, float] = defaultdict(float)
+    for k in kernels[bisect.bisect_left([k["ts"] for k in kernels], gpu["ts"]) :]:
+        if k["ts"] > end:
+            break
+        totals[k.get("name", "?")] += k.get("dur", 0) * 1e-3
+    return [[name, t] for name, t in sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]]
+
+
+def _gpu_spans_of(
+    spans: list[dict], kernels: list[dict], runtime: list[dict], events: list[dict]
+) -> dict[int, dict]:
     """``{id(host span): its GPU span}``: a GPU span belongs to the host span that launched
     its first kernel (the kernel's correlation id names the launch; a graph's kernels carry
     their graph launch's). Time alone cannot tell: the device may run a forward long after
     the host moved on to the next one."""
     launches = {e.get("args", {}).get("correlation"): e for e in runtime}
-    kernels = sorted(
-        (e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"]
-    )
     starts = [k["ts"] for k in kernels]
     owner = {}
     for gpu in (e for e in events if _is_step(e, "gpu_user_annotation")):
