@@ -323,7 +323,7 @@ def run_torch_profiles(server, arm: str, sets: dict, args, record: dict, deadlin
         )
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--drafter", required=True)
@@ -365,7 +365,11 @@ def main(argv=None) -> int:
     p.add_argument("--profile-steps", type=int, default=10, help="decode steps per profile")
     p.add_argument("--profile-export-s", type=float, default=90.0, help="wait this long for a trace file")
     p.add_argument("--profile-output-len", type=int, default=512, help="tokens per profiled request")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     t0 = args.t0 = time.monotonic()
     args.torch_profile_arms = [arm for arm in args.torch_profile_arms.split(",") if arm]
     args.start_profile_arms = [arm for arm in args.start_profile_arms.split(",") if arm]
