@@ -210,6 +210,41 @@ def test_a_row_with_few_rounds_borrows_the_excess_of_the_nearest_row_with_enough
     assert table(1, 1) == pytest.approx(7.0 + 0.5)  # width 1's own excess, from the nearest trusted row
 
 
+def test_a_row_that_priced_its_trees_out_forgets_their_excess_after_a_run_of_width_one():
+    """The K2.6 rank at 0fc9c47, bs 2: four tree rounds put the row's excess at 44 ms and the
+    row ran width 1 for the rest of the call, never measuring a tree again. After
+    ``forget_after`` width-1 rounds with no tree round between, the row borrows the nearest
+    trusted row's excess again and the tree comes back where it wins under it."""
+    widths = (1, 9)
+    table = TimedCostTable((1, 2, 8), widths, [[6.8, 9.5], [6.8, 10.4], [7.5, 14.0]], forget_after=8)
+    for _ in range(4):
+        table.observe(8, 9, 14.0 + 1.3)
+        table.observe(2, 1, 6.8 + 1.2)
+    for _ in range(4):
+        table.observe(2, 9, 10.4 + 44.0)  # stalled periods, or a cost that changed since
+    chooser = WidthChooser(widths, table)
+    expected = [0.0, 2 * 1.68]  # pycode-4l-ranks at width 9, a batch of 2
+    assert table(2, 9) == pytest.approx(10.4 + 44.0) and chooser.choose(2, expected) == 1
+    for _ in range(7):
+        table.observe(2, 1, 6.8 + 1.2)
+    table.observe(2, 9, 10.4 + 44.0)  # a tree round between: the run starts again
+    for _ in range(7):
+        table.observe(2, 1, 6.8 + 1.2)
+    assert table(2, 9) == pytest.approx(10.4 + 44.0) and table.forgotten[1] == 0
+    table.observe(2, 1, 6.8 + 1.2)  # the eighth in a row
+    assert table.forgotten[1] == 1
+    assert table(2, 9) == pytest.approx(10.4 + 1.3)  # bs 8's excess, the nearest trusted row
+    assert table(2, 1) == pytest.approx(6.8 + 1.2)  # width 1 keeps its own
+    assert chooser.choose(2, expected) == 9
+    from sglang_ddtree.adapter.widths import StepWidths
+
+    summary = StepWidths(widths, table, depth=4, make_head=lambda width: width).summary()
+    assert summary["trees_forgotten_by_bs"] == {2: 1}  # the stats line says so
+    for _ in range(20):  # a row that never trusted its own trees' excess has nothing to forget
+        table.observe(1, 1, 6.8 + 1.0)
+    assert table.forgotten[0] == 0
+
+
 def test_timed_table_probes_width_one_once_the_row_knows_its_tree_rounds():
     """Width 1's start-up bound carries the trees' excess; the table asks for a few width-1
     rounds once a row has served ``probe_after`` tree rounds, then width 1 costs its replay plus

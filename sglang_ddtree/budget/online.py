@@ -136,6 +136,15 @@ class TimedCostTable(RoundCostTable):
     draining) would otherwise be priced by one or two periods, stalled or not: at 92783de the
     row of bs 4 carried 35 ms over its replays after two rounds.
 
+    A row whose own excess priced the trees out runs width 1 from then on and would never
+    measure a tree again, whatever the trees' rounds would cost now: after ``forget_after``
+    width-1 rounds in a row with no tree round between, the row forgets its trees' excess and
+    borrows again (the trees are measured anew where they win under the borrowed excess; a
+    row whose trees really cost that much loses ``trust_after`` rounds in that many). At 0fc9c47
+    on the K2.6 rank four tree rounds of bs 2 put its excess at 44 ms (widths 2-17 at 53-56 ms
+    against replays of 8-12 ms and 1-4 ms of excess in every other row), and the row ran width 1
+    for the rest of the call.
+
     Width 1 runs no drafter and no tree step (``adapter/widths.py``): its rounds keep an excess
     of their own, and before any is measured width 1 carries the trees' excess, an upper bound
     that can be several times its real cost where a round's host work dominates (a small
@@ -153,17 +162,21 @@ class TimedCostTable(RoundCostTable):
         probe_after: int = 8,
         window: int = 16,
         trust_after: int = 4,
+        forget_after: int = 64,
     ):
         super().__init__(batch_sizes, widths, ms)
-        if probes < 1 or probe_after < 0 or not 1 <= trust_after <= window:
-            raise ValueError("probes >= 1, probe_after >= 0 and 1 <= trust_after <= window")
+        if probes < 1 or probe_after < 0 or not 1 <= trust_after <= window or forget_after < 1:
+            raise ValueError("probes >= 1, probe_after >= 0, 1 <= trust_after <= window, forget_after >= 1")
         self.startup = self.ms.copy()
         self.probes, self.probe_after, self.trust_after = probes, probe_after, trust_after
+        self.forget_after = forget_after
         rows = len(self.batch_sizes)
         self.excesses = [(deque(maxlen=window), deque(maxlen=window)) for _ in range(rows)]
         self.excess = np.zeros((rows, 2))  # the medians of ``excesses``: tree, width 1
         self.rounds = np.zeros((rows, 2), dtype=np.int64)
         self.source = np.repeat(np.arange(rows)[:, None], 2, axis=1)  # the row each reads its excess from
+        self.width1_run = np.zeros(rows, dtype=np.int64)  # width-1 rounds since the row's last tree round
+        self.forgotten = np.zeros(rows, dtype=np.int64)  # times each row forgot its trees' excess
 
     def __call__(self, bs: int, width: int) -> float:
         row, column = self._row(bs), self._column(width)
@@ -216,6 +229,18 @@ class TimedCostTable(RoundCostTable):
         self.rounds[row, kind] += 1
         if self.rounds[row, kind] == self.trust_after:  # the trusted rows changed
             self._choose_sources(kind)
+        self.width1_run[row] = self.width1_run[row] + 1 if kind == self._WIDTH1 else 0
+        if self.width1_run[row] >= self.forget_after and self.rounds[row, self._TREE] >= self.trust_after:
+            self._forget_trees(row)
+
+    def _forget_trees(self, row: int) -> None:
+        """The row's trees borrow their excess again (the class docstring says why)."""
+        self.excesses[row][self._TREE].clear()
+        self.excess[row, self._TREE] = 0.0
+        self.rounds[row, self._TREE] = 0
+        self.width1_run[row] = 0
+        self.forgotten[row] += 1
+        self._choose_sources(self._TREE)
 
     def _kind(self, width: int) -> int:
         return self._WIDTH1 if width == 1 else self._TREE
