@@ -440,18 +440,18 @@ def test_the_report_shows_each_profiled_request_start():
                 "cells": [],
                 "start_profiles": [
                     {"trace": "a.trace.json.gz", "ttft_ms": 168.8, "timeline": timeline},
-                    {"error": "no complete trace in x after 90 s"},
+                    {"load": 7, "error": "no complete trace in x after 90 s"},
                 ],
             }
         ],
     }
     text = to_markdown(results)
-    assert "## Request start (profiled)" in text and "### ddtree@auto16, request 1" in text
+    assert "## Request start (profiled)" in text and "### ddtree@auto16, request 1, from idle\n" in text
     assert "- TTFT (SGLang's stamp): 168.8 ms; trace `a.trace.json.gz`" in text
     assert (
         "| 0.0 | step[EXTEND bs=1 toks=96] | 3 |  |  | 900 | 0 | Marlin<int4> 120.2, fused_moe 3.0 |" in text
     )
     assert "| 4 | wait: cudaStreamSynchronize | 48.2 |  |  |  |  |  |" in text
-    assert "### ddtree@auto16, request 2\n\n- no complete trace in x after 90 s" in text
+    assert "### ddtree@auto16, request 2 beside 7 decoding\n\n- no complete trace in x after 90 s" in text
     results["arms"][0].pop("start_profiles")
     assert "Request start" not in to_markdown(results)

@@ -114,19 +114,23 @@ def test_auto_with_measured_costs_is_identical_to_plain(servers, plain):
         }
         assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]  # batch size 1
         assert run_batch(server, plain["requests"]) == plain["greedy"]  # batch sizes up to 8
-        start = profile_request_start(server, plain["requests"][1]["input_ids"], plain["tmp"] / "start", 60)
+        load = [plain["requests"][0]["input_ids"]]
+        start = profile_request_start(
+            server, plain["requests"][1]["input_ids"], plain["tmp"] / "start", 60, load
+        )
     stats = last_tree_stats(server.log_path)
     # the probes ran every width at batch size 1, each at least twice
     assert set(stats["width_steps_by_bs"][1]) == set(WIDTHS), stats
     assert min(stats["width_steps_by_bs"][1].values()) >= 2, stats
     assert len(stats["width_steps_by_bs"]) > 1, stats  # and the batch ran at other sizes
-    # the A/B tool's request-start profile through this server: its prefill (of the one token
-    # the prefix cache lacks), then rounds of a drafter forward and a verify; no TTFT without
-    # --enable-metrics
-    assert "timeline" in start and start["ttft_ms"] is None, start
+    # the A/B tool's request-start profile through this server, beside one request decoding:
+    # rounds of that one, the new request's prefill (of the one token the prefix cache lacks),
+    # then rounds of both; no TTFT without --enable-metrics
+    assert "timeline" in start and start["load"] == 1 and start["ttft_ms"] is None, start
     steps = [row["what"] for row in start["timeline"] if not row["what"].startswith("wait")]
-    assert steps[0] == "step[EXTEND bs=1 toks=1]", start
-    assert {"step[DRAFT bs=1]", "step[VERIFY bs=1]"} <= set(steps[1:]), start
+    prefill = steps.index("step[EXTEND bs=1 toks=1]")
+    assert "step[VERIFY bs=1]" in steps[:prefill], start
+    assert {"step[DRAFT bs=2]", "step[VERIFY bs=2]"} <= set(steps[prefill:]), start
 
 
 def drafter_rounds(log) -> list[bool]:

@@ -93,22 +93,40 @@ START_STEPS = 8
 START_OUTPUT_LEN = 256
 
 
-def profile_request_start(server, prompt: list[int], out: Path, export_s: float) -> dict:
-    """One request from an idle server under SGLang's torch profiler (no Python stacks: the
-    host's pace stays the served one): its TTFT as SGLang stamps it, and the timeline of its
-    prefill and first rounds (:func:`.round_profile.request_timeline`)."""
+# Tokens per request of the load a loaded request start runs beside: enough to keep decoding
+# through the profiled batches, few enough to end soon after.
+LOAD_OUTPUT_LEN = 512
+
+
+def profile_request_start(server, prompt: list[int], out: Path, export_s: float, load=()) -> dict:
+    """One request under SGLang's torch profiler (no Python stacks: the host's pace stays the
+    served one), from an idle server or beside ``load`` (prompts already decoding): its TTFT as
+    SGLang stamps it, and the timeline of its prefill and first rounds
+    (:func:`.round_profile.request_timeline`)."""
     out.mkdir(parents=True, exist_ok=True)
-    http_text(  # answers in plain text
-        f"{server.url}/start_profile",
-        {"output_dir": str(out), "num_steps": START_STEPS, "activities": ["CPU", "GPU"], "with_stack": False},
-    )
-    params = {"max_new_tokens": START_OUTPUT_LEN, "temperature": 0.0, "ignore_eos": True}
-    meta = server.generate({"input_ids": prompt, "sampling_params": params})["meta_info"]
+    with concurrent.futures.ThreadPoolExecutor(len(load) + 1) as pool:
+        running = [pool.submit(request_tokens, server, p, LOAD_OUTPUT_LEN) for p in load]
+        if running:
+            time.sleep(0.3)  # past their prefill, into steady decode
+        http_text(  # answers in plain text
+            f"{server.url}/start_profile",
+            {
+                "output_dir": str(out),
+                "num_steps": START_STEPS,
+                "activities": ["CPU", "GPU"],
+                "with_stack": False,
+            },
+        )
+        params = {"max_new_tokens": START_OUTPUT_LEN, "temperature": 0.0, "ignore_eos": True}
+        meta = server.generate({"input_ids": prompt, "sampling_params": params})["meta_info"]
+        for f in running:
+            f.result()
     ttft = meta.get("first_token_latency")  # with --enable-metrics
     trace = _finished_trace(out, export_s)
     if trace is None:
-        return {"error": f"no complete trace in {out} after {export_s:.0f} s"}
+        return {"load": len(load), "error": f"no complete trace in {out} after {export_s:.0f} s"}
     return {
+        "load": len(load),
         "trace": trace.rsplit("/", 1)[-1],
         "ttft_ms": None if ttft is None else 1e3 * ttft,
         "timeline": request_timeline(load_trace(trace)),

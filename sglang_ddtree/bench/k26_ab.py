@@ -292,17 +292,20 @@ START_PROFILE_REQUESTS = 2
 
 
 def run_start_profiles(server, arm: str, sets: dict, args, record: dict) -> None:
-    """Requests one at a time from an idle server, each under the torch profiler from idle
-    through its prefill and first rounds: where its time to first token goes."""
+    """Requests one at a time, from an idle server or beside ``--start-profile-load`` decoding
+    requests, each under the torch profiler through its prefill and first rounds: where its time
+    to first token goes."""
     prompts = sets[(min(args.prompt_lens), args.profiles[0])]
     trace_dir = Path(args.out) / f"{args.label}_work" / "traces"
     _generate(server, prompts[0], args.output_len)
+    load = prompts[1 + START_PROFILE_REQUESTS :][: args.start_profile_load]
     record["start_profiles"] = [
         profile_request_start(
             server,
             prompts[1 + i],
             trace_dir / f"{arm.replace('@', '_')}_start{i}",
             args.profile_export_s,
+            load,
         )
         for i in range(START_PROFILE_REQUESTS)
     ]
@@ -361,6 +364,12 @@ def parse_args(argv=None):
         "--start-profile-arms",
         default="",
         help="comma list: arms whose request start (prefill and first rounds, from idle) is profiled",
+    )
+    p.add_argument(
+        "--start-profile-load",
+        type=int,
+        default=0,
+        help="requests decoding beside each profiled request start (0: from an idle server)",
     )
     p.add_argument("--profile-steps", type=int, default=10, help="decode steps per profile")
     p.add_argument("--profile-export-s", type=float, default=90.0, help="wait this long for a trace file")

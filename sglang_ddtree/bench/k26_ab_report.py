@@ -287,7 +287,8 @@ def start_profile_section(results: dict) -> list[str]:
     lines = []
     for arm in results["arms"]:
         for i, profile in enumerate(arm.get("start_profiles") or []):
-            lines += ["", f"### {arm['arm']}, request {i + 1}", ""]
+            beside = f" beside {profile['load']} decoding" if profile.get("load") else ", from idle"
+            lines += ["", f"### {arm['arm']}, request {i + 1}{beside}", ""]
             if "error" in profile:
                 lines.append(f"- {profile['error']}")
                 continue
@@ -319,8 +320,9 @@ def start_profile_section(results: dict) -> list[str]:
     if not lines:
         return []
     intro = (
-        "One request at a time from an idle server, under the torch profiler from idle through its "
-        "prefill and first rounds (no Python stacks). Times from the first forward's host start; "
+        "One request at a time, from an idle server or beside requests already decoding, under the "
+        "torch profiler through its prefill and first rounds (no Python stacks). Times from the "
+        "first forward's host start; "
         "a forward with hundreds of launches and no graph launch ran eagerly."
     )
     return ["", "## Request start (profiled)", "", intro, *lines]
