@@ -390,19 +390,26 @@ def test_the_online_budgets_goals_are_checked_against_the_same_call():
     """auto over the best fixed budget and over plain, per prompt set and concurrency."""
     from sglang_ddtree.bench.k26_ab_report import online_budget_goals
 
-    def arm(name, profile, rates):
+    def arm(name, profile, rates, itl=None):
         cells = [
-            {"prompt_len": 96, "profile": profile, "concurrency": c, "tok_per_s": r} for c, r in rates.items()
+            {
+                "prompt_len": 96,
+                "profile": profile,
+                "concurrency": c,
+                "tok_per_s": r,
+                "itl_ms": (itl or {}).get(c),
+            }
+            for c, r in rates.items()
         ]
         return {"arm": name, "cells": cells}
 
     results = {
         "args": {"profiles": ["p"]},
         "arms": [
-            arm("plain", None, {1: 100.0, 8: 400.0}),
-            arm("ddtree@8", "p", {1: 160.0, 8: 430.0}),
+            arm("plain", None, {1: 100.0, 8: 400.0}, {1: 6.7}),
+            arm("ddtree@8", "p", {1: 160.0, 8: 430.0}, {1: 4.4}),
             arm("ddtree@16", "p", {1: 150.0, 8: 440.0}),
-            arm("ddtree@auto16", "p", {1: 140.0, 8: 420.0}),
+            arm("ddtree@auto16", "p", {1: 140.0, 8: 420.0}, {1: 4.0, 8: 13.0}),
         ],
     }
     md = "\n".join(online_budget_goals(results))
@@ -413,6 +420,13 @@ def test_the_online_budgets_goals_are_checked_against_the_same_call():
         "| 96 | p | ddtree@auto16 tok/s / best fixed (ddtree@16) tok/s, c=8 | 0.955 | >= 0.95 | True |" in md
     )
     assert "| 96 | p | ddtree@auto16 tok/s / plain tok/s, c=8 | 1.050 | >= 0.95 | True |" in md
+    # beside a goal, the decode's pace alone where both cells have an inter-token time
+    assert (
+        "| 96 | p | ddtree@auto16 decode pace / best fixed (ddtree@8)'s (ITL), c=1 | 1.100 | (not a goal) |  |"
+        in md
+    )
+    assert "| 96 | p | ddtree@auto16 decode pace / plain's (ITL), c=1 | 1.675 | (not a goal) |  |" in md
+    assert "decode pace / best fixed (ddtree@16)'s (ITL), c=8" not in md  # ddtree@16 has none
     results["arms"].pop()  # no online budget, no section
     assert online_budget_goals(results) == []
 
