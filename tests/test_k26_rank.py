@@ -469,3 +469,35 @@ def test_the_report_shows_each_profiled_request_start():
     assert "### ddtree@auto16, request 2 beside 7 decoding\n\n- no complete trace in x after 90 s" in text
     results["arms"][0].pop("start_profiles")
     assert "Request start" not in to_markdown(results)
+
+
+def test_a_loaded_request_start_runs_beside_prompts_it_does_not_profile(monkeypatch, tmp_path):
+    """``--start-profile-load 7`` with 8 prompts a set: the load cycles over the prompts no
+    profiled request uses (a profiled prompt in the load would reach its prefill cached)."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.bench import k26_ab
+
+    calls = []
+    monkeypatch.setattr(k26_ab, "_generate", lambda server, prompt, n: None)
+    monkeypatch.setattr(
+        k26_ab,
+        "profile_request_start",
+        lambda server, prompt, out, s, load: calls.append((prompt, load)) or {},
+    )
+    prompts = [[i] for i in range(8)]
+    args = SimpleNamespace(
+        prompt_lens=[96],
+        profiles=["p"],
+        out=str(tmp_path),
+        label="x",
+        profile_export_s=1.0,
+        start_profile_load=7,
+    )
+    record = {}
+    k26_ab.run_start_profiles(None, "ddtree@8", {(96, "p"): prompts}, args, record)
+    profiled = [prompt for prompt, _ in calls]
+    assert profiled == [[1], [2]] and len(record["start_profiles"]) == 2
+    for _, load in calls:
+        assert len(load) == 7 and not any(p in profiled for p in load)
+        assert load[:5] == prompts[3:] and load[5:] == prompts[3:5]

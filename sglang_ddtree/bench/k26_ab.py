@@ -298,7 +298,8 @@ def run_start_profiles(server, arm: str, sets: dict, args, record: dict) -> None
     prompts = sets[(min(args.prompt_lens), args.profiles[0])]
     trace_dir = Path(args.out) / f"{args.label}_work" / "traces"
     _generate(server, prompts[0], args.output_len)
-    load = prompts[1 + START_PROFILE_REQUESTS :][: args.start_profile_load]
+    rest = prompts[1 + START_PROFILE_REQUESTS :]  # never a profiled prompt (its prefill would be cached)
+    load = [rest[j % len(rest)] for j in range(args.start_profile_load)] if rest else []
     record["start_profiles"] = [
         profile_request_start(
             server,
