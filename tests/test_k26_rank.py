@@ -493,6 +493,7 @@ def test_a_loaded_request_start_runs_beside_prompts_it_does_not_profile(monkeypa
         label="x",
         profile_export_s=1.0,
         start_profile_load=7,
+        output_len=64,
     )
     record = {}
     k26_ab.run_start_profiles(None, "ddtree@8", {(96, "p"): prompts}, args, record)
