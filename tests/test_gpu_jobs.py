@@ -3,6 +3,7 @@ of a run its time limit cut."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,30 @@ def test_device_sh_leaves_tritons_cache_out_when_the_job_fills_the_files(tmp_pat
     assert run.returncode == 3  # the job's status
     assert (out / "cache-fake.tar.xz").exists() and not (out / "triton-fake.tar.xz").exists()
     assert "Triton's cache not saved" in run.stdout
+
+
+def test_timed_tests_names_what_its_time_limit_cut(tmp_path):
+    """The jobs' shared runner (gpu/jobs/kernel_tests.sh, ``timed_tests``) on real pytest runs:
+    a whole run ends its log with "suite complete", one its limit cut names the rest."""
+    (tmp_path / "test_x.py").write_text(
+        "import time\n\ndef test_quick():\n    pass\n\ndef test_slow():\n    time.sleep(60)\n\ndef test_after():\n    pass\n"
+    )
+    script = ROOT / "gpu" / "jobs" / "kernel_tests.sh"
+
+    def timed(seconds: int, select: str) -> str:
+        log = tmp_path / f"log_{seconds}.txt"
+        subprocess.run(
+            ["bash", "-c", f'source "{script}"; timed_tests {seconds} "{log}" -p no:cacheprovider {select}'],
+            cwd=tmp_path,  # as the jobs run: test ids relative to the folder pytest runs in
+            env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+            timeout=120,
+            check=True,
+        )
+        return log.read_text()
+
+    whole = timed(60, "test_x.py -k 'quick or after'")
+    assert whole.rstrip().endswith("suite complete: 2 of 2 tests finished"), whole
+    cut = timed(20, "test_x.py")  # room for pytest to start on a loaded machine
+    tail = cut[cut.index("SUITE INCOMPLETE") :].splitlines()
+    assert tail[0] == "SUITE INCOMPLETE: 1 of 3 tests finished; not finished:", cut
+    assert [line.strip().rsplit("::", 1)[-1] for line in tail[1:]] == ["test_slow", "test_after"]

@@ -24,16 +24,13 @@ if [ "${KERNEL_TESTS_S:-270}" != 0 ]; then  # 0: they ran in this session's firs
   kernel_tests "${KERNEL_TESTS_S:-270}" "$OUT/gpu_tests.log"
 fi
 export GPU_SERVER_ARMS="${GPU_SERVER_ARMS:-$ALL_ARMS}"
-SELECT=(-m gpu_server tests/gpu_server -p no:cacheprovider ${SUITE_K:+-k "$SUITE_K"})
-python -m pytest "${SELECT[@]}" --collect-only -q > /tmp/gpu_tests_collected.txt 2>&1
+SELECT=(-m gpu_server tests/gpu_server -p no:cacheprovider --durations=0 ${SUITE_K:+-k "$SUITE_K"})
 # The suite gets what is left of JOB_S from the call's start (the call's 600 s less the cache
 # upload) unless SUITE_S says otherwise; a cut run is named as such below (its pytest summary
 # counts only what ran). The whole suite took more than 400 s at 5ba7f73: SUITE_K splits it.
 left=$(( ${JOB_S:-570} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
-timeout "${SUITE_S:-$(( left > 60 ? left : 60 ))}" python -m pytest "${SELECT[@]}" -v -rA --durations=0 \
-  >> "$OUT/gpu_tests.log" 2>&1
-grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/gpu_tests.log"
-python gpu/jobs/unfinished_tests.py /tmp/gpu_tests_collected.txt "$OUT/gpu_tests.log" | tee -a "$OUT/gpu_tests.log"
+timed_tests "${SUITE_S:-$(( left > 60 ? left : 60 ))}" "$OUT/gpu_tests.log" "${SELECT[@]}"
+grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|^(suite complete|SUITE INCOMPLETE)|^  tests/" "$OUT/gpu_tests.log"
 wait
 tail -5 /tmp/k26_warm.log 2>/dev/null
 exit 0

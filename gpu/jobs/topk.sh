@@ -19,15 +19,13 @@
 # (gpu_kernel_tests.log): with the two caches 8 files, all a call brings back.
 set -o pipefail
 source gpu/jobs/precompile_k26.sh
+source gpu/jobs/kernel_tests.sh
 [ "${PRECOMPILE_K26:-0}" = 1 ] && precompile_k26 500
 if [ "${TOPK_TESTS:-1}" != 0 ]; then
   # 300 s: on a cold CuPy cache with the Marlin precompile beside it, 150 s cut the tests after
   # 20 of 23 (de3b5e0); a cut run is named as such (its summary counts only what ran)
-  SELECT=(-p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk)
-  python -m pytest "${SELECT[@]}" --collect-only -q > /tmp/topk_tests_collected.txt 2>&1
-  timeout "${TOPK_TESTS_S:-300}" python -m pytest "${SELECT[@]}" -v -rA > "$OUT/topk_tests.log" 2>&1
-  tail -1 "$OUT/topk_tests.log"
-  python gpu/jobs/unfinished_tests.py /tmp/topk_tests_collected.txt "$OUT/topk_tests.log" | tee -a "$OUT/topk_tests.log"
+  timed_tests "${TOPK_TESTS_S:-300}" "$OUT/topk_tests.log" -p no:cacheprovider -m gpu tests/test_kernels_gpu.py -k topk
+  tail -2 "$OUT/topk_tests.log"
   timeout 120 python -m pytest -q -p no:cacheprovider tests/test_cuda_compile.py >> "$OUT/topk_tests.log" 2>&1  # nvcc: spills
   tail -1 "$OUT/topk_tests.log"
 fi
