@@ -50,7 +50,9 @@ COMMON = [
     # Prefill graphs are not what is compared, and their first capture at this size outlasted
     # a 6-minute job on the H200 (the plain server was still at shape 1 of 58).
     "--disable-prefill-cuda-graph",
-    "--log-level", "warning",
+    # Info in every arm: the online budget logs its widths at info (read back into the report),
+    # and SGLang's prefill lines say how each arm's requests were batched into prefills.
+    "--log-level", "info",
     # Per-request timings in meta_info (first_token_latency: the TTFT column), in every arm.
     "--enable-metrics",
 ]  # fmt: skip
@@ -92,8 +94,6 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
             "auto",
             "--speculative-num-draft-tokens",
             str(int(largest) + 1),
-            "--log-level",  # the widths it chooses are logged at info (read back into the report)
-            "info",
         ]
     if name != "ddtree" or not budget.isdigit():
         raise ValueError(f"unknown arm {arm!r}: expected plain, chain, ddtree@BUDGET or ddtree@autoBUDGET")
