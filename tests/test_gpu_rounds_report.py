@@ -462,7 +462,7 @@ def test_levels_interleave_the_arms(tmp_path):
 
 
 def test_the_online_budget_lines_come_from_the_arm_log(tmp_path):
-    from sglang_ddtree.bench.gpu_rounds import online_budget_lines
+    from sglang_ddtree.bench.server_log import online_budget_lines
 
     log = tmp_path / "ddtree_auto64.log"
     log.write_text(

@@ -354,8 +354,8 @@ def test_a_pass_has_two_requests_a_slot_and_a_thousand_output_tokens():
 
 def test_the_online_budgets_widths_are_reported_per_cell(tmp_path):
     """Each cell's widths are the difference of the cumulative lines logged around it."""
-    from sglang_ddtree.bench.k26_ab import steps_between, width_summary
     from sglang_ddtree.bench.k26_ab_report import widths_by_cell
+    from sglang_ddtree.bench.server_log import steps_between, width_summary
 
     log = tmp_path / "server.log"
     log.write_text(
@@ -503,3 +503,35 @@ def test_a_loaded_request_start_runs_beside_prompts_it_does_not_profile(monkeypa
     for _, load in calls:
         assert len(load) == 7 and not any(p in profiled for p in load)
         assert load[:5] == prompts[3:] and load[5:] == prompts[3:5]
+
+
+def test_each_cell_reports_how_its_requests_were_batched_into_prefills(tmp_path):
+    """From SGLang 0.5.23's prefill lines (as the auto16 server logged them at 0fc9c47): a pass
+    at c=8 whose first request was prefilled alone and the other seven together, then one
+    prefill a request as earlier ones finished."""
+    from sglang_ddtree.bench.k26_ab_report import prefills_by_cell
+    from sglang_ddtree.bench.server_log import prefill_batches, prefill_summary
+
+    def line(seqs, new, cached):
+        return (
+            f"[2026-12-02 14:41:23] Prefill batch, #new-seq: {seqs}, #new-token: {new}, #cached-token: {cached}, "
+            "token usage: 0.00, #running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+            "input throughput (token/s): 2.18\n"
+        )
+
+    log = tmp_path / "server.log"
+    log.write_text(line(1, 1, 95) + "[t] Decode batch, #running-req: 1\n")
+    before = len(prefill_batches(log))
+    with log.open("a") as f:
+        f.write(line(1, 1, 95) + line(7, 7, 665) + "".join(line(1, 1, 95) for _ in range(8)))
+    cell = prefill_summary(prefill_batches(log)[before:])
+    assert cell == {"batches": 10, "requests": 16, "new_tokens": 16, "requests_per_batch": 1.6}
+    assert prefill_summary([])["requests_per_batch"] is None
+    assert prefill_batches(tmp_path / "missing.log") == []
+    row = {"prompt_len": 96, "profile": "p", "concurrency": 8, "prefills": cell}
+    md = "\n".join(prefills_by_cell({"arms": [{"arm": "plain", "cells": [row]}]}))
+    assert "| plain | 96 | p | 8 | 10 | 16 | 1.6 | 16 |" in md
+    assert (
+        prefills_by_cell({"arms": [{"arm": "plain", "cells": [{**row, "prefills": prefill_summary([])}]}]})
+        == []
+    )

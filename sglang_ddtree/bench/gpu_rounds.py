@@ -42,6 +42,7 @@ from . import _stamp
 from .gpu_rounds_profile import request_tokens, run_profiles, run_stack_profile, time_left
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import output_lens
+from .server_log import online_budget_lines
 
 PAIR = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l"
 COMMON = [
@@ -227,19 +228,6 @@ def measure_all(live: dict, prompts, args, results: dict, save) -> None:
         lines = online_budget_lines(server.log_path)
         if lines:
             records[arm]["online_budget_log"] = lines
-
-
-def online_budget_lines(log_path) -> list[str]:
-    """The online budget's start-up cost table and its last width summary, from a server log
-    (what the arm chose per batch size, and what its rounds cost)."""
-    try:
-        text = Path(log_path).read_text(errors="replace")
-    except (OSError, TypeError):
-        return []
-    found = [line for line in text.splitlines() if "DDTREE online budget:" in line]
-    startup = [line for line in found if "start-up round costs" in line][:1]
-    summaries = [line for line in found if "width_steps" in line][-1:]
-    return [line.split("DDTREE online budget:", 1)[1].strip() for line in startup + summaries]
 
 
 def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerProcess], dict[str, str]]:

@@ -19,7 +19,6 @@ greedy outputs equal the plain recording. Writes ``<label>.json``, ``.md`` and `
 from __future__ import annotations
 
 import argparse
-import ast
 import concurrent.futures
 import json
 import statistics
@@ -30,12 +29,13 @@ from pathlib import Path
 from ..config import ENV_BUDGET_COST_TABLE, ENV_ONLINE_BUDGET_LOG_EVERY, ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
-from .gpu_rounds import online_budget_lines, width1_cost_table
+from .gpu_rounds import width1_cost_table
 from .gpu_rounds_profile import profile_or_error, profile_request_start
 from .k26_ab_report import CHAIN_BUDGET, write_report
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
 from .replay_drafter import recorded_row
+from .server_log import online_budget_lines, prefill_batches, prefill_summary, steps_between, width_summary
 
 PAIR_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
 COMMON = [
@@ -245,9 +245,11 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
                 record["skipped"].append(f"len={length} {profile} c={concurrency}")
                 continue
             widths_before = width_summary(server.log_path)
+            prefills_before = len(prefill_batches(server.log_path))
             row = measure(
                 server, sets[key], args.output_len, concurrency, args.repeats, args.output_len_spread
             )
+            row["prefills"] = prefill_summary(prefill_batches(server.log_path)[prefills_before:])
             if widths_before is not None:  # the online budget: what it chose in this cell
                 row["width_steps_by_bs"] = steps_between(widths_before, width_summary(server.log_path))
             record["cells"].append(
@@ -262,28 +264,6 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
     if widths:
         record["online_budget_log"] = widths
     return record
-
-
-def width_summary(log_path) -> dict | None:
-    """The online budget's last logged width summary (cumulative counts), {} before its
-    first line; None for a server without the online budget."""
-    lines = online_budget_lines(log_path)
-    if not lines:
-        return None
-    summaries = [line for line in lines if line.startswith("{")]
-    return ast.literal_eval(summaries[-1]) if summaries else {}
-
-
-def steps_between(before: dict, after: dict) -> dict[int, dict[int, int]]:
-    """Steps per batch size and width between two cumulative width summaries (to within the
-    log's interval of ``WIDTH_LOG_STEPS`` steps)."""
-    old = before.get("width_steps_by_bs", {})
-    between = {}
-    for bs, steps in after.get("width_steps_by_bs", {}).items():
-        diff = {w: n - old.get(bs, {}).get(w, 0) for w, n in steps.items()}
-        if any(diff.values()):
-            between[bs] = {w: n for w, n in diff.items() if n}
-    return between
 
 
 # Profiled requests per ``--start-profile-arms`` arm, after one unprofiled one (one-time work of

@@ -273,6 +273,7 @@ def to_markdown(results: dict) -> str:
     lines += online_budget_goals(results)
     lines += online_budget_section(results)
     lines += widths_by_cell(results)
+    lines += prefills_by_cell(results)
     lines += profile_section(results)
     lines += start_profile_section(results)
     return "\n".join(lines) + "\n"
@@ -368,6 +369,43 @@ def widths_by_cell(results: dict) -> list[str]:
         return []
     header = ["arm", "prompt len", "profile", "conc", "steps: bs -> {width: steps}"]
     return ["", "## Online budget: widths chosen per cell", "", _stamp.md_table(header, rows)]
+
+
+def prefills_by_cell(results: dict) -> list[str]:
+    """How each cell's requests were batched into prefills (from the server log; warm-up
+    included)."""
+    rows = [
+        [
+            arm["arm"],
+            cell["prompt_len"],
+            cell["profile"],
+            cell["concurrency"],
+            cell["prefills"]["batches"],
+            cell["prefills"]["requests"],
+            cell["prefills"]["requests_per_batch"],
+            cell["prefills"]["new_tokens"],
+        ]
+        for arm in results["arms"]
+        for cell in arm.get("cells", [])
+        if cell.get("prefills", {}).get("batches")
+    ]
+    if not rows:
+        return []
+    header = [
+        "arm",
+        "prompt len",
+        "profile",
+        "conc",
+        "prefill batches",
+        "requests",
+        "per batch",
+        "new tokens",
+    ]
+    intro = (
+        "Every prefill is a forward the running requests wait for, so the batches, not the tokens, "
+        "set what prefills cost a cell (SGLang's prefill lines at info; warm-up included)."
+    )
+    return ["", "## Prefill batches per cell", "", intro, "", _stamp.md_table(header, rows)]
 
 
 def _steps(by_bs: dict) -> str:
