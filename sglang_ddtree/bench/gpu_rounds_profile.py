@@ -107,7 +107,7 @@ def profile_request_start(server, prompt: list[int], out: Path, export_s: float,
     with concurrent.futures.ThreadPoolExecutor(len(load) + 1) as pool:
         running = [pool.submit(request_tokens, server, p, LOAD_OUTPUT_LEN) for p in load]
         if running:
-            time.sleep(0.3)  # past their prefill, into steady decode
+            time.sleep(1.0)  # past their prefill (on the K2.6 rank one eager prefill takes 150-280 ms)
         http_text(  # answers in plain text
             f"{server.url}/start_profile",
             {
