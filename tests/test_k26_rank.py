@@ -246,7 +246,7 @@ def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
     assert auto[auto.index("--speculative-num-draft-tokens") + 1] == "65"
     assert "--log-level" not in auto  # every arm logs at COMMON's level (its widths reach the log)
     assert COMMON[COMMON.index("--log-level") + 1] == "info"
-    for bad in ("ddtree@", "ddtree@autox", "tree@8"):
+    for bad in ("ddtree@", "ddtree@autox", "tree@8", "ddtree", "ddtree@auto", "plain,chain"):
         with pytest.raises(ValueError):
             arm_args(bad, "D", 16)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..config import ENV_BUDGET_COST_TABLE, ENV_ONLINE_BUDGET_LOG_EVERY, ENV_VERIFY_ATTENTION
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
+from .ab.arms import ABError, ddtree_flags, parse_arm_names
 from .gpu_rounds import width1_cost_table
 from .gpu_rounds_profile import profile_or_error, profile_request_start
 from .k26_ab_report import CHAIN_BUDGET, write_report
@@ -79,25 +80,22 @@ def base_arm(arm: str, work: Path | None = None) -> tuple[str, dict]:
 
 def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
     """``plain``, ``chain``, ``ddtree@B`` or ``ddtree@autoB`` (the online budget, trees of at
-    most ``B`` nodes) -> server flags (the same graphs in every arm)."""
+    most ``B`` nodes; the A/B tool's arm names, parsed by it) -> server flags (the same graphs in
+    every arm)."""
     graphs = ["--cuda-graph-max-bs-decode", str(graph_max_bs)]
-    if arm == "plain":
+    try:
+        ((_, kind, budget),) = parse_arm_names(arm)
+    except (ABError, ValueError) as error:
+        raise ValueError(
+            f"unknown arm {arm!r}: expected plain, chain, ddtree@BUDGET or ddtree@autoBUDGET"
+        ) from error
+    if kind == "plain":
         return graphs
-    spec = graphs + ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter]
-    if arm == "chain":
-        return spec + ["--speculative-ddtree-budget", str(CHAIN_BUDGET), "--speculative-ddtree-max-topk", "1"]
-    name, _, budget = arm.partition("@")
-    largest = budget.removeprefix("auto")
-    if name == "ddtree" and budget.startswith("auto") and largest.isdigit():
-        return spec + [
-            "--speculative-ddtree-budget",
-            "auto",
-            "--speculative-num-draft-tokens",
-            str(int(largest) + 1),
-        ]
-    if name != "ddtree" or not budget.isdigit():
-        raise ValueError(f"unknown arm {arm!r}: expected plain, chain, ddtree@BUDGET or ddtree@autoBUDGET")
-    return spec + ["--speculative-ddtree-budget", budget]
+    if kind == "chain":
+        return graphs + ddtree_flags(drafter, CHAIN_BUDGET) + ["--speculative-ddtree-max-topk", "1"]
+    if budget is None or budget == "auto":  # the rank's arms name their largest tree
+        raise ValueError(f"arm {arm!r}: name its budget (ddtree@BUDGET or ddtree@autoBUDGET)")
+    return graphs + ddtree_flags(drafter, budget)
 
 
 def prompt_sets(base: list[list[int]], lengths: list[int], profiles: list[str], count: int) -> dict:

@@ -278,20 +278,18 @@ def _arm_spec(
 ) -> tuple[list[str], str]:
     """The speculative flags of one arm, and a sentence saying what it serves."""
     if kind == "ddtree" and isinstance(budget, str):  # the online budget: a width per step
-        from ...adapter.server_args import AUTO_BUDGET
-
-        largest = int(budget.removeprefix(AUTO_BUDGET) or opts.budget)
-        spec = [*_ddtree_flags(drafter, AUTO_BUDGET), "--speculative-num-draft-tokens", str(largest + 1)]
+        largest = int(budget.removeprefix("auto") or opts.budget)
+        spec = ddtree_flags(drafter, f"auto{largest}")
         return spec, f"DDTREE, online budget (a verify width per step, trees of up to {largest} nodes)"
     if kind == "ddtree":
         budget = budget or opts.budget
-        return _ddtree_flags(drafter, budget), f"DDTREE, tree budget {budget}"
+        return ddtree_flags(drafter, budget), f"DDTREE, tree budget {budget}"
     if kind == "chain" and chain_impl == "dflash":
         spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
         return spec, "stock SGLang DFLASH (the DFlash chain), same drafter"
     if kind == "chain":
         block = opts.block_size or drafter_block_size(drafter)
-        spec = [*_ddtree_flags(drafter, block - 1), "--speculative-ddtree-max-topk", "1"]
+        spec = [*ddtree_flags(drafter, block - 1), "--speculative-ddtree-max-topk", "1"]
         description = (
             f"the DFlash chain as DDTREE with --speculative-ddtree-max-topk 1 and budget {block - 1} "
             f"(block {block} - 1): one candidate per depth (SGLang refuses DFLASH on this platform)"
@@ -300,15 +298,21 @@ def _arm_spec(
     return [], "no speculation"
 
 
-def _ddtree_flags(drafter: str, budget: int | str) -> list[str]:
-    return [
-        "--speculative-algorithm",
-        "DDTREE",
-        "--speculative-draft-model-path",
-        drafter,
-        "--speculative-ddtree-budget",
-        str(budget),
-    ]
+def ddtree_flags(drafter: str, budget: int | str) -> list[str]:
+    """DDTREE's server flags at a tree budget of ``budget`` nodes, or at ``"autoN"``: the online
+    budget with trees of up to N nodes (its verify window: N + 1 slots)."""
+    from ...adapter.server_args import AUTO_BUDGET
+
+    flags = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter]
+    if isinstance(budget, str) and budget.startswith(AUTO_BUDGET):
+        largest = int(budget.removeprefix(AUTO_BUDGET))
+        return flags + [
+            "--speculative-ddtree-budget",
+            AUTO_BUDGET,
+            "--speculative-num-draft-tokens",
+            str(largest + 1),
+        ]
+    return flags + ["--speculative-ddtree-budget", str(budget)]
 
 
 def _parse_arm_args(items: list[str]) -> dict[str, list[str]]:
