@@ -317,9 +317,8 @@ class StepWidths:
         }
         if self.measured:
             summary["round_ms"] = self._measured_costs()
-        forgotten = getattr(
-            self.cost, "forgotten", None
-        )  # a timed table's rows that forgot their trees' excess
+        # A timed table's rows that forgot their trees' excess (budget/online.py, TimedCostTable).
+        forgotten = getattr(self.cost, "forgotten", None)
         if forgotten is not None and forgotten.any():
             summary["trees_forgotten_by_bs"] = {
                 bs: int(n) for bs, n in zip(self.cost.batch_sizes, forgotten) if n

@@ -20,6 +20,7 @@ def request_tokens(server: ServerProcess, prompt: list[int], output_len: int) ->
     return {
         "tokens": meta["completion_tokens"],
         "rounds": meta.get("spec_verify_ct") or meta["completion_tokens"],
+        "ttft_s": meta.get("first_token_latency"),  # with --enable-metrics
     }
 
 
@@ -117,11 +118,9 @@ def profile_request_start(server, prompt: list[int], out: Path, export_s: float,
                 "with_stack": False,
             },
         )
-        params = {"max_new_tokens": START_OUTPUT_LEN, "temperature": 0.0, "ignore_eos": True}
-        meta = server.generate({"input_ids": prompt, "sampling_params": params})["meta_info"]
+        ttft = request_tokens(server, prompt, START_OUTPUT_LEN)["ttft_s"]
         for f in running:
             f.result()
-    ttft = meta.get("first_token_latency")  # with --enable-metrics
     trace = _finished_trace(out, export_s)
     if trace is None:
         return {"load": len(load), "error": f"no complete trace in {out} after {export_s:.0f} s"}

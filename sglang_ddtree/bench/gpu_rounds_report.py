@@ -58,9 +58,8 @@ def online_budget_targets(levels: dict) -> list[list]:
                     continue
                 ratio = level["tok_per_s"] / levels[other][c]["tok_per_s"]
                 rows.append([f"{auto} tok/s / {name} tok/s, c={c}", f"{ratio:.3f}", ">= 0.95", ratio >= 0.95])
-                if level.get("itl_ms") and levels[other][c].get(
-                    "itl_ms"
-                ):  # the decode's pace, no prefill in it
+                # the decode's pace, no prefill in it
+                if level.get("itl_ms") and levels[other][c].get("itl_ms"):
                     pace = levels[other][c]["itl_ms"] / level["itl_ms"]
                     rows.append(
                         [f"{auto} decode pace / {name}'s (ITL), c={c}", f"{pace:.3f}", "(not a goal)", ""]

@@ -253,7 +253,8 @@ def request_timeline(events: list[dict], min_wait_ms: float = 0.2) -> list[dict]
     kernels = sorted(
         (e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"]
     )
-    gpu_of = _gpu_spans_of(spans, kernels, runtime, events)
+    starts = [k["ts"] for k in kernels]
+    gpu_of = _gpu_spans_of(spans, kernels, starts, runtime, events)
     t0, ms = spans[0]["ts"], 1e-3
     rows = []
     for span in spans:
@@ -271,7 +272,7 @@ def request_timeline(events: list[dict], min_wait_ms: float = 0.2) -> list[dict]
         gpu = gpu_of.get(id(span))
         if gpu is not None:
             row.update(gpu_at_ms=(gpu["ts"] - t0) * ms, gpu_ms=gpu.get("dur", 0) * ms)
-            row["top_kernels"] = _top_kernels(kernels, gpu)
+            row["top_kernels"] = _top_kernels(kernels, starts, gpu)
         rows.append(row)
     dtoh = _device_to_host_correlations(events)
     for e in runtime:
@@ -296,11 +297,12 @@ def _is_step(event: dict, category: str) -> bool:
 TOP_KERNELS = 3
 
 
-def _top_kernels(kernels: list[dict], gpu: dict) -> list[list]:
-    """``[[kernel name, ms], ...]``: the kernels with the most GPU time inside a GPU span."""
+def _top_kernels(kernels: list[dict], starts: list[float], gpu: dict) -> list[list]:
+    """``[[kernel name, ms], ...]``: the kernels (sorted by start, ``starts`` their start
+    times) with the most GPU time inside a GPU span."""
     end = gpu["ts"] + gpu.get("dur", 0)
     totals: dict[str, float] = defaultdict(float)
-    for k in kernels[bisect.bisect_left([k["ts"] for k in kernels], gpu["ts"]) :]:
+    for k in kernels[bisect.bisect_left(starts, gpu["ts"]) :]:
         if k["ts"] > end:
             break
         totals[k.get("name", "?")] += k.get("dur", 0) * 1e-3
@@ -308,14 +310,13 @@ def _top_kernels(kernels: list[dict], gpu: dict) -> list[list]:
 
 
 def _gpu_spans_of(
-    spans: list[dict], kernels: list[dict], runtime: list[dict], events: list[dict]
+    spans: list[dict], kernels: list[dict], starts: list[float], runtime: list[dict], events: list[dict]
 ) -> dict[int, dict]:
     """``{id(host span): its GPU span}``: a GPU span belongs to the host span that launched
     its first kernel (the kernel's correlation id names the launch; a graph's kernels carry
     their graph launch's). Time alone cannot tell: the device may run a forward long after
     the host moved on to the next one."""
     launches = {e.get("args", {}).get("correlation"): e for e in runtime}
-    starts = [k["ts"] for k in kernels]
     owner = {}
     for gpu in (e for e in events if _is_step(e, "gpu_user_annotation")):
         first = bisect.bisect_left(starts, gpu["ts"])
