@@ -8,9 +8,10 @@ committed rows and positions, the slots, the commit lengths (0 for the padded re
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from sglang_ddtree.adapter.draft_kv_graphs import DraftKVGraphs, committed_rows
+from sglang_ddtree.adapter.draft_kv_graphs import DraftKVGraphs, committed_rows, held_by_append
 
 
 def _reference(hidden, sources, prefix_lens, width, last_position):
@@ -83,3 +84,65 @@ def test_rounds_no_graph_covers_append_eagerly():
         other_dtype, torch.zeros(2, 3, dtype=torch.int64), torch.zeros(2), torch.zeros(6), torch.ones(2)
     )
     assert calls == []
+
+
+class _RegrowingHelper:
+    """SGLang's fused KV helper as the graphs see it: stacked weights, and a workspace kept
+    between calls that a call with more rows replaces (the old one freed)."""
+
+    def __init__(self, features, device):
+        self.weight = torch.full((features,), 2.0, device=device)
+        self._proj_workspace = torch.zeros(1, features, device=device)
+
+    def materialize(self, hidden, out, cache_loc):
+        if hidden.shape[0] > self._proj_workspace.shape[0]:
+            self._proj_workspace = torch.zeros(2 * hidden.shape[0], hidden.shape[1], device=hidden.device)
+        rows = self._proj_workspace[: hidden.shape[0]]
+        torch.mul(hidden, self.weight, out=rows)
+        out[cache_loc] = rows
+
+
+class _FusedWorker:
+    def __init__(self, features, device):
+        self._fused_kv_helper = _RegrowingHelper(features, device)
+        self.pool = torch.zeros(64, features, device=device)
+
+    def append(self, *, target_hidden, cache_loc, cache_loc_2d, positions, commit_lens):
+        self._fused_kv_helper.materialize(target_hidden, self.pool, cache_loc)
+
+
+def test_held_by_append_keeps_the_fused_helper_and_its_workspace_of_now():
+    worker = _FusedWorker(6, "cpu")
+    workspace, weight = worker._fused_kv_helper._proj_workspace, worker._fused_kv_helper.weight
+    held = held_by_append(worker.append)
+    worker._fused_kv_helper.materialize(torch.ones(9, 6), worker.pool, torch.arange(9))  # a longer prefill
+    worker._fused_kv_helper = None  # SGLang drops the helper after a failed eager call
+    assert any(t is workspace for t in held) and any(t is weight for t in held)
+    assert held_by_append(lambda **kw: None) == []  # the per-layer path keeps nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphs_replay_on_their_workspace_after_a_prefill_replaced_it():
+    features, device = 6, "cuda"
+    worker = _FusedWorker(features, device)
+    graphs = DraftKVGraphs(
+        worker.append, features, torch.float32, [1, 2], [3], last_position=60, device=device
+    )
+    graphs.capture()
+    captured = worker._fused_kv_helper._proj_workspace
+    worker.append(  # an eager prefill of more rows than any graph: the helper's workspace is replaced
+        target_hidden=torch.ones(40, features, device=device), cache_loc=torch.arange(40, device=device),
+        cache_loc_2d=None, positions=None, commit_lens=None,
+    )  # fmt: skip
+    assert worker._fused_kv_helper._proj_workspace is not captured
+    assert any(t is captured for t in graphs.held)
+    filler = [torch.full((4096, features), 7.0, device=device) for _ in range(64)]  # reuse freed memory
+    hidden = torch.randn(6, features, device=device)
+    sources = torch.tensor([[0, 1, 2], [2, 1, 0]], device=device)
+    assert graphs.append(hidden, sources, torch.tensor([3, 9], device=device), torch.arange(50, 56, device=device),
+                         torch.tensor([3, 3], dtype=torch.int32, device=device))  # fmt: skip
+    torch.cuda.synchronize()
+    rows, _ = committed_rows(hidden, sources, torch.tensor([3, 9], device=device), 3, 60)
+    assert torch.equal(worker.pool[50:56], 2.0 * rows.reshape(6, -1))
+    assert all(bool((f == 7.0).all()) for f in filler)

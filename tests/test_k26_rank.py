@@ -67,6 +67,24 @@ def test_drafter_matches_the_published_kimi_dflash_shape(rank):
     assert drafter["num_attention_heads"] == 64 // TP
 
 
+def test_drafter_rope_is_the_published_yarn_in_the_style_sglangs_fused_paths_serve(rank):
+    """SGLang's fused drafter paths (context KV, q/k norm + RoPE) need neox style with the
+    rotary over the whole head; an interleaved drafter takes the per-layer paths."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.utils.hf_transformers_utils import get_rope_config
+
+    hf = ModelConfig(str(rank["drafter"]), dtype="bfloat16").hf_config
+    theta, scaling = get_rope_config(hf)  # as SGLang's DFlash attention reads them
+    assert bool(getattr(hf, "rope_is_neox_style", getattr(hf, "is_neox_style", True)))
+    assert (scaling["rope_type"], scaling["factor"], scaling["original_max_position_embeddings"]) == (
+        "yarn",
+        64.0,
+        4096,
+    )
+    assert theta == 50000.0 and not {"rope_dim", "partial_rotary_factor"} & set(scaling)
+    assert getattr(hf, "partial_rotary_factor", 1.0) == 1.0
+
+
 def test_short_rank_keeps_the_shapes_and_a_drafter_within_its_layers(tmp_path):
     paths = write_rank(tmp_path, layers=3, quantized=False)
     target = json.loads((paths["target"] / "config.json").read_text())

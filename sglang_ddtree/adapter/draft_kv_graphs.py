@@ -12,6 +12,11 @@ prefix-valid write honours on the device.
 
 CPU servers, eager servers and tensor parallelism keep the eager append (TP would put the
 drafter's collectives inside these graphs; not done).
+
+A drafter with neox-style RoPE (the published Kimi DFlash drafters) takes SGLang's fused KV
+path, whose helper keeps a workspace between calls and replaces it with a larger one, freeing
+the old, when a longer prefill needs more rows. The graphs read and write the tensors they
+were captured on, so they hold every tensor the helper held at capture.
 """
 
 from __future__ import annotations
@@ -37,6 +42,14 @@ def committed_rows(
     return rows, positions.clamp_(max=last_position)
 
 
+def held_by_append(append) -> list[torch.Tensor]:
+    """The tensors SGLang's append keeps between calls, as they are now: the fused KV path's
+    stacked weights (SGLang drops its helper if a later eager call fails) and its workspace
+    (which a longer prefill replaces). Empty on the per-layer path."""
+    helper = getattr(getattr(append, "__self__", None), "_fused_kv_helper", None)
+    return [v for v in vars(helper).values() if isinstance(v, torch.Tensor)] if helper is not None else []
+
+
 class DraftKVGraphs:
     """One graph per (captured batch size, verify width), sharing buffers and a memory pool."""
 
@@ -53,6 +66,7 @@ class DraftKVGraphs:
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
         self.commit_lens = torch.zeros(self.batch_sizes[-1], dtype=torch.int32, device=device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.held: list = []  # what the captured append reads and writes outside the graph pool
 
     def _run(self, bs: int, width: int) -> None:
         n = bs * width
@@ -79,6 +93,7 @@ class DraftKVGraphs:
                 self._run(bs, width)
             self.graphs[(bs, width)] = graph
         torch.cuda.current_stream().wait_stream(stream)
+        self.held = held_by_append(self._append)
 
     def padded_batch(self, bs: int) -> int | None:
         return next((b for b in self.batch_sizes if b >= bs), None)

@@ -62,6 +62,17 @@ DRAFTER = {
     "head_dim": 128,
     "intermediate": 18432,
 }
+# Its RoPE as published: YaRN over a 4,096-token original window, and no `rope_is_neox_style`
+# field, so SGLang takes Qwen3's neox style, the style its fused drafter paths serve (the
+# prompt's context KV in one projection and one norm + RoPE kernel, the drafter's q/k norm +
+# RoPE in one kernel); an interleaved drafter takes the per-layer paths.
+DRAFTER_ROPE_SCALING = {
+    "rope_type": "yarn",
+    "factor": 64.0,
+    "original_max_position_embeddings": 4096,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
 PAIR_TOKENIZER = Path(__file__).resolve().parent / "pairs" / "pycode-4l" / "target"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 MASK_TOKEN, MASK_TOKEN_ID = "<|MASK|>", 3  # the pair tokenizer's mask token
@@ -181,6 +192,7 @@ def drafter_config(target_layers: int = K26["layers"], tp: int = TP) -> dict:
         "max_position_embeddings": 262144,
         "rms_norm_eps": 1e-6,
         "rope_theta": 50000.0,
+        "rope_scaling": DRAFTER_ROPE_SCALING,
         "tie_word_embeddings": False,
         "attention_bias": False,
         "torch_dtype": "bfloat16",
@@ -188,7 +200,6 @@ def drafter_config(target_layers: int = K26["layers"], tp: int = TP) -> dict:
         "eos_token_id": 0,
         "block_size": DRAFTER["block_size"],
         "num_target_layers": target_layers,
-        "rope_is_neox_style": False,
         "dflash_config": {
             "target_layer_ids": layer_ids,
             "mask_token": MASK_TOKEN,
