@@ -10,6 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +41,25 @@ def _spec(algorithm: str) -> list[str]:
 
 
 DDTREE, DFLASH = _spec("DDTREE"), _spec("DFLASH")
+
+# The pair's drafter with `rope_is_neox_style` true: its trained weights read with the other
+# RoPE style propose worse, the same in every arm that serves it, and take SGLang's fused
+# context-KV path (neox only) as the published Kimi drafters do. Written by write_neox_drafter.
+NEOX_DRAFTER = Path(tempfile.gettempdir()) / "sglang-ddtree-pycode-4l-drafter-neox"
+DDTREE_NEOX = [
+    "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(NEOX_DRAFTER),
+    "--speculative-ddtree-budget", str(BUDGET),
+]  # fmt: skip
+
+
+def write_neox_drafter() -> Path:
+    NEOX_DRAFTER.mkdir(parents=True, exist_ok=True)
+    for source in (PAIR / "drafter").iterdir():
+        shutil.copy(source, NEOX_DRAFTER / source.name)
+    config = json.loads((PAIR / "drafter" / "config.json").read_text())
+    (NEOX_DRAFTER / "config.json").write_text(json.dumps({**config, "rope_is_neox_style": True}, indent=1))
+    return NEOX_DRAFTER
+
 
 PAGE16_CHUNKED = ["--page-size", "16", "--chunked-prefill-size", "64"]
 ONLINE_BUDGET = (
@@ -70,10 +91,17 @@ ARMS: dict[str, list[str]] = {
     # the same with an injected cost table (WIDTH1_COST_TABLE) that makes every batched step
     # verify the root alone in width 1's graphs (no drafter replay) and bs 1 run the largest tree
     "ddtree_fp32_graphs_auto_width1": FP32 + GRAPHS + ONLINE_BUDGET,
+    # the pair's drafter read with neox-style RoPE (NEOX_DRAFTER; the published Kimi drafters'
+    # style): SGLang's fused context-KV path, captured in the append's graphs, against its
+    # eager append (arm_env)
+    "ddtree_fp32_graphs_neox": FP32 + GRAPHS + DDTREE_NEOX,
+    "ddtree_fp32_graphs_neox_eager_kv": FP32 + GRAPHS + DDTREE_NEOX,
 }
-# Started only when GPU_SERVER_ARMS names them (gpu/jobs/online_budget.sh), not in the default suite.
-OPT_IN_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto", "ddtree_fp32_graphs_auto_width1")
-ONLINE_BUDGET_ARMS = OPT_IN_ARMS
+ONLINE_BUDGET_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto", "ddtree_fp32_graphs_auto_width1")
+NEOX_ARMS = ("ddtree_fp32_graphs_neox", "ddtree_fp32_graphs_neox_eager_kv")
+# Started only when GPU_SERVER_ARMS names them (gpu/jobs/online_budget.sh, gpu/jobs/suite.sh with
+# SUITE_K), not in the default suite.
+OPT_IN_ARMS = ONLINE_BUDGET_ARMS + NEOX_ARMS
 # The first wave compiles the kernels (float32 and bf16, plain and speculative) that
 # the second reuses from the cache.
 WAVES = [
@@ -122,7 +150,7 @@ def arm_env(arm: str) -> dict[str, str]:
     env = {}
     if tp_size() > 1 and "DDTREE" in ARMS[arm]:
         env["SGLANG_DDTREE_CHECK_TP_TREES"] = "1"
-    if arm == "ddtree_fp32_graphs_eager_kv":
+    if arm in ("ddtree_fp32_graphs_eager_kv", "ddtree_fp32_graphs_neox_eager_kv"):
         env["SGLANG_DDTREE_EAGER_DRAFT_KV"] = "1"
     if arm == "ddtree_fp32_graphs_auto_width1":
         env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
@@ -154,6 +182,8 @@ class Fleet:
         self.start_seconds: dict[str, float] = {}
 
     def start(self, arm: str) -> None:
+        if arm in NEOX_ARMS:
+            write_neox_drafter()
         server = ServerProcess(
             ["--model-path", str(PAIR / "target"), *COMMON, *ARMS[arm], *parallel_args(arm)],
             env=arm_env(arm),

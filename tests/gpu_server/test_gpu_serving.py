@@ -17,6 +17,7 @@ from sglang_ddtree.launch import http_json
 
 from .arms import (
     ARMS,
+    NEOX_ARMS,
     REFERENCE,
     first_difference,
     greedy,
@@ -179,6 +180,32 @@ def test_draft_kv_graphs_write_what_the_eager_append_writes(fleet, prompts, resu
     results["draft_kv_graphs/rounds_per_request"] = rounds
     assert None not in rounds["ddtree_fp32_graphs"]
     assert rounds["ddtree_fp32_graphs"] == rounds["ddtree_fp32_graphs_eager_kv"]
+
+
+def test_fused_context_kv_in_graphs_writes_what_its_eager_append_writes(
+    fleet, prompts, plain_outputs, results
+):
+    """A neox-style drafter takes SGLang's fused context-KV path, whose workspace a prefill
+    longer than the captured rows (16 x 33) replaces: after such a prefill, the rounds replayed
+    on the capture-time workspace must write the drafter KV the eager append writes (the
+    verify rounds per request equal) and outputs stay the plain server's."""
+    if not set(NEOX_ARMS) <= set(fleet.servers):
+        pytest.skip(f"opt-in arms: GPU_SERVER_ARMS=plain_fp32,{','.join(NEOX_ARMS)}")
+    long_prompt = [t for p in prompts[:8] for t in p]  # 768 tokens
+    _, want = plain_outputs("ddtree_fp32_graphs_neox")
+    params = {"max_new_tokens": N_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    rounds = {}
+    for arm in ("ddtree_fp32_graphs_neox", "ddtree_fp32_graphs_neox_eager_kv"):
+        assert "DFLASH fused KV materialization enabled" in fleet.log_text(arm), arm
+        greedy(fleet[arm], long_prompt, 16)
+        metas = [fleet[arm].generate({"input_ids": p, "sampling_params": params}) for p in prompts]
+        assert [m["output_ids"] for m in metas] == want, arm
+        rounds[arm] = [m["meta_info"].get("spec_verify_ct") for m in metas]
+    assert "drafter KV append captured" in fleet.log_text("ddtree_fp32_graphs_neox")
+    assert "drafter KV append captured" not in fleet.log_text("ddtree_fp32_graphs_neox_eager_kv")
+    results["fused_context_kv/rounds_per_request"] = rounds
+    assert None not in rounds["ddtree_fp32_graphs_neox"]
+    assert rounds["ddtree_fp32_graphs_neox"] == rounds["ddtree_fp32_graphs_neox_eager_kv"]
 
 
 def test_tp_ranks_build_the_same_trees(fleet, results):
