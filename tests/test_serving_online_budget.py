@@ -124,11 +124,11 @@ def test_auto_with_measured_costs_is_identical_to_plain(servers, plain):
     assert min(stats["width_steps_by_bs"][1].values()) >= 2, stats
     assert len(stats["width_steps_by_bs"]) > 1, stats  # and the batch ran at other sizes
     # the A/B tool's request-start profile through this server, beside one request decoding:
-    # rounds of that one, the new request's prefill (of the one token the prefix cache lacks),
-    # then rounds of both; no TTFT without --enable-metrics
+    # rounds of that one, the new request's prefill (of its whole prompt: the profile flushed
+    # the prefix cache that held it), then rounds of both; no TTFT without --enable-metrics
     assert "timeline" in start and start["load"] == 1 and start["ttft_ms"] is None, start
     steps = [row["what"] for row in start["timeline"] if not row["what"].startswith("wait")]
-    prefill = steps.index("step[EXTEND bs=1 toks=1]")
+    prefill = steps.index(f"step[EXTEND bs=1 toks={len(plain['requests'][1]['input_ids'])}]")
     assert "step[VERIFY bs=1]" in steps[:prefill], start
     assert {"step[DRAFT bs=2]", "step[VERIFY bs=2]"} <= set(steps[prefill:]), start
 

@@ -103,8 +103,11 @@ def profile_request_start(server, prompt: list[int], out: Path, export_s: float,
     """One request under SGLang's torch profiler (no Python stacks: the host's pace stays the
     served one), from an idle server or beside ``load`` (prompts already decoding): its TTFT as
     SGLang stamps it, and the timeline of its prefill and first rounds
-    (:func:`.round_profile.request_timeline`)."""
+    (:func:`.round_profile.request_timeline`). The prefix cache is flushed first, so the
+    request prefills its whole prompt in every arm (a plain arm that recorded the prompts
+    earlier would otherwise prefill one token)."""
     out.mkdir(parents=True, exist_ok=True)
+    http_text(f"{server.url}/flush_cache?timeout=30")  # waits for the idle server; fails loudly
     with concurrent.futures.ThreadPoolExecutor(len(load) + 1) as pool:
         running = [pool.submit(request_tokens, server, p, LOAD_OUTPUT_LEN) for p in load]
         if running:
