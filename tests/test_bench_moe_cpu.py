@@ -260,11 +260,32 @@ def test_mla_report_renders(tmp_path):
     }
     res = {"stamp": {"device": "t"}, "copy_gbs": 4300.0, "matmul_tflops": 780.0, "tuned": {"H8_W17": "x"},
            "checks": [check, {"ok": None, "error": "x"}], "rows": [row, {**row, "naive_ms": None, "speedup_vs_naive": None}]}  # fmt: skip
+    res["rows"].append({**row, "prefix_contig_ms": 0.05, "prefix_contig_bw_frac": 0.8})
     md = mla.render_markdown(res)
     assert "8 heads per GPU" in md and "1/1 checks pass" in md and "did not compile" in md
+    assert "| 16 | 16 | 8192 | 0.080 | 50% | 0.050 | 80% |" in md  # gather vs consecutive slots
     pytest.importorskip("matplotlib")
     assert mla.plot(res, tmp_path / "a.png").exists()
     assert math.isfinite(row["split_ms"])
+
+
+def test_configs_are_timed_per_shape_beside_the_served_one():
+    from sglang_ddtree.bench import mla_tree_configs as configs
+
+    p = mla.make_problem(2, 64, 9, 8, device="cpu", seed=1)
+    timed = []
+    labels = ["M64N64w8s2", "M32N64w4s2"]
+    # a stand-in timer: the attention object each config builds, priced by its tile count
+    row = configs.time_configs(p, labels, 4, lambda fn: timed.append(fn) or 0.1 * len(timed))
+    assert row["served_config"] == "M32N64w4s2" and list(row["prefix_ms_by_config"]) == labels
+    assert len(timed) == 2
+    rows = [{"heads": 8, "n_nodes": 9, "bs": 32, "prefix": 4096, **row},
+            {"heads": 8, "n_nodes": 8, "bs": 32, "prefix": 4096, "served_config": "M64N64w8s2",
+             "prefix_ms_by_config": {"M64N64w8s2": 0.14, "M32N64w4s2": 0.2}}]  # fmt: skip
+    md = "\n".join(configs.config_lines(rows))
+    assert "| 8 | 9 | 32 | 4096 | M32N64w4s2 | 0.100 | 0.200 | M64N64w8s2 |" in md
+    assert "| 8 | 8 | 32 | 4096 | M64N64w8s2 | 0.140 | 0.200 | M64N64w8s2 |" in md
+    assert configs.config_lines([{"heads": 8}]) == []
 
 
 def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):

@@ -33,6 +33,7 @@ from ..kernels.mla_tree_attention import (
     TreeVerifyProblem,
     naive_tree_attention,
 )
+from .mla_tree_configs import config_lines, time_configs
 from .sglang_verify_attention import SGLangVerifyAttention, drafter_markdown, drafter_sweep
 
 # =========================================================================== trees
@@ -205,6 +206,8 @@ def run_sweep(
                          "config": cfg.label(), "n_splits": att.n_splits}  # fmt: skip
                     r["split_ms"] = _time(att)
                     r["prefix_ms"] = _time(lambda att=att: att._launch_partial(False, False))
+                    if args.configs:
+                        r.update(time_configs(p, args.configs, sms, _time))
                     r["tail_ms"] = _time(lambda att=att: att._launch_partial(True, False))
                     r["merge_ms"] = _time(att.combine)
                     if args.sglang:
@@ -305,34 +308,27 @@ def render_markdown(res: dict) -> str:
             ["budget", "bs", "prefix", "split ms", "prefix ms", "tail ms", "merge ms", "naive ms", "split speedup",
              "prefix of copy BW", "prefix of mm rate", "prefix bound", "prefix of roofline", *sglang_cols], rows))  # fmt: skip
         out.append("")
+    out += config_lines(res["rows"])
     probe = [r for r in res["rows"] if "prefix_contig_ms" in r]
     if probe:
+        header = [
+            "budget",
+            "bs",
+            "prefix",
+            "prefix ms (gather)",
+            "of copy BW",
+            "prefix ms (consecutive)",
+            "of copy BW",
+        ]
+        table = [
+            [r["budget"], r["bs"], r["prefix"], r["prefix_ms"], f"{100 * r['prefix_bw_frac']:.0f}%",
+             r["prefix_contig_ms"], f"{100 * r['prefix_contig_bw_frac']:.0f}%"]
+            for r in probe
+        ]  # fmt: skip
         out += [
             "## What bounds the memory-bound prefix pass: gather vs consecutive slots (8 heads)",
             "",
-            md_table(
-                [
-                    "budget",
-                    "bs",
-                    "prefix",
-                    "prefix ms (gather)",
-                    "of copy BW",
-                    "prefix ms (consecutive)",
-                    "of copy BW",
-                ],
-                [
-                    [
-                        r["budget"],
-                        r["bs"],
-                        r["prefix"],
-                        r["prefix_ms"],
-                        f"{100 * r['prefix_bw_frac']:.0f}%",
-                        r["prefix_contig_ms"],
-                        f"{100 * r['prefix_contig_bw_frac']:.0f}%",
-                    ]
-                    for r in probe
-                ],
-            ),  # fmt: skip
+            md_table(header, table),
             "",
         ]
     return "\n".join(out + drafter_markdown(res.get("drafter_rows") or []))
@@ -375,6 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--max-naive-elems", type=float, default=1.1e9, help="skip naive above this score count")
     ap.add_argument("--check-all-configs", action="store_true")
+    ap.add_argument(
+        "--configs", nargs="+", default=[], choices=[c.label() for c in CANDIDATE_CONFIGS], metavar="LABEL",
+        help="also time the prefix pass under each of these configs in every row (e.g. M64N64w8s2 M32N64w4s2)",
+    )  # fmt: skip
     ap.add_argument(
         "--sglang", action="store_true", help="also check and time SGLang's own target-verify kernel"
     )
