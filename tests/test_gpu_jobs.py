@@ -147,6 +147,22 @@ def test_device_sh_leaves_tritons_cache_out_when_the_job_fills_the_files(tmp_pat
     assert "Triton's cache not saved" in run.stdout
 
 
+def test_take_caches_recompresses_what_a_call_brought_back_into_the_carry(tmp_path):
+    files_at, carry = tmp_path / "files_at", tmp_path / "carry"
+    files_at.mkdir()
+    _tar_xz(files_at / "cache-fake.tar.xz", {"./jit/marlin.so": "jit" * 1000, "./cupy/k.cubin": "cubin"})
+    _tar_xz(files_at / "triton-fake.tar.xz", {"./triton/k/k.cubin": "triton"})
+    run = subprocess.run(
+        ["bash", str(ROOT / "gpu" / "take_caches.sh"), str(files_at)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "SGLANG_VERSION": "fake", "CARRY_DIR": str(carry)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _names(carry / "cache-fake.tar.xz") == {"jit/marlin.so", "cupy/k.cubin"}
+    assert _names(carry / "triton-fake.tar.xz") == {"triton/k/k.cubin"}
+    assert "of 64 MiB" in run.stdout
+
+
 def test_timed_tests_names_what_its_time_limit_cut(tmp_path):
     """The jobs' shared runner (gpu/jobs/kernel_tests.sh, ``timed_tests``) on real pytest runs:
     a whole run ends its log with "suite complete", one its limit cut names the rest."""
