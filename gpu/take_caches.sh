@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Take the compile caches a device call brought back (cache-<v>.tar.xz: SGLang's JIT kernels and
 # CuPy's; triton-<v>.tar.xz) into .carry/gpu, recompressed with xz -9e (the device writes -6 to
-# spare its time: 9.7 + 5.7 MB became 7.7 + 2.8), and print what the next call carries against
+# spare its time: 9.8 + 5.7 MB became 7.4 + 2.7), and print what the next call carries against
 # the 64 MiB a call may carry (the working tree's files count too: a call over it is refused).
 #   bash gpu/take_caches.sh /work/.device/N        # the call's files_at
 set -euo pipefail

@@ -111,7 +111,7 @@ class _FusedWorker:
         self._fused_kv_helper.materialize(target_hidden, self.pool, cache_loc)
 
 
-def test_held_by_append_keeps_the_fused_helper_and_its_workspace_of_now():
+def test_held_by_append_keeps_the_fused_paths_weights_and_its_workspace_of_now():
     worker = _FusedWorker(6, "cpu")
     workspace, weight = worker._fused_kv_helper._proj_workspace, worker._fused_kv_helper.weight
     held = held_by_append(worker.append)

@@ -99,8 +99,8 @@ ARMS: dict[str, list[str]] = {
 }
 ONLINE_BUDGET_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto", "ddtree_fp32_graphs_auto_width1")
 NEOX_ARMS = ("ddtree_fp32_graphs_neox", "ddtree_fp32_graphs_neox_eager_kv")
-# Started only when GPU_SERVER_ARMS names them (gpu/jobs/online_budget.sh, gpu/jobs/suite.sh with
-# SUITE_K), not in the default suite.
+# Started only when GPU_SERVER_ARMS names them (gpu/jobs/suite.sh names every arm unless told
+# otherwise; gpu/jobs/online_budget.sh), not by a bare pytest run.
 OPT_IN_ARMS = ONLINE_BUDGET_ARMS + NEOX_ARMS
 # The first wave compiles the kernels (float32 and bf16, plain and speculative) that
 # the second reuses from the cache.
