@@ -44,7 +44,8 @@ DDTREE, DFLASH = _spec("DDTREE"), _spec("DFLASH")
 
 # The pair's drafter with `rope_is_neox_style` true: its trained weights read with the other
 # RoPE style propose worse, the same in every arm that serves it, and take SGLang's fused
-# context-KV path (neox only) as the published Kimi drafters do. Written by write_neox_drafter.
+# context-KV path (neox only) as the published Kimi drafters do. Written by write_neox_drafter
+# (the suite's fleet, once, before its servers start).
 NEOX_DRAFTER = Path(tempfile.gettempdir()) / "sglang-ddtree-pycode-4l-drafter-neox"
 DDTREE_NEOX = [
     "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(NEOX_DRAFTER),
@@ -182,8 +183,6 @@ class Fleet:
         self.start_seconds: dict[str, float] = {}
 
     def start(self, arm: str) -> None:
-        if arm in NEOX_ARMS:
-            write_neox_drafter()
         server = ServerProcess(
             ["--model-path", str(PAIR / "target"), *COMMON, *ARMS[arm], *parallel_args(arm)],
             env=arm_env(arm),
