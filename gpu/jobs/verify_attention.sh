@@ -7,7 +7,7 @@
 # CONFIGS="M64N64w8s2 M32N64w4s2" times the prefix pass under each tile config in every row
 # (budget 8, W 9 = 72 query rows at 8 heads: two tiles of 64 or three of 32, each reading the prefix).
 # PRECOMPILE_K26=1 compiles the K2.6 rank's Marlin MoE kernels beside it (a session's first
-# call: ~7 minutes of nvcc on two CPU cores of sixteen; the timings replay on the GPU) and
+# call: ~5-6 minutes of nvcc, 310-328 s at 54f535d; the timings replay on the GPU) and
 # KERNEL_TESTS=1 runs the GPU kernel tests after the timings, while the compile finishes.
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/verify_attention.sh
 set -o pipefail
