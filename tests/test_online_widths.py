@@ -18,11 +18,13 @@ from sglang_ddtree.tree.types import Trees
 DEPTH = 4
 
 
-def test_candidate_widths_are_plain_powers_of_two_and_the_largest():
+def test_candidate_widths_are_the_powers_of_two_below_the_largest_and_the_largest():
     assert candidate_widths(1) == (1, 2)
-    assert candidate_widths(7) == (1, 2, 3, 5, 8)
-    assert candidate_widths(16) == (1, 2, 3, 5, 9, 17)
-    assert candidate_widths(32) == (1, 2, 3, 5, 9, 17, 33)
+    assert candidate_widths(3) == (1, 2, 4)
+    assert candidate_widths(7) == (1, 2, 4, 8)
+    assert candidate_widths(15) == (1, 2, 4, 8, 16)
+    assert candidate_widths(16) == (1, 2, 4, 8, 16, 17)
+    assert candidate_widths(32) == (1, 2, 4, 8, 16, 32, 33)
     with pytest.raises(ValueError):
         candidate_widths(0)
 

@@ -131,7 +131,7 @@ def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
     assert info["budget"] == "auto"
     assert info["online_budget"] == {
         "max_budget": 16,
-        "widths": [1, 2, 3, 5, 9, 17],
+        "widths": [1, 2, 4, 8, 16, 17],
         "verify_graphs": "none (eager)",
         "cost_table": "measured",
     }
@@ -161,9 +161,9 @@ def test_budget_auto_checks_an_injected_cost_table(monkeypatch, tmp_path):
     with pytest.raises(DDTreeConfigError, match="ms must be"):
         ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
     table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 9], "ms": [[1.0, 2.0]]}))
-    with pytest.raises(DDTreeConfigError, match=r"must be the candidates \[1, 2, 3, 5, 9\]"):
+    with pytest.raises(DDTreeConfigError, match=r"must be the candidates \[1, 2, 4, 8, 9\]"):
         ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
-    table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 2, 3, 5, 9], "ms": [[1.0, 2, 3, 4, 5]]}))
+    table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 2, 4, 8, 9], "ms": [[1.0, 2, 3, 4, 5]]}))
     ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
     assert ddtree_args.server_info_section(9)["online_budget"]["cost_table"] == "fixed"
 

@@ -46,7 +46,7 @@ from sglang_ddtree.models.tiny import build_tiny_models
 pytestmark = pytest.mark.server
 
 MAX_BUDGET = 16
-WIDTHS = list(candidate_widths(MAX_BUDGET))  # [1, 2, 3, 5, 9, 17]
+WIDTHS = list(candidate_widths(MAX_BUDGET))  # [1, 2, 4, 8, 16, 17]
 
 
 def run_batch(server, requests) -> list[list[int]]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_ddtree.budget import candidate_widths
 from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth
 
 SHAPES = [(7, 32, 31), (15, 64, 63), (15, 16, 63)]  # (depth, k, largest budget)
@@ -37,7 +38,7 @@ def time_ms(fn, repeats=50):
 
 
 def measure(bs, depth, k, budget):
-    widths = [w for w in (1, 2, 4, 8, 16, 32, 64) if w <= budget + 1]
+    widths = list(candidate_widths(budget))
     generator = torch.Generator().manual_seed(bs * 1000 + depth)
     logits = torch.randn((bs, depth, 4096), generator=generator)
     log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values[..., :k]

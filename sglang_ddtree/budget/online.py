@@ -248,12 +248,23 @@ class TimedCostTable(RoundCostTable):
 
 def candidate_widths(max_budget: int) -> tuple[int, ...]:
     """The verify widths an online budget chooses from, for a server whose largest tree has
-    ``max_budget`` nodes: no speculation (width 1), trees of 1, 2, 4, ... nodes below the
-    largest, and the largest (``width = nodes + 1``)."""
+    ``max_budget`` nodes: with the largest width ``W = max_budget + 1``, every power of two
+    below ``W`` (1 is no speculation, ``2**k`` a tree of ``2**k - 1`` nodes) and ``W``.
+
+    Why powers of two: a verify width ``w`` puts ``bs * w`` tokens through the target's
+    GEMMs and ``H * w`` query rows (``H``: the rank's attention heads, 8 on a TP-8 Kimi K2.6
+    rank) through the MLA verify attention, whose kernel tiles 32 rows, each tile reading the
+    whole prefix. On the K2.6 rank width 9 (72 rows) takes three tiles, width 8 (64 rows)
+    two: at bs 32 and a 4096-token prefix the prefix pass took 0.109 ms a layer at width 8
+    and 0.230 ms at width 9 (bench_results/verify_attention_sglang_h200_54f535d.md). A power
+    of two fills whole attention tiles (and whole GEMM tiles), so a tree of ``2**k - 1``
+    nodes costs what the chain of the same width costs; a width one past it pays a tile
+    more for one node."""
     if max_budget < 1:
         raise ValueError("max_budget must be >= 1")
-    budgets = [0] + [1 << i for i in range(max_budget.bit_length()) if (1 << i) < max_budget] + [max_budget]
-    return tuple(b + 1 for b in budgets)
+    largest = max_budget + 1
+    powers_below = [1 << i for i in range(largest.bit_length()) if (1 << i) < largest]
+    return (*powers_below, largest)
 
 
 @dataclass(frozen=True)
