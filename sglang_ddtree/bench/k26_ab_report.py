@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import _stamp
 from .gpu_rounds_report import online_budget_section, online_budget_targets, profile_section
+from .k26_ab_same_trees import aa_spread, same_trees_section
 from .replay_profiles import PROFILES, expected_accept_length
 
 LIVE_SERVICE = "live K2.6 service (8x RTX PRO 6000, TP-8, DDTree): 138.7 tok/s c1, 322 c4, 466 c8, 517 c10"
@@ -147,8 +148,9 @@ def rows(results: dict) -> list[list]:
 def verdicts(results: dict) -> list[str]:
     """Per prompt length, profile and concurrency: which arm wins and by how much, the best
     DDTREE budget against plain and the chain, and plainly where DDTREE loses."""
-    lines = []
-    for (length, profile, c), arms in sorted(_cells(results).items()):
+    lines, cells = [], _cells(results)
+    aa = aa_spread(cells)  # two servers that built the same trees: how far two starts differ
+    for (length, profile, c), arms in sorted(cells.items()):
         best = max(arms, key=lambda a: arms[a]["tok_per_s"])
         # arm variants (``+suffix``) are comparisons, not candidates for the best budget
         trees = {a: cell for a, cell in arms.items() if a.startswith("ddtree@") and "+" not in a}
@@ -156,7 +158,9 @@ def verdicts(results: dict) -> list[str]:
         others = sorted(((cell["tok_per_s"], a) for a, cell in arms.items() if a != best), reverse=True)
         if others:
             margin = arms[best]["tok_per_s"] / others[0][0]
-            text += f" ({margin:.2f}x the next arm{_within_spread(margin, arms[best], arms[others[0][1]])})"
+            text += (
+                f" ({margin:.2f}x the next arm{_within_spread(margin, aa, arms[best], arms[others[0][1]])})"
+            )
         if trees:
             tree = max(trees, key=lambda a: trees[a]["tok_per_s"])
             for baseline in ("plain", "chain"):
@@ -180,11 +184,14 @@ def _decode_ratio(cell: dict, baseline: dict) -> str:
     return f" (decode {theirs / mine:.2f}x by ITL)"
 
 
-def _within_spread(margin: float, *cells: dict) -> str:
+def _within_spread(margin: float, aa: float, *cells: dict) -> str:
     """A note when a margin is no larger than the spread of either cell's timed passes (the
-    fastest over the slowest): the two arms' order is not settled by the run."""
+    fastest over the slowest) or than the call's A/A spread (``k26_ab_same_trees``): the two
+    arms' order is not settled by the run."""
     spread = max((cell.get("tok_per_s_spread") or 1.0) for cell in cells)
-    return f", within the passes' spread {spread:.2f}x" if margin <= spread else ""
+    if margin <= spread:
+        return f", within the passes' spread {spread:.2f}x"
+    return f", within this call's A/A spread {aa:.2f}x" if margin <= aa else ""
 
 
 def exactness(results: dict) -> list[list]:
@@ -244,15 +251,8 @@ def to_markdown(results: dict) -> str:
     )
     lines += ["", "## Who wins", ""] + [f"- {v}" for v in verdicts(results)]
     lines += ["", "## Throughput", ""]
-    header = [
-        "prompt len",
-        "profile",
-        "conc",
-        "arm",
-        "tok/s",
-        "accept len",
-        "accept (profile)",
-        "TPOT ms",
+    header = ["prompt len", "profile", "conc", "arm", "tok/s", "accept len", "accept (profile)", "TPOT ms"]
+    header += [
         "TTFT ms",
         "ITL ms",
         "x plain",
@@ -274,6 +274,7 @@ def to_markdown(results: dict) -> str:
     lines += online_budget_section(results)
     lines += widths_by_cell(results)
     lines += prefills_by_cell(results)
+    lines += same_trees_section(_cells(results))
     lines += profile_section(results)
     lines += start_profile_section(results)
     return "\n".join(lines) + "\n"
