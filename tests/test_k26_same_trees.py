@@ -99,3 +99,23 @@ def test_the_report_shows_the_pair_with_its_prefill_times():
     assert "## Two servers" not in to_markdown(
         {**_results(200.0, 160.0, 240.0), "arms": _results(200.0, 160.0, 240.0)["arms"][:2], "stamp": {}}
     )
+
+
+def test_host_load_counts_the_processes_that_name_the_marker():
+    import subprocess
+    import sys
+    import uuid
+
+    from sglang_ddtree.bench._stamp import host_load
+
+    marker = f"host-load-test-{uuid.uuid4().hex}"
+    key = f"{marker}_processes"
+    assert host_load(marker)[key] == 0
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        seen = host_load(marker)
+        assert seen[key] == 1 and seen["load_1m"] >= 0.0
+    finally:
+        child.kill()
+        child.wait()
+    assert host_load(marker)[key] == 0

@@ -106,6 +106,21 @@ def host_stamp() -> dict:
     return info
 
 
+def host_load(marker: str = "sglang") -> dict:
+    """The host's state beside a timed cell: its 1-minute load average and how many processes
+    name ``marker`` in their command line (a server's own few; more after a server whose
+    processes outlived it). A served cell's prefill is bound by the host's launch pace
+    (docs/gpu.md), so a cell measured beside other work on the host shows it here."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                count += marker.encode() in (entry / "cmdline").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+    return {"load_1m": round(os.getloadavg()[0], 2), f"{marker}_processes": count}
+
+
 def _cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -248,6 +248,7 @@ def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline
                 server, sets[key], args.output_len, concurrency, args.repeats, args.output_len_spread
             )
             row["prefills"] = prefill_summary(prefill_batches(server.log_path)[prefills_before:])
+            row["host"] = _stamp.host_load()  # the host beside the cell (its prefills are host-bound)
             if widths_before is not None:  # the online budget: what it chose in this cell
                 row["width_steps_by_bs"] = steps_between(widths_before, width_summary(server.log_path))
             record["cells"].append(
