@@ -119,3 +119,35 @@ def test_host_load_counts_the_processes_that_name_the_marker():
         child.kill()
         child.wait()
     assert host_load(marker)[key] == 0
+
+
+def test_an_arm_named_again_is_the_same_arm_in_a_server_of_its_own():
+    from sglang_ddtree.bench.k26_ab import arm_args, base_arm
+
+    assert base_arm("chain+again") == ("chain", {})
+    assert base_arm("ddtree@7+again") == ("ddtree@7", {})
+    assert arm_args(base_arm("chain+again")[0], "D", 32) == arm_args("chain", "D", 32)
+    with pytest.raises(ValueError, match="only a speculative arm repeats"):
+        base_arm("plain+again")
+    cells = _cells(
+        {
+            "chain": [_cell(1, 200.0, 4.98)],
+            "ddtree@8": [_cell(1, 240.0, 5.3)],
+            "ddtree@8+again": [_cell(1, 220.0, 5.3)],
+            "ddtree@8+sglang-verify": [_cell(1, 90.0, 5.3)],  # another kernel: not a repeat
+        }
+    )
+    assert same_tree_pairs(cells) == [("ddtree@8", "ddtree@8+again")]
+    assert aa_spread(cells) == pytest.approx(240.0 / 220.0)
+
+
+@pytest.mark.parametrize(
+    "arms, error",
+    [("plain,chain,chain", "lists an arm twice"), ("plain,plain+again", "only a speculative arm repeats")],
+)
+def test_the_call_refuses_its_arms_before_starting_a_server(tmp_path, arms, error, monkeypatch):
+    from sglang_ddtree.bench import k26_ab
+
+    monkeypatch.setattr(k26_ab, "start", lambda *a, **k: pytest.fail("a server was started"))
+    with pytest.raises(ValueError, match=error):
+        k26_ab.main(["--model", "M", "--drafter", "D", "--arms", arms, "--out", str(tmp_path)])

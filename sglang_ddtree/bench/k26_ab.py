@@ -14,6 +14,11 @@ server measures every profile. ``chain`` is DDTREE with one candidate per depth 
 the same replay - stock DFLASH could not take the replay drafter. Per arm, prompt length,
 profile and concurrency: tok/s, accept length, round time and, on one check pass, how many
 greedy outputs equal the plain recording. Writes ``<label>.json``, ``.md`` and ``.png``.
+
+Arms that run one after another are never measured at the same time, and two servers of one
+call have differed by up to 1.34x on the same trees (:mod:`.k26_ab_same_trees`): name an arm
+again with ``+again`` (``--arms plain,chain,ddtree@7,ddtree@7+again,chain+again``) to measure
+that spread in the call itself; the report pairs the repeats with their arms.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from .ab.arms import ABError, ddtree_flags, parse_arm_names
 from .gpu_rounds import width1_cost_table
 from .gpu_rounds_profile import profile_or_error, profile_request_start
 from .k26_ab_report import CHAIN_BUDGET, write_report
+from .k26_ab_same_trees import AGAIN
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
 from .replay_drafter import recorded_row
@@ -71,6 +77,11 @@ def base_arm(arm: str, work: Path | None = None) -> tuple[str, dict]:
     """An arm name without its suffix, and the environment the suffix asks for."""
     if arm.endswith(SGLANG_VERIFY):
         return arm.removesuffix(SGLANG_VERIFY), {ENV_VERIFY_ATTENTION: "sglang"}
+    if arm.endswith(AGAIN):  # the same arm in a server of its own: the call's A/A
+        name = arm.removesuffix(AGAIN)
+        if name == "plain":
+            raise ValueError(f"arm {arm!r}: only a speculative arm repeats (plain records what they replay)")
+        return name, {}
     if arm.endswith(WIDTH1):
         name = arm.removesuffix(WIDTH1)
         table = width1_cost_table(name, work or Path(tempfile.gettempdir()))
@@ -372,6 +383,10 @@ def main(argv=None) -> int:
     results = {"stamp": _stamp.stamp(), "args": vars(args), "arms": []}
     recording, recording_path = None, work / "recording.json"
     arms = [a for a in args.arms.split(",") if a]
+    if len(set(arms)) != len(arms):
+        raise ValueError(f"--arms lists an arm twice ({args.arms}): name a repeat ARM{AGAIN}")
+    for arm in arms:  # a misspelt arm stops the call here, not after the servers before it
+        arm_args(base_arm(arm, work)[0], args.drafter, args.graph_max_bs)
     for i, arm in enumerate(arms):
         left = args.deadline_s - (time.monotonic() - t0)
         if left < 60 or (arm != "plain" and recording is None):

@@ -10,7 +10,8 @@ should then be equal, and what separates them is the servers and the minutes the
 the H200 that A/A moved from 0.79x in one call to 1.15-1.34x in the next at 4096-token prompts,
 all of it in the eager, host-bound prefill (TTFT) while the decode pace at c=1 stayed 1.00x
 (bench_results/k26_rank_ab_k25_4k_h200_e5be95d.md, k26_rank_ab_k25_order_h200_0c04d91.md). A
-margin between arms no larger than the call's A/A spread is not settled by that call.
+margin between arms no larger than the call's A/A spread is not settled by that call. An arm
+named again with :data:`AGAIN` is the same trees by construction, at any profile.
 """
 
 from __future__ import annotations
@@ -19,14 +20,20 @@ import math
 
 from . import _stamp
 
+# Arm suffix (``k26_ab --arms chain,ddtree@7,chain+again``): the same arm once more, in a server
+# of its own started later in the call, so that any call can measure its own A/A.
+AGAIN = "+again"
+
 
 def _fixed_tree(arm: str) -> bool:
     """A speculative arm whose trees have one size (not plain, not the online budget, no
-    ``+suffix`` variant)."""
+    ``+suffix`` variant but a repeat)."""
+    arm = arm.removesuffix(AGAIN)
     return arm == "chain" or (arm.startswith("ddtree@") and arm[7:].isdigit())
 
 
 def _width(arm: str) -> int:
+    arm = arm.removesuffix(AGAIN)
     return 8 if arm == "chain" else int(arm[7:]) + 1
 
 
