@@ -104,6 +104,7 @@ def test_the_report_shows_the_pair_with_its_prefill_times():
 def test_host_load_counts_the_processes_that_name_the_marker():
     import subprocess
     import sys
+    import time
     import uuid
 
     from sglang_ddtree.bench._stamp import host_load
@@ -113,7 +114,10 @@ def test_host_load_counts_the_processes_that_name_the_marker():
     assert host_load(marker)[key] == 0
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
     try:
-        seen = host_load(marker)
+        # until the child has exec'd, /proc shows it under this process's command line
+        deadline = time.monotonic() + 30.0
+        while (seen := host_load(marker))[key] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert seen[key] == 1 and seen["load_1m"] >= 0.0
     finally:
         child.kill()
