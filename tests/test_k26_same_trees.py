@@ -139,10 +139,13 @@ def test_an_arm_named_again_is_the_same_arm_in_a_server_of_its_own():
             "ddtree@8": [_cell(1, 240.0, 5.3)],
             "ddtree@8+again": [_cell(1, 220.0, 5.3)],
             "ddtree@8+sglang-verify": [_cell(1, 90.0, 5.3)],  # another kernel: not a repeat
+            # the online budget's trees change per step, yet its repeat has the same flags
+            "ddtree@auto7": [_cell(1, 250.0, 4.6)],
+            "ddtree@auto7+again": [_cell(1, 200.0, 4.5)],
         }
     )
-    assert same_tree_pairs(cells) == [("ddtree@8", "ddtree@8+again")]
-    assert aa_spread(cells) == pytest.approx(240.0 / 220.0)
+    assert same_tree_pairs(cells) == [("ddtree@8", "ddtree@8+again"), ("ddtree@auto7", "ddtree@auto7+again")]
+    assert aa_spread(cells) == pytest.approx(250.0 / 200.0)
 
 
 @pytest.mark.parametrize(

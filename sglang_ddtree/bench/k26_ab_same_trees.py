@@ -38,22 +38,29 @@ def _width(arm: str) -> int:
 
 
 def same_tree_pairs(cells: dict) -> list[tuple[str, str]]:
-    """Pairs of fixed-tree arms of one verify width whose accept length is the same in every
-    cell both served (``cells``: ``{(len, profile, c): {arm: cell}}``, at least one shared)."""
-    arms = sorted({a for by_arm in cells.values() for a in by_arm if _fixed_tree(a)})
+    """Pairs of arms that served the same trees in two servers (``cells``: ``{(len, profile,
+    c): {arm: cell}}``, at least one cell shared): an arm and its repeat (:data:`AGAIN`, the
+    same flags, the online budget's arms included), and fixed-tree arms of one verify width
+    whose accept length is the same in every cell both served."""
+    arms = sorted({a for by_arm in cells.values() for a in by_arm})
     pairs = []
     for i, a in enumerate(arms):
         for b in arms[i + 1 :]:
             shared = [by_arm for by_arm in cells.values() if a in by_arm and b in by_arm]
-            if (
-                shared
-                and _width(a) == _width(b)
-                and all(
-                    math.isclose(c[a]["accept_length"], c[b]["accept_length"], rel_tol=1e-9) for c in shared
-                )
+            if shared and (
+                AGAIN in (b.removeprefix(a), a.removeprefix(b)) or _same_fixed_trees(a, b, shared)
             ):
                 pairs.append((a, b))
     return pairs
+
+
+def _same_fixed_trees(a: str, b: str, shared: list[dict]) -> bool:
+    return (
+        _fixed_tree(a)
+        and _fixed_tree(b)
+        and _width(a) == _width(b)
+        and all(math.isclose(c[a]["accept_length"], c[b]["accept_length"], rel_tol=1e-9) for c in shared)
+    )
 
 
 def aa_spread(cells: dict) -> float:
@@ -87,7 +94,8 @@ def same_trees_section(cells: dict) -> list[str]:
         "",
         "## Two servers, the same trees (an A/A)",
         "",
-        "These arms built the same trees (one verify width, equal accept length in every cell), each "
+        "These arms served the same trees (an arm and its repeat, or one verify width with equal accept "
+        "length in every cell), each "
         "in its own server started after the last one stopped: their ratio is how far two server "
         "starts of this call differ, and a margin no larger than it is not settled by the call.",
         "",
