@@ -81,6 +81,24 @@ def test_a_margin_inside_the_calls_aa_spread_is_said_to_be_unsettled():
     assert "ddtree@8 wins (1.30x the next arm)" in outside
 
 
+def test_a_loss_inside_the_calls_aa_spread_is_said_to_be_one():
+    # the A/A (chain / DDTREE@7) spread is 1.25x: DDTREE@8, the best tree, at 0.85x the chain
+    inside = verdicts(_results(200.0, 160.0, 170.0))[0]
+    assert (
+        "ddtree@8 0.85x chain (decode 1.00x by ITL) (DDTREE LOSES, inside this call's A/A spread)" in inside
+    )
+    # the chain and its repeat differ by 1.05x: DDTREE@8 at 0.80x the chain is a loss outside it
+    outside = {
+        "args": {"profiles": ["p"]},
+        "arms": [
+            {"arm": "chain", "cells": [_cell(1, 200.0, 4.98)]},
+            {"arm": "chain+again", "cells": [_cell(1, 210.0, 4.98)]},
+            {"arm": "ddtree@8", "cells": [_cell(1, 160.0, 5.3)]},
+        ],
+    }
+    assert "ddtree@8 0.80x chain (decode 1.00x by ITL) (DDTREE LOSES);" in verdicts(outside)[0] + ";"
+
+
 def test_the_report_shows_the_pair_with_its_prefill_times():
     markdown = to_markdown({**_results(200.0, 160.0, 240.0), "stamp": {}})
     section = markdown[markdown.index("## Two servers, the same trees") :]
