@@ -37,8 +37,9 @@ from . import _stamp
 from .ab.arms import ABError, ddtree_flags, parse_arm_names
 from .gpu_rounds import width1_cost_table
 from .gpu_rounds_profile import profile_or_error, profile_request_start
-from .k26_ab_report import CHAIN_BUDGET, write_report
+from .k26_ab_report import write_report
 from .k26_ab_same_trees import AGAIN
+from .k26_arms import CHAIN_BUDGET
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
 from .replay_drafter import recorded_row

@@ -3,12 +3,12 @@ against plain and the chain, the winner, and a plot."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from . import _stamp
 from .gpu_rounds_report import online_budget_section, online_budget_targets, profile_section
-from .k26_ab_same_trees import aa_spread, same_trees_section
+from .k26_ab_same_trees import aa_spread, same_trees_section, time_ratio
+from .k26_arms import CHAIN_BUDGET, verify_width
 from .replay_profiles import PROFILES, expected_accept_length
 
 LIVE_SERVICE = "live K2.6 service (8x RTX PRO 6000, TP-8, DDTree): 138.7 tok/s c1, 322 c4, 466 c8, 517 c10"
@@ -47,23 +47,6 @@ AR_LATENCY_MS, AR_BUS_GB_S, TP, HIDDEN, TARGET_LAYERS, DRAFTER_LAYERS, DRAFT_BLO
 def allreduce_ms(tokens: int) -> float:
     """One modelled all-reduce of ``[tokens, hidden]`` bf16 across the TP-8 ranks."""
     return AR_LATENCY_MS + 2 * (TP - 1) / TP * tokens * HIDDEN * 2 / (AR_BUS_GB_S * 1e9) * 1e3
-
-
-# The chain arm: DDTREE with one candidate per depth over the drafter's block of 8 (the
-# DFlash chain's 7 drafts), the same flags for the server, its verify width and its profile.
-CHAIN_BUDGET = 7
-
-
-def verify_width(arm: str) -> int:
-    """Tokens per request in the target forward of one round: 1 (plain), 8 (the chain's
-    budget 7 + the root), ``B + 1`` (``ddtree@B``); a ``+suffix`` changes no width."""
-    arm = arm.partition("+")[0]
-    if arm == "plain":
-        return 1
-    if arm == "chain":
-        return CHAIN_BUDGET + 1
-    budget = arm.partition("@")[2]
-    return int(budget.removeprefix("auto")) + 1  # the online budget: its largest width (an upper bound)
 
 
 def profile_accept(arm: str, profile: str | None) -> float | None:
@@ -185,10 +168,8 @@ def _decode_ratio(cell: dict, baseline: dict) -> str:
     """The decode speed of ``cell`` over ``baseline`` by ITL (net of each request's TTFT): the
     part of a tok/s margin that speculation moves, where a short request's prefill (100-230 ms
     against 0.3-0.6 s of decoding at c=1 on the K2.6 rank) can swing tok/s either way."""
-    mine, theirs = cell.get("itl_ms"), baseline.get("itl_ms")
-    if not mine or not theirs or math.isnan(mine) or math.isnan(theirs):
-        return ""
-    return f" (decode {theirs / mine:.2f}x by ITL)"
+    ratio = time_ratio(cell, baseline, "itl_ms")
+    return "" if ratio is None else f" (decode {ratio:.2f}x by ITL)"
 
 
 def _within_spread(margin: float, aa: float, *cells: dict) -> str:

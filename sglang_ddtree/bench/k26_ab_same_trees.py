@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from . import _stamp
+from .k26_arms import verify_width
 
 # Arm suffix (``k26_ab --arms chain,ddtree@7,chain+again``): the same arm once more, in a server
 # of its own started later in the call, so that any call can measure its own A/A.
@@ -30,11 +31,6 @@ def _fixed_tree(arm: str) -> bool:
     ``+suffix`` variant but a repeat)."""
     arm = arm.removesuffix(AGAIN)
     return arm == "chain" or (arm.startswith("ddtree@") and arm[7:].isdigit())
-
-
-def _width(arm: str) -> int:
-    arm = arm.removesuffix(AGAIN)
-    return 8 if arm == "chain" else int(arm[7:]) + 1
 
 
 def same_tree_pairs(cells: dict) -> list[tuple[str, str]]:
@@ -58,7 +54,7 @@ def _same_fixed_trees(a: str, b: str, shared: list[dict]) -> bool:
     return (
         _fixed_tree(a)
         and _fixed_tree(b)
-        and _width(a) == _width(b)
+        and verify_width(a) == verify_width(b)
         and all(math.isclose(c[a]["accept_length"], c[b]["accept_length"], rel_tol=1e-9) for c in shared)
     )
 
@@ -87,7 +83,7 @@ def same_trees_section(cells: dict) -> list[str]:
                 x, y = by_arm[a], by_arm[b]
                 rows.append(
                     [f"{a} / {b}", length, profile, c, x["accept_length"], x["tok_per_s"] / y["tok_per_s"]]
-                    + [_ratio(x, y, "itl_ms"), x.get("ttft_ms"), y.get("ttft_ms")]
+                    + [time_ratio(x, y, "itl_ms"), x.get("ttft_ms"), y.get("ttft_ms")]
                 )
     header = ["arms", "prompt len", "profile", "conc", "accept len", "tok/s ratio", "decode ratio (ITL)"]
     return [
@@ -103,7 +99,7 @@ def same_trees_section(cells: dict) -> list[str]:
     ]
 
 
-def _ratio(x: dict, y: dict, key: str) -> float | None:
+def time_ratio(x: dict, y: dict, key: str) -> float | None:
     """``y[key] / x[key]`` (a time: above 1 when ``x`` is faster), or None where one is missing."""
     mine, theirs = x.get(key), y.get(key)
     if not mine or not theirs or math.isnan(mine) or math.isnan(theirs):
