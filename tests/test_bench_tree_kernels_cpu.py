@@ -136,9 +136,23 @@ def test_topk_report():
             cut4_us=120.0,
             cut3_us=150.0,
             cut0_us=201.0,
-        )
+        ),
+        dict(
+            block=8,
+            bs=1,
+            k=64,
+            rows=7,
+            splits=16,
+            cut0_us=14.2,
+            fences_us=14.9,
+            bitonic_bound_us=15.0,
+            before_us=15.6,
+        ),
     ]
     md = tkk.to_markdown(res)
+    assert "## The merge as served beside its earlier builds (full kernel, us, same run)" in md
+    assert "| 8 | 1 | 64 | 16 | 14.2 | 14.9 | 15.0 | 15.6 |" in md
+    assert md.count("| 8 | 64 | 64 |") == 1  # one split (no merge): not in the variants' table
     assert "## The split kernel stopped after each phase (cumulative us)" in md
     assert "| 8 | 64 | 64 | 448 | 12 | 40.0 | 50.0 | 60.0 | 80.0 | 120.0 | 150.0 | 201.0 |" in md
     assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
