@@ -54,10 +54,14 @@
 #ifndef DDT_TOPK_CUT
 #define DDT_TOPK_CUT 0
 #endif
-// Benchmark variants, the merge as it was before (the top-k benchmark's --variants times them
+// Benchmark variants, the kernel's steps as they were before (the top-k benchmark times them
 // beside the served build; serving compiles 0): DDT_TOPK_FENCES = a fence on each side of a
 // relaxed atomic for the arrival, DDT_TOPK_MERGE_BITONIC = the merge's bound by a bitonic sort
-// of all S x C samples.
+// of all S x C samples, DDT_TOPK_SLICE_BITONIC = a slice's bound by a bitonic sort of the
+// block's 256 samples.
+#ifndef DDT_TOPK_SLICE_BITONIC
+#define DDT_TOPK_SLICE_BITONIC 0
+#endif
 #ifndef DDT_TOPK_FENCES
 #define DDT_TOPK_FENCES 0
 #endif
@@ -71,10 +75,11 @@ __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
 }
 
 // The m-th largest (1-based, m <= threads) of one value per thread, in every thread: a bitonic
-// sort over the block, shuffles for strides below 32, s_x for the others (12 barriers). Warp
-// sorts with per-thread rank counts over the eight sorted lists (three barriers, 6c1c414) were
-// slower on the H200 in a run whose files were lost; the bitonic bound's phase measures 2.6 us
-// of a bs-1 k-8 launch (topk_kernels_h200_c2f98be.md, phase cuts).
+// sort over the block, shuffles for strides below 32, s_x for the others (12 barriers). The
+// benchmark's earlier builds only (DDT_TOPK_SLICE_BITONIC, DDT_TOPK_MERGE_BITONIC); its phase
+// measured 2.6 us of a bs-1 k-8 launch (topk_kernels_h200_c2f98be.md, phase cuts). Warp sorts
+// with per-thread rank counts over the eight sorted lists (6c1c414) were slower; the served
+// build ranks by binary search in them (ddt_sorted_lists_mth_largest).
 __device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u64* s_x, ddt_u64* s_out) {
   const int tid = threadIdx.x;
   for (int size = 2; size <= DDT_SPLIT_THREADS; size <<= 1) {
@@ -114,6 +119,7 @@ __device__ __forceinline__ ddt_u64 ddt_sorted_lists_mth_largest(ddt_u64 sample, 
     int top_step = 1;
     while (top_step * 2 <= C) top_step *= 2;
     int rank = 0;
+#pragma unroll 2
     for (int l = 0; l < S; ++l) {
       const ddt_u64* list = s_x + l * C;
       int larger = 0;  // binary lifting: the length of the list's prefix above the sample
@@ -127,6 +133,19 @@ __device__ __forceinline__ ddt_u64 ddt_sorted_lists_mth_largest(ddt_u64 sample, 
   const ddt_u64 out = *s_out;
   __syncthreads();  // s_x and s_out are reused by the caller
   return out;
+}
+
+// The warp's 32 values sorted descending over its lanes (a bitonic sort in shuffles, no barrier).
+__device__ __forceinline__ ddt_u64 ddt_warp_sorted(ddt_u64 v) {
+  const int lane = threadIdx.x & 31;
+  for (int size = 2; size <= 32; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const ddt_u64 w = __shfl_xor_sync(DDT_FULL_MASK, v, stride);
+      const bool descending = (lane & size) == 0, lower = (lane & stride) == 0;
+      v = (lower == descending) ? (v > w ? v : w) : (v < w ? v : w);
+    }
+  }
+  return v;
 }
 
 // The value of *p before adding v, as one acquire-release atomic at GPU scope.
@@ -463,7 +482,14 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   if (m + s == -1.f && sample == 1ull) ws_part[0] = m;
   return;
 #endif
+  // The k-th largest sample: each warp sorts its 32, then a binary search in the 8 sorted
+  // lists ranks each (the samples are distinct: distinct vectors' last ids, or 0).
+#if DDT_TOPK_SLICE_BITONIC
   const ddt_u64 bound = ddt_block_mth_largest(sample, k, s_x, &s_bound);
+#else
+  const ddt_u64 bound = ddt_sorted_lists_mth_largest(ddt_warp_sorted(sample), DDT_SPLIT_THREADS / 32, 32, k, s_x,
+                                                     &s_bound);
+#endif
   ddt_block_lse(m, s, s_m, s_s);
 #if DDT_TOPK_CUT == 2
   if (m + s == -1.f && bound == 1ull) ws_part[0] = m;

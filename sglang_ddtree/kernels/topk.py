@@ -255,12 +255,14 @@ SPLIT_CUTS = {
 }
 
 
-# The split kernel's merge as it was before, built for the benchmark to time beside the served
-# build (``DDT_TOPK_FENCES`` / ``DDT_TOPK_MERGE_BITONIC`` in cuda/ddtree_topk_split.cu).
+# The split kernel's steps as they were before, built for the benchmark to time beside the
+# served build (``DDT_TOPK_SLICE_BITONIC`` / ``DDT_TOPK_FENCES`` / ``DDT_TOPK_MERGE_BITONIC`` in
+# cuda/ddtree_topk_split.cu).
 SPLIT_VARIANTS = {
+    "slice_bitonic": ("DDT_TOPK_SLICE_BITONIC=1",),
     "fences": ("DDT_TOPK_FENCES=1",),
-    "bitonic_bound": ("DDT_TOPK_MERGE_BITONIC=1",),
-    "before": ("DDT_TOPK_FENCES=1", "DDT_TOPK_MERGE_BITONIC=1"),
+    "merge_bitonic": ("DDT_TOPK_MERGE_BITONIC=1",),
+    "before": ("DDT_TOPK_SLICE_BITONIC=1", "DDT_TOPK_FENCES=1", "DDT_TOPK_MERGE_BITONIC=1"),
 }
 
 
