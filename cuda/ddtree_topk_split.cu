@@ -150,9 +150,13 @@ __device__ __forceinline__ ddt_u64 ddt_warp_sorted(ddt_u64 v) {
 
 // The value of *p before adding v, as one acquire-release atomic at GPU scope.
 __device__ __forceinline__ unsigned ddt_atomic_add_acq_rel(unsigned* p, unsigned v) {
+#ifdef __CUDA_ARCH__
   unsigned old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
+#else  // the CPU emulator (tests/cuda_emu) runs one block at a time: no order to ask for
+  return atomicAdd(p, v);
+#endif
 }
 
 __device__ __forceinline__ void ddt_lse_combine(float& m, float& s, float m2, float s2) {
