@@ -23,16 +23,12 @@
 //   * The collected candidates are ranked (or sorted when many), the top k written to the
 //     workspace sorted descending (zero-padded when the slice holds fewer than k).
 // Stage 2, in the row's last block to finish (a per-row counter, reset by that block, so the
-// workspace needs zeroing once, at allocation; each block arrives with one acquire-release
-// atomic after its barrier, the pattern of CUTLASS's grid barrier): the S sorted lists of k
-// candidates.
+// workspace needs zeroing once, at allocation): the S sorted lists of k candidates.
 //   * Each list is cut into chunks of g (the merge chunk); the last candidate of each full
 //     chunk is a sample. With C = ceil(k / g), the C-th largest sample B' is a lower bound
 //     of the row's k-th largest candidate (the chosen samples of a list are a prefix of its
 //     samples, each certifies g more elements of that list), and at most (C + S) x g
 //     candidates reach B' (per list, up to the first chunk whose sample is below B').
-//     Each list's samples are sorted, so a sample's rank is a binary search in each list
-//     (ddt_sorted_lists_mth_largest), not a sort of all S x C samples.
 //   * Those are collected, ranked, and written with the merged log-sum-exp.
 // With one split, stage 1 writes the result directly.
 
@@ -54,20 +50,6 @@
 #ifndef DDT_TOPK_CUT
 #define DDT_TOPK_CUT 0
 #endif
-// Benchmark variants, the kernel's steps as they were before (the top-k benchmark times them
-// beside the served build; serving compiles 0): DDT_TOPK_FENCES = a fence on each side of a
-// relaxed atomic for the arrival, DDT_TOPK_MERGE_BITONIC = the merge's bound by a bitonic sort
-// of all S x C samples, DDT_TOPK_SLICE_BITONIC = a slice's bound by a bitonic sort of the
-// block's 256 samples.
-#ifndef DDT_TOPK_SLICE_BITONIC
-#define DDT_TOPK_SLICE_BITONIC 0
-#endif
-#ifndef DDT_TOPK_FENCES
-#define DDT_TOPK_FENCES 0
-#endif
-#ifndef DDT_TOPK_MERGE_BITONIC
-#define DDT_TOPK_MERGE_BITONIC 0
-#endif
 // 4 blocks of 256 threads per SM: 64 registers, no spills (without the hint ptxas spills)
 
 __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
@@ -75,11 +57,13 @@ __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
 }
 
 // The m-th largest (1-based, m <= threads) of one value per thread, in every thread: a bitonic
-// sort over the block, shuffles for strides below 32, s_x for the others (12 barriers). The
-// benchmark's earlier builds only (DDT_TOPK_SLICE_BITONIC, DDT_TOPK_MERGE_BITONIC); its phase
-// measured 2.6 us of a bs-1 k-8 launch (topk_kernels_h200_c2f98be.md, phase cuts). Warp sorts
-// with per-thread rank counts over the eight sorted lists (6c1c414) were slower; the served
-// build ranks by binary search in them (ddt_sorted_lists_mth_largest).
+// sort over the block, shuffles for strides below 32, s_x for the others (12 barriers). Warp
+// sorts with per-thread rank counts over the eight sorted lists (three barriers, 6c1c414) were
+// slower on the H200 in a run whose files were lost; the bitonic bound's phase measures 2.6 us
+// of a bs-1 k-8 launch (topk_kernels_h200_c2f98be.md, phase cuts). Ranking by binary search in
+// sorted lists (warp-sorted samples here, the slices' sorted samples in the merge; two barriers)
+// was slower at bs 1 and 8 in the same run as this build (topk_kernels_h200_099c64d.md: 17.5
+// against 12.4 us at bs 1 k 8, 16.8 against 14.8 at k 64; 1.3-1.5 us faster at bs 64 alone).
 __device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u64* s_x, ddt_u64* s_out) {
   const int tid = threadIdx.x;
   for (int size = 2; size <= DDT_SPLIT_THREADS; size <<= 1) {
@@ -102,61 +86,6 @@ __device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u
   const ddt_u64 out = *s_out;
   __syncthreads();  // s_x and s_out are reused by the caller
   return out;
-}
-
-// The m-th largest (1-based) of the S x C samples s_x[l * C + c] (list l, chunk c), or 0 when
-// fewer than m are nonzero, in every thread; `sample` is this thread's, tid = l * C + c. Each
-// list's samples are sorted descending and the nonzero ones are distinct candidates, so a
-// nonzero sample's 0-based rank is the number of larger samples: a binary search per list
-// (the value ddt_block_mth_largest gives, with two barriers for its twelve).
-__device__ __forceinline__ ddt_u64 ddt_sorted_lists_mth_largest(ddt_u64 sample, int S, int C, int m, ddt_u64* s_x,
-                                                                ddt_u64* s_out) {
-  const int tid = threadIdx.x;
-  if (tid == 0) *s_out = 0ull;
-  if (tid < S * C) s_x[tid] = sample;
-  __syncthreads();
-  if (tid < S * C && sample != 0ull) {
-    int top_step = 1;
-    while (top_step * 2 <= C) top_step *= 2;
-    int rank = 0;
-#pragma unroll 2
-    for (int l = 0; l < S; ++l) {
-      const ddt_u64* list = s_x + l * C;
-      int larger = 0;  // binary lifting: the length of the list's prefix above the sample
-      for (int step = top_step; step > 0; step >>= 1)
-        if (larger + step <= C && list[larger + step - 1] > sample) larger += step;
-      rank += larger;
-    }
-    if (rank == m - 1) *s_out = sample;
-  }
-  __syncthreads();
-  const ddt_u64 out = *s_out;
-  __syncthreads();  // s_x and s_out are reused by the caller
-  return out;
-}
-
-// The warp's 32 values sorted descending over its lanes (a bitonic sort in shuffles, no barrier).
-__device__ __forceinline__ ddt_u64 ddt_warp_sorted(ddt_u64 v) {
-  const int lane = threadIdx.x & 31;
-  for (int size = 2; size <= 32; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const ddt_u64 w = __shfl_xor_sync(DDT_FULL_MASK, v, stride);
-      const bool descending = (lane & size) == 0, lower = (lane & stride) == 0;
-      v = (lower == descending) ? (v > w ? v : w) : (v < w ? v : w);
-    }
-  }
-  return v;
-}
-
-// The value of *p before adding v, as one acquire-release atomic at GPU scope.
-__device__ __forceinline__ unsigned ddt_atomic_add_acq_rel(unsigned* p, unsigned v) {
-#ifdef __CUDA_ARCH__
-  unsigned old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-#else  // the CPU emulator (tests/cuda_emu) runs one block at a time: no order to ask for
-  return atomicAdd(p, v);
-#endif
 }
 
 __device__ __forceinline__ void ddt_lse_combine(float& m, float& s, float m2, float s2) {
@@ -379,11 +308,7 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
     c[u] = list < S && j_lo + u < j_hi ? __ldcg(mine + j_lo + u) : 0ull;
     if (full && j_lo + u == j_hi - 1) sample = c[u];  // predicated: no indexing by g
   }
-#if DDT_TOPK_MERGE_BITONIC
   const ddt_u64 bound = ddt_block_mth_largest(sample, C, s_x, s_bound);
-#else
-  const ddt_u64 bound = ddt_sorted_lists_mth_largest(sample, S, C, C, s_x, s_bound);
-#endif
   if (list < S) {
     // Eight loads in flight at a time (a load per step would wait on each in turn); the list
     // is sorted, so once a group ends below the bound the rest of the chunk is below too
@@ -486,14 +411,7 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   if (m + s == -1.f && sample == 1ull) ws_part[0] = m;
   return;
 #endif
-  // The k-th largest sample: each warp sorts its 32, then a binary search in the 8 sorted
-  // lists ranks each (the samples are distinct: distinct vectors' last ids, or 0).
-#if DDT_TOPK_SLICE_BITONIC
   const ddt_u64 bound = ddt_block_mth_largest(sample, k, s_x, &s_bound);
-#else
-  const ddt_u64 bound = ddt_sorted_lists_mth_largest(ddt_warp_sorted(sample), DDT_SPLIT_THREADS / 32, 32, k, s_x,
-                                                     &s_bound);
-#endif
   ddt_block_lse(m, s, s_m, s_s);
 #if DDT_TOPK_CUT == 2
   if (m + s == -1.f && bound == 1ull) ws_part[0] = m;
@@ -566,17 +484,15 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
 #endif
   __syncthreads();  // the block's list and partial sums are written
   if (tid == 0) {
-    // One arrival for the block, after the barrier: a release is cumulative, so it publishes
-    // every write the barrier ordered before it, and the row's last block acquires the other
-    // blocks' writes (its barrier below orders its threads' reads after that).
-#if DDT_TOPK_FENCES
+    // One fence for the block, after the barrier, as cooperative groups' grid sync does:
+    // fences are cumulative, so it publishes every write the barrier ordered before it
+    // (rather than a fence in each of the 256 threads of every block). The row's last block
+    // fences again before its threads read the other blocks' lists. (One acquire-release
+    // atomic in place of the fences timed the same: topk_kernels_h200_099c64d.md.)
     __threadfence();
     s_last = atomicAdd(ws_count + r, 1u) == (unsigned)(S - 1);
-    if (s_last) __threadfence();
-#else
-    s_last = ddt_atomic_add_acq_rel(ws_count + r, 1u) == (unsigned)(S - 1);
-#endif
     s_cnt = 0u;
+    if (s_last) __threadfence();
   }
   __syncthreads();
   if (!s_last) return;

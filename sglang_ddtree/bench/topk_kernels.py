@@ -113,21 +113,7 @@ def time_phases(x: torch.Tensor, k: int, calls: int, reps: int) -> dict:
         out[f"cut{cut}_us"] = graph_us(
             lambda cut=cut: topk.split_kernel_cut(x, k, cut, ws, out_lp, out_ids), calls, reps
         )
-    for name in topk.SPLIT_VARIANTS if plan.splits > 1 else ("slice_bitonic",):
-        check_variant(x, k, name, ws, out_lp, out_ids)
-        out[f"{name}_us"] = graph_us(
-            lambda name=name: topk.split_kernel_cut(x, k, 0, ws, out_lp, out_ids, name), calls, reps
-        )
     return out
-
-
-def check_variant(x: torch.Tensor, k: int, variant: str, ws, out_lp, out_ids) -> None:
-    """A benchmark build of the split kernel == the exact torch path (ids equal)."""
-    from ..kernels import topk
-
-    topk.split_kernel_cut(x, k, 0, ws, out_lp, out_ids, variant)
-    if not torch.equal(out_ids, topk.topk_log_probs_torch(x, k)[1]):
-        raise AssertionError(f"split kernel variant {variant} ids differ at shape={list(x.shape)} k={k}")
 
 
 def run_phases(args, results: dict) -> None:
@@ -229,19 +215,6 @@ def _phase_columns():
     return head + tuple((f"cut{cut}_us", f"+ {label}") for cut, label in SPLIT_CUTS.items())
 
 
-VARIANT_COLUMNS = (
-    ("block", "block"),
-    ("bs", "bs"),
-    ("k", "k"),
-    ("splits", "splits"),
-    ("cut0_us", "served"),
-    ("slice_bitonic_us", "slice bound by bitonic sort"),
-    ("fences_us", "arrival by two fences"),
-    ("merge_bitonic_us", "merge bound by bitonic sort"),
-    ("before_us", "all three (the kernel before)"),
-)
-
-
 def to_markdown(results: dict) -> str:
     lines = kernel_report.head(TITLE, METHOD, results)
     lines += kernel_report.targets_section(
@@ -255,14 +228,6 @@ def to_markdown(results: dict) -> str:
         lines += kernel_report.section(
             "The split kernel stopped after each phase (cumulative us)", results["phases"], _phase_columns()
         )
-        variants = [r for r in results["phases"] if "slice_bitonic_us" in r]
-        if variants:
-            lines += kernel_report.section(
-                "The kernel as served beside its earlier builds (full kernel, us, same run; "
-                "one split has no merge)",
-                variants,
-                VARIANT_COLUMNS,
-            )
     if results.get("copy_gbs"):
         lines += [_read_floor_line(results["copy_gbs"], results["vocab"]), ""]
     return "\n".join(lines)

@@ -255,36 +255,20 @@ SPLIT_CUTS = {
 }
 
 
-# The split kernel's steps as they were before, built for the benchmark to time beside the
-# served build (``DDT_TOPK_SLICE_BITONIC`` / ``DDT_TOPK_FENCES`` / ``DDT_TOPK_MERGE_BITONIC`` in
-# cuda/ddtree_topk_split.cu).
-SPLIT_VARIANTS = {
-    "slice_bitonic": ("DDT_TOPK_SLICE_BITONIC=1",),
-    "fences": ("DDT_TOPK_FENCES=1",),
-    "merge_bitonic": ("DDT_TOPK_MERGE_BITONIC=1",),
-    "before": ("DDT_TOPK_SLICE_BITONIC=1", "DDT_TOPK_FENCES=1", "DDT_TOPK_MERGE_BITONIC=1"),
-}
-
-
-def split_kernel_cut(
-    draft_logits, k: int, cut: int, workspace: TopkWorkspace, out_lp, out_ids, variant: str | None = None
-) -> None:
+def split_kernel_cut(draft_logits, k: int, cut: int, workspace: TopkWorkspace, out_lp, out_ids) -> None:
     """Benchmark only: the split kernel (automatic plan) stopped after ``cut`` (:data:`SPLIT_CUTS`;
-    0 is the whole kernel), built as :data:`SPLIT_VARIANTS` ``variant`` says (None: as served).
-    A cut leaves the outputs unwritten and the row counters as they were."""
+    0 is the whole kernel). A cut leaves the outputs unwritten and the row counters as they were."""
     rows, vocab = draft_logits.numel() // draft_logits.shape[-1], draft_logits.shape[-1]
     plan = split_plan(rows, vocab, k, _sm_count(draft_logits.device))
-    defines = ((f"DDT_TOPK_CUT={cut}",) if cut else ()) + (SPLIT_VARIANTS[variant] if variant else ())
-    _launch_split(draft_logits, rows, vocab, k, plan, workspace, out_lp, out_ids, defines)
+    _launch_split(draft_logits, rows, vocab, k, plan, workspace, out_lp, out_ids, cut)
 
 
-def _launch_split(
-    logits, rows, vocab, k, plan: SplitPlan, workspace, out_lp, out_ids, defines: tuple[str, ...] = ()
-) -> None:
+def _launch_split(logits, rows, vocab, k, plan: SplitPlan, workspace, out_lp, out_ids, cut: int = 0) -> None:
     if workspace is None:
         workspace = TopkWorkspace.for_splits(rows, k, plan.splits, logits.device)
     elif not workspace.fits(rows, k, plan.splits):
         raise ValueError(f"workspace too small for {rows} rows x {plan.splits} splits x k={k}")
+    defines = (f"DDT_TOPK_CUT={cut}",) if cut else ()
     kernel("ddtree_topk_split", _SPLIT_KERNELS[logits.dtype], defines)(
         (rows * plan.splits,),
         (_SPLIT_THREADS,),
