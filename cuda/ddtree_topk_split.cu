@@ -61,10 +61,10 @@ __device__ __forceinline__ ddt_u64 ddt_candidate(unsigned key, unsigned id) {
 // sorts with per-thread rank counts over the eight sorted lists (three barriers, 6c1c414) were
 // slower on the H200 in a run whose files were lost; the bitonic bound's phase measures 2.6 us
 // of a bs-1 k-8 launch (topk_kernels_h200_c2f98be.md, phase cuts). Ranking by binary search in
-// sorted lists (warp-sorted samples here, the slices' sorted samples in the merge; two barriers)
-// was slower at bs 1 and 8 in the same run as this build (topk_kernels_h200_099c64d.md: 17.5
-// against 12.4 us at bs 1 k 8, 16.8 against 14.8 at k 64; 1.3-1.5 us faster at bs 64 alone), as
-// the merge's had been at 1bfcbc0 (docs/benchmarks.md).
+// sorted lists (two barriers) was timed against this build in one run (topk_kernels_h200_099c64d.md):
+// in the merge (the slices' sorted samples) it cost ~5 us at bs 1 k 8 (17.5 against 12.5 with
+// only the merge's bitonic bound back), as at 1bfcbc0 (docs/benchmarks.md); for a slice's bound
+// (warp-sorted samples) it was 1.3-1.5 us faster at bs 64 and 0.2-0.9 slower at bs 1 and 8.
 __device__ __forceinline__ ddt_u64 ddt_block_mth_largest(ddt_u64 v, int m, ddt_u64* s_x, ddt_u64* s_out) {
   const int tid = threadIdx.x;
   for (int size = 2; size <= DDT_SPLIT_THREADS; size <<= 1) {
