@@ -151,24 +151,50 @@ def test_timed_table_costs_a_batch_as_the_graph_that_serves_it():
         startup_cost_table((1, 3), {1: {1: 1.0}}, draft_ms)
 
 
-def test_timed_table_learns_one_round_overhead_a_row_from_any_tree_width():
-    """Replays time the forwards only; a measured round adds the round's own work, the same at
-    every tree width of a row: every tree width costs its replay plus the median of the row's
-    measured excesses, whichever width they came from."""
-    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+def test_a_width_costs_its_replay_plus_the_rows_excess_until_its_own_rounds_say_otherwise():
+    """Replays time the forwards only; a measured round adds the round's own work. Before a
+    width's own cell is trusted it costs its replay plus the median excess of the row's rounds
+    (whichever tree width served them); once it has ``trust_after`` rounds of its own, it costs
+    what they say, whatever its replay said."""
+    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], trust_after=2)
     assert table(1, 5) == 3.0
     table.observe(1, 3, 4.0)  # 2 ms above its replay
     assert table(1, 3) == pytest.approx(4.0) and table(1, 5) == pytest.approx(5.0)
     assert table(1, 1) == pytest.approx(1.0 + 2.0)  # unmeasured width 1: the trees' excess, a bound
     assert table(8, 5) == 6.0  # another row is not touched
-    table.observe(1, 5, 7.0)  # 4 ms above
-    table.observe(1, 5, 6.0)  # 3 ms above: the median excess is 3
-    assert table(1, 3) == pytest.approx(5.0) and table(1, 5) == pytest.approx(6.0)
+    table.observe(1, 3, 4.0)
+    assert table.trusted()[0].tolist() == [False, True, False]
+    table.observe(1, 5, 3.5)  # width 5 served at its replay's level and below: routing, say
+    assert table(1, 5) == pytest.approx(3.0 + 2.0)  # one round of its own: the row's median
+    table.observe(1, 5, 3.3)
+    assert table(1, 5) == pytest.approx(3.4) and table(1, 3) == pytest.approx(4.0)  # each its own
     table.observe(1, 1, float("inf"))
-    assert table(1, 1) == pytest.approx(4.0)
-    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own excess, measured
-    assert table(1, 1) == pytest.approx(1.5) and table(1, 5) == pytest.approx(6.0)
+    assert table(1, 1) == pytest.approx(1.0 + 1.25)  # ignored; the bound follows the row's trees
+    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own kind's excess
+    assert table(1, 1) == pytest.approx(1.5)
     assert list(table.rows_served()) == [True, False]
+
+
+def test_the_widths_own_rounds_undo_replays_that_overprice_a_wide_tree():
+    """The K2.6 rank at 099c64d, c=8: the replays put width 8 2.5 ms over width 4 at bs 8, the
+    row's one excess kept that gap, and the server ran width 4 while width 8's rounds in serving
+    cost what width 4's did. Once the row has served ``probe_after`` rounds the table asks for
+    every width it has not measured; with width 8's own rounds the choice moves to it."""
+    widths = (1, 2, 4, 8)
+    table = TimedCostTable((8,), widths, [[7.54, 10.08, 11.38, 13.91]], probe_after=8, trust_after=4)
+    chooser = WidthChooser(widths, table)
+    accepted = [0.0, 8 * 0.6, 8 * 1.38, 8 * 1.69]  # pycode-4l-ranks: 2.38 and 2.69 tokens a round
+    for _ in range(8):
+        assert table.unprobed(8) is None
+        table.observe(8, 4, 12.29)
+    assert chooser.choose(8, accepted) == 4 and table(8, 8) == pytest.approx(13.91 + 0.91)
+    probed = []
+    while (width := table.unprobed(8)) is not None:
+        probed.append(width)
+        table.observe(8, width, {1: 8.0, 2: 11.0, 8: 12.2}[width])
+    assert probed == [1] * 4 + [2] * 4 + [8] * 4
+    assert table(8, 8) == pytest.approx(12.2) and table(8, 4) == pytest.approx(12.29)
+    assert chooser.choose(8, accepted) == 8
 
 
 def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():
@@ -210,13 +236,13 @@ def test_a_row_with_few_rounds_borrows_the_excess_of_the_nearest_row_with_enough
     assert table(1, 1) == pytest.approx(7.0 + 0.5)  # width 1's own excess, from the nearest trusted row
 
 
-def test_a_row_that_priced_its_trees_out_forgets_their_excess_after_a_run_of_width_one():
-    """The K2.6 rank at 0fc9c47, bs 2: four tree rounds put the row's excess at 44 ms and the
-    row ran width 1 for the rest of the call, never measuring a tree again. After
-    ``forget_after`` width-1 rounds with no tree round between, the row borrows the nearest
-    trusted row's excess again and the tree comes back where it wins under it."""
+def test_a_width_priced_out_by_slow_rounds_is_measured_again_after_a_while():
+    """The K2.6 rank at 0fc9c47, bs 2: four tree rounds put the row's trees at 44 ms over their
+    replays and the row ran width 1 for the rest of the call, never measuring a tree again. A
+    trusted cell with no round for ``reprobe_after`` of its row's rounds is cleared: it borrows
+    the nearest trusted row's excess again, and the table asks for it to be measured anew."""
     widths = (1, 9)
-    table = TimedCostTable((1, 2, 8), widths, [[6.8, 9.5], [6.8, 10.4], [7.5, 14.0]], forget_after=8)
+    table = TimedCostTable((1, 2, 8), widths, [[6.8, 9.5], [6.8, 10.4], [7.5, 14.0]], reprobe_after=8)
     for _ in range(4):
         table.observe(8, 9, 14.0 + 1.3)
         table.observe(2, 1, 6.8 + 1.2)
@@ -227,30 +253,42 @@ def test_a_row_that_priced_its_trees_out_forgets_their_excess_after_a_run_of_wid
     assert table(2, 9) == pytest.approx(10.4 + 44.0) and chooser.choose(2, expected) == 1
     for _ in range(7):
         table.observe(2, 1, 6.8 + 1.2)
-    table.observe(2, 9, 10.4 + 44.0)  # a tree round between: the run starts again
-    for _ in range(7):
-        table.observe(2, 1, 6.8 + 1.2)
-    assert table(2, 9) == pytest.approx(10.4 + 44.0) and table.forgotten[1] == 0
-    table.observe(2, 1, 6.8 + 1.2)  # the eighth in a row
-    assert table.forgotten[1] == 1
-    assert table(2, 9) == pytest.approx(10.4 + 1.3)  # bs 8's excess, the nearest trusted row
+    assert table(2, 9) == pytest.approx(10.4 + 44.0) and table.reprobes[1] == 0
+    table.observe(2, 1, 6.8 + 1.2)  # the eighth of the row's rounds since width 9's last
+    assert table.reprobes[1] == 1
+    assert table(2, 9) == pytest.approx(10.4 + 1.3)  # bs 8's own excess, the nearest trusted row
     assert table(2, 1) == pytest.approx(6.8 + 1.2)  # width 1 keeps its own
-    assert chooser.choose(2, expected) == 9
+    assert table.unprobed(2) == 9 and chooser.choose(2, expected) == 9
     from sglang_ddtree.adapter.widths import StepWidths
 
     summary = StepWidths(widths, table, depth=4, make_head=lambda width: width).summary()
-    assert summary["trees_forgotten_by_bs"] == {2: 1}  # the stats line says so
-    for _ in range(20):  # a row that never trusted its own trees' excess has nothing to forget
-        table.observe(1, 1, 6.8 + 1.0)
-    assert table.forgotten[0] == 0
+    assert summary["reprobes_by_bs"] == {2: 1}  # the stats line says so
+    assert summary["own_cost_widths_by_bs"] == {2: [1], 8: [9]}
 
 
-def test_timed_table_probes_width_one_once_the_row_knows_its_tree_rounds():
-    """Width 1's start-up bound carries the trees' excess; the table asks for a few width-1
-    rounds once a row has served ``probe_after`` tree rounds, then width 1 costs its replay plus
-    the median of its own excesses."""
-    table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], probes=3, probe_after=3)
-    assert table.unprobed(1) is None  # no tree round yet: the excess is unknown
+def test_a_probe_whose_periods_never_count_is_given_up_and_tried_again_later():
+    """Every period broken by another batch (a prefill each step) leaves a probe unmeasured: it
+    runs ``max_probe_steps`` steps, then the chooser decides again until ``reprobe_after`` more
+    rounds have passed."""
+    table = TimedCostTable((8,), (1, 9), [[7.5, 14.0]], probe_after=4, reprobe_after=6, max_probe_steps=3)
+    for _ in range(4):
+        table.observe(8, 9, 15.0)  # width 9's own cell: trusted
+    assert [table.unprobed(8) for _ in range(4)] == [1, 1, 1, None]
+    for _ in range(5):
+        table.observe(8, 9, 15.0)
+    assert table.unprobed(8) is None
+    table.observe(8, 9, 15.0)  # six rounds since it gave up
+    assert table.unprobed(8) == 1
+
+
+def test_timed_table_probes_each_width_once_the_row_knows_its_rounds():
+    """Width 1's start-up bound carries the trees' excess and a tree width the chooser does not
+    run has only its replay: once a row has served ``probe_after`` rounds, the table asks for
+    each width without a trusted cell, smallest first, until it has ``trust_after`` rounds."""
+    table = TimedCostTable(
+        (1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], probe_after=3, trust_after=3
+    )
+    assert table.unprobed(1) is None  # no round yet: nothing is known
     for _ in range(3):
         table.observe(1, 5, 11.0)  # 8 ms of round work over the replay
     assert table.unprobed(1) == 1 and table.unprobed(8) is None  # per row
@@ -259,17 +297,19 @@ def test_timed_table_probes_width_one_once_the_row_knows_its_tree_rounds():
     assert table.unprobed(1) == 1 and table(1, 1) == 2.5  # measured, replacing the bound
     table.observe(1, 1, 9.0)  # a width's first rounds can carry one-time work
     table.observe(1, 1, 2.0)
-    assert table.unprobed(1) is None and table(1, 1) == 2.5  # the median of the probes
-    table.observe(1, 1, 2.0)
-    assert table(1, 1) == pytest.approx(2.25)
-    assert table.unprobed(1) is None
+    assert table(1, 1) == 2.5  # the median of its rounds
+    assert table.unprobed(1) == 3 and table(1, 3) == pytest.approx(10.0)
+    for _ in range(3):
+        table.observe(1, 3, 2.4)
+    assert table.unprobed(1) is None and table(1, 3) == pytest.approx(2.4)
 
 
 def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch):
     """Through ``StepWidths``: the start-up replays make a tree look cheap and width 1's bound
     hides that it is cheaper still (a small target: round work dominates). After
-    ``probe_after`` tree rounds the step loop runs the width-1 probes without the drafter; once
-    measured, width 1 wins where it gives more tokens per ms (a batch of 8, nothing accepted)."""
+    ``probe_after`` rounds the step loop runs the width-1 probes without the drafter, then the
+    unmeasured tree width; once measured, width 1 wins where it gives more tokens per ms (a
+    batch of 8, nothing accepted)."""
     import math
 
     from sglang_ddtree.adapter import widths as widths_module
@@ -280,7 +320,7 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     now = 1000.0
     monkeypatch.setattr(widths_module, "time", SimpleNamespace(perf_counter=lambda: now))
 
-    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probes=2, probe_after=2)
+    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probe_after=2, trust_after=2)
     widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width)
 
     def propose(hidden, k):  # a confident drafter: 0.9 per depth on its top-1
@@ -289,7 +329,7 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
         return log_probs, torch.arange(k).repeat(hidden.shape[0], 1)
 
     chosen, drafted = [], []
-    for _ in range(9):
+    for _ in range(12):
         width = widths.start(8)
         drafted.append(not widths.skips_draft)
         if drafted[-1]:
@@ -303,7 +343,8 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     # is not costed (under overlap its period is the round before it)
     assert chosen[1:4] == [5, 5, 5]
     assert chosen[4:7] == [1, 1, 1] and drafted[4:7] == [False] * 3  # the probes, the first not costed
-    assert chosen[7:] == [1, 1] and table(8, 1) == pytest.approx(2.0, rel=0.05)
+    assert chosen[7:10] == [3, 3, 3] and drafted[7:10] == [True] * 3  # width 3's probes
+    assert chosen[10:] == [1, 1] and table(8, 1) == pytest.approx(2.0, rel=0.05)
 
 
 # --- the swap per step ------------------------------------------------------------------------

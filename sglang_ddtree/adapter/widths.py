@@ -317,12 +317,19 @@ class StepWidths:
         }
         if self.measured:
             summary["round_ms"] = self._measured_costs()
-        # A timed table's rows that forgot their trees' excess (budget/online.py, TimedCostTable).
-        forgotten = getattr(self.cost, "forgotten", None)
-        if forgotten is not None and forgotten.any():
-            summary["trees_forgotten_by_bs"] = {
-                bs: int(n) for bs, n in zip(self.cost.batch_sizes, forgotten) if n
+        # A timed table's cells that cost their own rounds, and those cleared to be probed again.
+        trusted = getattr(self.cost, "trusted", None)
+        if trusted is not None:
+            table = self.cost
+            summary["own_cost_widths_by_bs"] = {
+                bs: [w for w, own in zip(table.widths, cells) if own]
+                for bs, cells, served in zip(table.batch_sizes, trusted(), table.rows_served())
+                if served
             }
+            if table.reprobes.any():
+                summary["reprobes_by_bs"] = {
+                    bs: int(n) for bs, n in zip(table.batch_sizes, table.reprobes) if n
+                }
         return summary
 
     def _measured_costs(self) -> dict[int, dict[int, float]]:

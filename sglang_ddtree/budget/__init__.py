@@ -3,7 +3,9 @@
 * ``calibration.py`` - per-depth correction of the drafter's predicted acceptance
   (``tree/expected_accept.py``) against what the target accepted, running;
 * ``online.py`` - the round cost table ``T_round(bs, width)`` and the chooser that
-  picks the width maximising committed tokens per millisecond, with hysteresis.
+  picks the width maximising committed tokens per millisecond, with hysteresis;
+* ``timed_costs.py`` - the table under CUDA graphs: timed replays, then each width's own
+  rounds (probed where the chooser does not run them).
 
 Pure Python / numpy / torch on the host; ``adapter/widths.py`` drives them per decode step
 (choosing from the previous step's prediction, so that no step waits for the device).
@@ -14,12 +16,12 @@ from .calibration import DepthCalibration, reach_counts
 from .online import (
     ProbedCostTable,
     RoundCostTable,
-    TimedCostTable,
     WidthChooser,
     WidthScore,
     candidate_widths,
     score_widths,
 )
+from .timed_costs import TimedCostTable
 
 __all__ = [
     "DepthCalibration",

@@ -1,0 +1,199 @@
+"""The round cost table under CUDA graphs: timed graph replays at start-up, then what the
+rounds served cost, per batch size and width.
+
+A replay times the forwards only (the target's verify graph, the drafter's graph), on
+inputs that capture left in the buffers with spread token ids (``adapter/width_graphs.py``).
+A round adds its own work (the tree step, mask, accept, commit, the scheduler between steps),
+and its forwards run on the tokens being served, which can route through a MoE unlike the
+spread ids do. So what a width costs while serving is its replay plus an *excess* that the
+rounds served measure; the excess is learned per cell, ``(batch size row, width)``:
+
+* a cell's own excess, the median of its last ``window`` measured rounds, once it has
+  ``trust_after`` of them;
+* before that, the excess of the nearest row whose cell of the same width is trusted (the
+  round's own work and the routing change slowly with the batch size);
+* with no such row, the pooled excess of the row's rounds of that kind (trees, or width 1),
+  trusted likewise or borrowed from the nearest row; a width 1 measured nowhere carries the
+  trees' excess (an upper bound: width 1 runs no drafter and no tree step).
+
+Why per cell. With one excess a row the differences between widths came from the replays
+alone, and on the K2.6 rank they were wrong in serving: at 099c64d, c=8, the table priced
+width 8 at 14.82 ms and width 4 at 12.29 at bs 8 (their replays 13.9 and 11.4), the server ran
+width 4 in 351 of 362 bs-8 steps, and yet its rounds took as long in wall time as the fixed
+width-8 server's (24.95 against 24.61 ms a request-round) with 2.38 tokens a round against
+2.69: 0.872x the fixed arm. That rank's greedy text is two tokens alternating, so its
+served tokens route through few experts where the replays' spread ids route through many.
+Only a width's own rounds say what it costs on the tokens served.
+
+Why medians and trust. A cell that followed its own last few rounds was priced out by a few
+stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at bs 8: 33.8
+ms after three rounds against a 14.0 ms replay). A median over ``window`` rounds outvotes
+stalls that are rare; a cell with fewer than ``trust_after`` rounds borrows.
+
+Probes. Rounds measure only the widths the chooser runs, so once a row has served
+``probe_after`` rounds, :meth:`unprobed` asks for every width whose cell is not trusted yet, in
+width order, until it is (a probe's first round follows another width and is not costed, so a
+width runs ``trust_after + 1`` steps). A probe that has not been costed after
+``max_probe_steps`` steps (every period broken by another batch) is given up until the cell's
+next re-probe. A trusted cell not measured for ``reprobe_after`` of its row's rounds is
+cleared and probed again: costs move with the context length and the load, and a width
+priced out by rounds that were slow then is measured anew (at 0fc9c47, four stalled tree
+rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the rest of the call).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from .online import RoundCostTable
+
+
+class TimedCostTable(RoundCostTable):
+    _TREE, _WIDTH1 = 0, 1
+
+    def __init__(
+        self,
+        batch_sizes: Sequence[int],
+        widths: Sequence[int],
+        ms,
+        probe_after: int = 8,
+        window: int = 16,
+        trust_after: int = 4,
+        reprobe_after: int = 1024,
+        max_probe_steps: int = 16,
+    ):
+        super().__init__(batch_sizes, widths, ms)
+        if probe_after < 0 or not 1 <= trust_after <= window or reprobe_after < 1 or max_probe_steps < 1:
+            raise ValueError(
+                "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1"
+            )
+        self.startup = self.ms.copy()
+        self.probe_after, self.trust_after = probe_after, trust_after
+        self.reprobe_after, self.max_probe_steps = reprobe_after, max_probe_steps
+        rows, columns = self.ms.shape
+        self.cells = _Excesses((rows, columns), window)
+        self.pooled = _Excesses((rows, 2), window)  # per row: the trees' rounds, width 1's
+        self.cell_source = np.full((rows, columns), -1)  # the row a cell reads; -1: pooled
+        self.pooled_source = np.repeat(np.arange(rows)[:, None], 2, axis=1)
+        self.row_rounds = np.zeros(rows, dtype=np.int64)
+        self.last_round = np.zeros(
+            (rows, columns), dtype=np.int64
+        )  # the row's count at the cell's last round
+        self.probe_steps = np.zeros((rows, columns), dtype=np.int64)  # steps given to probing a cell
+        self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
+
+    def __call__(self, bs: int, width: int) -> float:
+        row, column = self._row(bs), self._column(width)
+        cost = max(self.startup[row, column] + self._excess(row, column), 0.05 * self.startup[row, column])
+        largest = self.batch_sizes[-1]
+        return float(cost) * bs / largest if bs > largest else float(cost)
+
+    def _excess(self, row: int, column: int) -> float:
+        source = self.cell_source[row, column]
+        if source >= 0:
+            return float(self.cells.median[source, column])
+        kind = self._kind(self.widths[column])
+        if not self.pooled.rounds[self.pooled_source[row, kind], kind]:
+            kind = self._TREE  # width 1 measured nowhere near: the trees' excess, an upper bound
+        return float(self.pooled.median[self.pooled_source[row, kind], kind])
+
+    def rows_served(self) -> np.ndarray:
+        """Per row: whether any round has been measured in it."""
+        return self.row_rounds > 0
+
+    def trusted(self) -> np.ndarray:
+        """``[rows, widths]``: the cells that cost their own rounds."""
+        return self.cells.rounds >= self.trust_after
+
+    def unprobed(self, bs: int) -> int | None:
+        """The width a batch of ``bs`` should run to measure it (the smallest whose cell is
+        not trusted, once the row has served ``probe_after`` rounds), or None: the chooser
+        decides. Call once per step: it counts the steps given to each probe."""
+        row = self._row(bs)
+        if self.row_rounds[row] < self.probe_after:
+            return None
+        wanted = (self.cells.rounds[row] < self.trust_after) & (self.probe_steps[row] < self.max_probe_steps)
+        if not wanted.any():
+            return None
+        column = int(np.flatnonzero(wanted)[0])
+        self.probe_steps[row, column] += 1
+        if self.probe_steps[row, column] == self.max_probe_steps:  # given up: retried like a stale cell
+            self.last_round[row, column] = self.row_rounds[row]
+        return self.widths[column]
+
+    def observe(self, bs: int, width: int, ms: float) -> None:
+        cell = self._cell(bs, width, ms)
+        if cell is None:
+            return
+        row, column, ms = cell
+        excess = ms - self.startup[row, column]
+        if self.cells.add(row, column, excess) == self.trust_after:
+            self._choose_cell_sources(column)
+        kind = self._kind(width)
+        if self.pooled.add(row, kind, excess) == self.trust_after:
+            self._choose_pooled_sources(kind)
+        self.row_rounds[row] += 1
+        self.last_round[row, column] = self.row_rounds[row]
+        self._clear_stale(row)
+
+    def _clear_stale(self, row: int) -> None:
+        """Trusted cells of ``row`` with no round for ``reprobe_after`` of its rounds, and
+        probes given up as long ago: cleared, to be probed again (the module docstring says why)."""
+        given_up = self.probe_steps[row] >= self.max_probe_steps
+        measured = self.trusted()[row] | given_up
+        stale = measured & (self.row_rounds[row] - self.last_round[row] >= self.reprobe_after)
+        for column in np.flatnonzero(stale):
+            self.cells.clear(row, column)
+            self.probe_steps[row, column] = 0
+            self.reprobes[row] += 1
+            self._choose_cell_sources(int(column))
+
+    def _choose_cell_sources(self, column: int) -> None:
+        """Where each row reads the excess of ``column``: itself once trusted, else the nearest
+        trusted row (the smaller on a tie), else -1 (the pooled excess)."""
+        self.cell_source[:, column] = _nearest(self.cells.rounds[:, column] >= self.trust_after, fallback=-1)
+
+    def _choose_pooled_sources(self, kind: int) -> None:
+        """Like cells: itself once trusted, else the nearest trusted row, else itself (0 before
+        any round). Recomputed when a row becomes trusted, not per lookup."""
+        rows = np.arange(len(self.batch_sizes))
+        self.pooled_source[:, kind] = _nearest(self.pooled.rounds[:, kind] >= self.trust_after, fallback=rows)
+
+    def _kind(self, width: int) -> int:
+        return self._WIDTH1 if width == 1 else self._TREE
+
+
+class _Excesses:
+    """Per slot (``shape``): the last ``window`` excesses, their median and how many there were."""
+
+    def __init__(self, shape: tuple[int, int], window: int):
+        self.windows = [[deque(maxlen=window) for _ in range(shape[1])] for _ in range(shape[0])]
+        self.median = np.zeros(shape)
+        self.rounds = np.zeros(shape, dtype=np.int64)
+
+    def add(self, row: int, column: int, excess: float) -> int:
+        """Record one excess; the slot's count of rounds after it."""
+        window = self.windows[row][column]
+        window.append(excess)
+        self.median[row, column] = statistics.median(window)
+        self.rounds[row, column] += 1
+        return int(self.rounds[row, column])
+
+    def clear(self, row: int, column: int) -> None:
+        self.windows[row][column].clear()
+        self.median[row, column] = 0.0
+        self.rounds[row, column] = 0
+
+
+def _nearest(trusted: np.ndarray, fallback) -> np.ndarray:
+    """Per row, the nearest row where ``trusted`` holds (itself when it does; the smaller on a
+    tie), else ``fallback`` (a scalar or a per-row array)."""
+    rows = np.arange(trusted.shape[0])
+    hits = np.flatnonzero(trusted)
+    if hits.size == 0:
+        return np.broadcast_to(np.asarray(fallback), rows.shape).copy()
+    return hits[np.argmin(np.abs(hits[None, :] - rows[:, None]), axis=1)]
