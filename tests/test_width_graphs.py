@@ -281,6 +281,18 @@ def test_a_probe_whose_periods_never_count_is_given_up_and_tried_again_later():
     assert table.unprobed(8) == 1
 
 
+def test_eager_batches_past_the_largest_graph_neither_price_nor_probe_its_row():
+    """At ede2f70 the K2.6 rank's bs-16 warm-up (graphs to bs 8: eager rounds of 170-200 ms)
+    was probed at widths 1, 2 and 4 and entered the bs-8 row at 83-98 ms (scaled by 8 / 16),
+    pricing those widths out of the graphs they never ran in."""
+    table = TimedCostTable((1, 8), (1, 4, 8), [[6.8, 8.4, 8.9], [7.5, 11.3, 13.9]], probe_after=2)
+    for _ in range(8):
+        assert table.unprobed(16) is None
+        table.observe(16, 8, 190.0)
+    assert not table.rows_served().any() and table(8, 4) == pytest.approx(11.3)
+    assert table(16, 8) == pytest.approx(13.9 * 2)  # past the largest: linear in bs
+
+
 def test_timed_table_probes_each_width_once_the_row_knows_its_rounds():
     """Width 1's start-up bound carries the trees' excess and a tree width the chooser does not
     run has only its replay: once a row has served ``probe_after`` rounds, the table asks for

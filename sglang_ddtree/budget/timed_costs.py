@@ -113,6 +113,8 @@ class TimedCostTable(RoundCostTable):
         """The width a batch of ``bs`` should run to measure it (the smallest whose cell is
         not trusted, once the row has served ``probe_after`` rounds), or None: the chooser
         decides. Call once per step: it counts the steps given to each probe."""
+        if bs > self.batch_sizes[-1]:
+            return None  # an eager batch: its rounds are not the graphs' (observe)
         row = self._row(bs)
         if self.row_rounds[row] < self.probe_after:
             return None
@@ -126,6 +128,12 @@ class TimedCostTable(RoundCostTable):
         return self.widths[column]
 
     def observe(self, bs: int, width: int, ms: float) -> None:
+        """One served round's period. A batch past the largest captured size runs eagerly, a
+        cost of another kind than the graph its row times: at ede2f70 the K2.6 rank's bs-16
+        warm-up rounds (eager, 170-200 ms) entered the bs-8 row as 83-98 ms at widths 1, 2 and
+        4 (scaled by 8 / 16) and priced them out of the graphs they never ran in."""
+        if bs > self.batch_sizes[-1]:
+            return
         cell = self._cell(bs, width, ms)
         if cell is None:
             return
