@@ -543,3 +543,57 @@ def test_install_times_every_width_on_spread_ids(monkeypatch):
     )
     width_graphs.install(widths, target, SimpleNamespace())
     assert len(seen) == 3 and all(distinct > 20 for distinct in seen)  # every width, spread
+
+
+def _excess_by_the_rules(table: TimedCostTable, row: int, column: int) -> float:
+    """The excess a cell costs, re-derived one cell at a time from the rules in
+    ``budget/timed_costs.py``'s docstring (the table computes a whole row at once)."""
+    trusted = [r for r in range(len(table.batch_sizes)) if table.cells.rounds[r, column] >= table.trust_after]
+    if trusted:
+        nearest = min(trusted, key=lambda r: (abs(r - row), r))
+        return float(np.median(table.cells.windows[nearest][column]))
+    kind = 1 if table.widths[column] == 1 else 0
+    pooled = [r for r in range(len(table.batch_sizes)) if table.pooled.rounds[r, kind] >= table.trust_after]
+    source = min(pooled, key=lambda r: (abs(r - row), r)) if pooled else row
+    if kind == 1 and not table.pooled.rounds[source, 1]:
+        return _pooled_trees(table, row)  # width 1 measured nowhere near: the trees' bound
+    window = table.pooled.windows[source][kind]
+    return float(np.median(window)) if window else 0.0
+
+
+def _pooled_trees(table: TimedCostTable, row: int) -> float:
+    pooled = [r for r in range(len(table.batch_sizes)) if table.pooled.rounds[r, 0] >= table.trust_after]
+    source = min(pooled, key=lambda r: (abs(r - row), r)) if pooled else row
+    window = table.pooled.windows[source][0]
+    return float(np.median(window)) if window else 0.0
+
+
+def test_a_rows_costs_at_once_are_each_cells_by_the_rules_and_choose_the_reference_width():
+    """The chooser reads a whole row of costs per step (vectorised); on random rounds every
+    cell equals the rules applied one cell at a time, and the choice equals the readable
+    ``best_score(score_widths(...))``."""
+    from sglang_ddtree.budget.online import best_score, score_widths
+
+    rng = np.random.default_rng(7)
+    rows, widths = (1, 2, 4, 8, 16), (1, 2, 4, 8, 9)
+    startup = rng.uniform(5.0, 15.0, (len(rows), len(widths)))
+    table = TimedCostTable(rows, widths, startup, probe_after=3, trust_after=3, window=5)
+    chooser = WidthChooser(widths, table, switch_margin=0.0)
+    for step in range(400):
+        bs = int(rng.integers(1, 24))  # past the largest (16) too: eager, kept out
+        table.observe(bs, int(rng.choice(widths)), float(rng.uniform(4.0, 30.0)))
+        if step % 20:
+            continue
+        for r, b in enumerate(rows):
+            expected = [
+                max(startup[r, c] + _excess_by_the_rules(table, r, c), 0.05 * startup[r, c])
+                for c in range(len(widths))
+            ]
+            assert table.row_costs(b) == pytest.approx(expected)
+        accepted = rng.uniform(0.0, 3.0 * bs, len(widths))
+        reference = best_score(score_widths(bs, widths, accepted, table)).width
+        chooser.current = None
+        assert chooser.choose(bs, accepted) == reference
+        assert [s.tokens_per_ms for s in chooser.last_scores] == pytest.approx(
+            [s.tokens_per_ms for s in score_widths(bs, widths, accepted, table)]
+        )

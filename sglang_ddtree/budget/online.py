@@ -47,11 +47,11 @@ class RoundCostTable:
         return cls(batch_sizes, widths, [[cost(b, w) for w in widths] for b in batch_sizes], **kw)
 
     def __call__(self, bs: int, width: int) -> float:
-        row = self._row(bs)
-        cost = float(self.ms[row, self._column(width)])
-        largest = self.batch_sizes[-1]
-        # Past the largest captured size the step runs eagerly; assume it grows with bs.
-        return cost * bs / largest if bs > largest else cost
+        return float(self.row_costs(bs)[self._column(width)])
+
+    def row_costs(self, bs: int) -> np.ndarray:
+        """``[widths]``: every width's cost for a batch of ``bs`` (one lookup per step)."""
+        return scaled_past_largest(self.ms[self._row(bs)], bs, self.batch_sizes[-1])
 
     def _cell(self, bs: int, width: int, ms: float) -> tuple[int, int, float] | None:
         """Where a measured round belongs, and its cost as that cell counts it (``None``
@@ -173,21 +173,51 @@ class WidthChooser:
         self.cost = cost
         self.switch_margin = switch_margin
         self.current: int | None = None
-        self.last_scores: list[WidthScore] = []
+        self._last: tuple[int, np.ndarray, np.ndarray] | None = None  # bs, accepted, round ms
+
+    @property
+    def cost(self):
+        return self._cost
+
+    @cost.setter
+    def cost(self, table) -> None:
+        self._cost = table
+        self._columns = np.array([table.widths.index(w) for w in self.widths])  # ValueError: a width it lacks
 
     def choose(self, bs: int, expected_accepted: Sequence[float]) -> int:
         """The width for the next step of ``bs`` requests, given the batch's calibrated
-        expected accepted drafts at each of ``widths``."""
-        scores = score_widths(bs, self.widths, expected_accepted, self.cost)
-        self.last_scores = scores
-        best = best_score(scores)
+        expected accepted drafts at each of ``widths``: :func:`score_widths` and
+        :func:`best_score` over the row's costs at once (the choice runs before every step)."""
+        accepted = np.asarray(expected_accepted, dtype=np.float64)
+        if accepted.shape != (len(self.widths),):
+            raise ValueError("one expected accept count per width")
+        round_ms = self._cost.row_costs(bs)[self._columns]
+        rates = (accepted + bs) / round_ms
+        self._last = (bs, accepted, round_ms)
+        best = int(np.argmax(rates))  # the first maximum: on a tie the smaller width
         if self.current is None or self.current not in self.widths:
-            self.current = best.width
+            self.current = self.widths[best]
             return self.current
-        current = scores[self.widths.index(self.current)]
-        if best.tokens_per_ms > current.tokens_per_ms * (1.0 + self.switch_margin):
-            self.current = best.width
+        if rates[best] > rates[self.widths.index(self.current)] * (1.0 + self.switch_margin):
+            self.current = self.widths[best]
         return self.current
+
+    @property
+    def last_scores(self) -> list[WidthScore]:
+        """The last choice's scores, as :func:`score_widths` gives them."""
+        if self._last is None:
+            return []
+        bs, accepted, round_ms = self._last
+        return [
+            WidthScore(w, float(a), float(ms), (float(a) + bs) / float(ms))
+            for w, a, ms in zip(self.widths, accepted, round_ms)
+        ]
+
+
+def scaled_past_largest(costs: np.ndarray, bs: int, largest: int) -> np.ndarray:
+    """A row's costs for ``bs``: past the largest captured size the step runs eagerly, and its
+    cost is assumed to grow with ``bs``."""
+    return costs * (bs / largest) if bs > largest else costs.copy()
 
 
 def _check_increasing(what: str, values: Sequence[int]) -> None:

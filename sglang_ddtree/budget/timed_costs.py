@@ -49,7 +49,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .online import RoundCostTable
+from .online import RoundCostTable, scaled_past_largest
 
 
 class TimedCostTable(RoundCostTable):
@@ -85,21 +85,27 @@ class TimedCostTable(RoundCostTable):
         )  # the row's count at the cell's last round
         self.probe_steps = np.zeros((rows, columns), dtype=np.int64)  # steps given to probing a cell
         self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
+        self._columns = np.arange(columns)
+        self._kinds = np.array([self._kind(w) for w in self.widths])
 
-    def __call__(self, bs: int, width: int) -> float:
-        row, column = self._row(bs), self._column(width)
-        cost = max(self.startup[row, column] + self._excess(row, column), 0.05 * self.startup[row, column])
-        largest = self.batch_sizes[-1]
-        return float(cost) * bs / largest if bs > largest else float(cost)
+    def row_costs(self, bs: int) -> np.ndarray:
+        row = self._row(bs)
+        startup = self.startup[row]
+        cost = np.maximum(startup + self._row_excess(row), 0.05 * startup)
+        return scaled_past_largest(cost, bs, self.batch_sizes[-1])
 
-    def _excess(self, row: int, column: int) -> float:
-        source = self.cell_source[row, column]
-        if source >= 0:
-            return float(self.cells.median[source, column])
-        kind = self._kind(self.widths[column])
-        if not self.pooled.rounds[self.pooled_source[row, kind], kind]:
-            kind = self._TREE  # width 1 measured nowhere near: the trees' excess, an upper bound
-        return float(self.pooled.median[self.pooled_source[row, kind], kind])
+    def _row_excess(self, row: int) -> np.ndarray:
+        """``[widths]``: the excess each width of ``row`` costs (the module docstring's order)."""
+        pooled = np.empty(2)
+        for kind in (self._TREE, self._WIDTH1):
+            source = self.pooled_source[row, kind]
+            if kind == self._WIDTH1 and not self.pooled.rounds[source, kind]:
+                pooled[kind] = pooled[self._TREE]  # width 1 measured nowhere near: the trees' bound
+            else:
+                pooled[kind] = self.pooled.median[source, kind]
+        sources = self.cell_source[row]
+        own = self.cells.median[np.maximum(sources, 0), self._columns]
+        return np.where(sources >= 0, own, pooled[self._kinds])
 
     def rows_served(self) -> np.ndarray:
         """Per row: whether any round has been measured in it."""
@@ -152,7 +158,7 @@ class TimedCostTable(RoundCostTable):
         """Trusted cells of ``row`` with no round for ``reprobe_after`` of its rounds, and
         probes given up as long ago: cleared, to be probed again (the module docstring says why)."""
         given_up = self.probe_steps[row] >= self.max_probe_steps
-        measured = self.trusted()[row] | given_up
+        measured = (self.cells.rounds[row] >= self.trust_after) | given_up
         stale = measured & (self.row_rounds[row] - self.last_round[row] >= self.reprobe_after)
         for column in np.flatnonzero(stale):
             self.cells.clear(row, column)
