@@ -318,12 +318,11 @@ class StepWidths:
         if self.measured:
             summary["round_ms"] = self._measured_costs()
         # A timed table's cells that cost their own rounds, and those cleared to be probed again.
-        trusted = getattr(self.cost, "trusted", None)
-        if trusted is not None:
-            table = self.cost
+        table = self.cost
+        if isinstance(table, TimedCostTable):
             summary["own_cost_widths_by_bs"] = {
                 bs: [w for w, own in zip(table.widths, cells) if own]
-                for bs, cells, served in zip(table.batch_sizes, trusted(), table.rows_served())
+                for bs, cells, served in zip(table.batch_sizes, table.trusted(), table.rows_served())
                 if served
             }
             if table.reprobes.any():

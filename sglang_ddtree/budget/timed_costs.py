@@ -80,9 +80,8 @@ class TimedCostTable(RoundCostTable):
         self.cell_source = np.full((rows, columns), -1)  # the row a cell reads; -1: pooled
         self.pooled_source = np.repeat(np.arange(rows)[:, None], 2, axis=1)
         self.row_rounds = np.zeros(rows, dtype=np.int64)
-        self.last_round = np.zeros(
-            (rows, columns), dtype=np.int64
-        )  # the row's count at the cell's last round
+        # The row's count of rounds at each cell's last round (or at its probe's giving up).
+        self.last_round = np.zeros((rows, columns), dtype=np.int64)
         self.probe_steps = np.zeros((rows, columns), dtype=np.int64)  # steps given to probing a cell
         self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
         self._columns = np.arange(columns)
@@ -158,7 +157,7 @@ class TimedCostTable(RoundCostTable):
         """Trusted cells of ``row`` with no round for ``reprobe_after`` of its rounds, and
         probes given up as long ago: cleared, to be probed again (the module docstring says why)."""
         given_up = self.probe_steps[row] >= self.max_probe_steps
-        measured = (self.cells.rounds[row] >= self.trust_after) | given_up
+        measured = self.trusted()[row] | given_up
         stale = measured & (self.row_rounds[row] - self.last_round[row] >= self.reprobe_after)
         for column in np.flatnonzero(stale):
             self.cells.clear(row, column)
@@ -169,7 +168,7 @@ class TimedCostTable(RoundCostTable):
     def _choose_cell_sources(self, column: int) -> None:
         """Where each row reads the excess of ``column``: itself once trusted, else the nearest
         trusted row (the smaller on a tie), else -1 (the pooled excess)."""
-        self.cell_source[:, column] = _nearest(self.cells.rounds[:, column] >= self.trust_after, fallback=-1)
+        self.cell_source[:, column] = _nearest(self.trusted()[:, column], fallback=-1)
 
     def _choose_pooled_sources(self, kind: int) -> None:
         """Like cells: itself once trusted, else the nearest trusted row, else itself (0 before
