@@ -167,7 +167,8 @@ def test_a_width_costs_its_replay_plus_the_rows_excess_until_its_own_rounds_say_
     table.observe(1, 5, 3.5)  # width 5 served at its replay's level and below: routing, say
     assert table(1, 5) == pytest.approx(3.0 + 2.0)  # one round of its own: the row's median
     table.observe(1, 5, 3.3)
-    assert table(1, 5) == pytest.approx(3.4) and table(1, 3) == pytest.approx(4.0)  # each its own
+    assert table.cell_costs(1)[1:] == pytest.approx([4.0, 3.4])  # each its own
+    assert table(1, 5) == table(1, 3) == pytest.approx(3.7)  # the chooser's row: wider is never cheaper
     table.observe(1, 1, float("inf"))
     assert table(1, 1) == pytest.approx(1.0 + 1.25)  # ignored; the bound follows the row's trees
     table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own kind's excess
@@ -193,8 +194,29 @@ def test_the_widths_own_rounds_undo_replays_that_overprice_a_wide_tree():
         probed.append(width)
         table.observe(8, width, {1: 8.0, 2: 11.0, 8: 12.2}[width])
     assert probed == [1] * 4 + [2] * 4 + [8] * 4
-    assert table(8, 8) == pytest.approx(12.2) and table(8, 4) == pytest.approx(12.29)
+    assert table.cell_costs(8)[2:] == pytest.approx([12.29, 12.2])
+    # pooled, each weighted by its rounds (width 4: 8, width 8: 4): width 8 costs no less
+    assert table(8, 8) == table(8, 4) == pytest.approx((12.29 * 8 + 12.2 * 4) / 12)
     assert chooser.choose(8, accepted) == 8
+
+
+def test_a_wider_width_measured_cheaper_than_a_narrower_one_costs_as_much_as_it():
+    """The trained pair on the H200 (host-bound: every tree width costs about the same): at
+    002ee97 each width's served rounds carried their own noise (bs 32: widths 17 / 33 / 65 at
+    4.87 / 4.12 / 5.43 ms), and the server ran whichever looked cheapest. A wider step does
+    all a narrower one does, so the chooser reads the row fitted never to fall with the width;
+    the luckiest width no longer beats the widest tree, which accepts the most."""
+    widths = (1, 9, 17, 33, 65)
+    table = TimedCostTable((32,), widths, [[0.15, 0.39, 0.41, 0.44, 0.51]], probe_after=0, trust_after=4)
+    for width, ms in zip(widths, (1.7, 4.3, 5.0, 4.0, 4.7)):
+        for _ in range(4):
+            table.observe(32, width, ms)
+    assert table.cell_costs(32) == pytest.approx([1.7, 4.3, 5.0, 4.0, 4.7])
+    assert table.row_costs(32) == pytest.approx([1.7, 4.3, 4.5, 4.5, 4.7])
+    # the pair's accepted drafts per request at budgets 8 / 16 / 32 / 64: 1.9 / 2.23 / 2.44 / 2.78
+    accepted = [0.0, 32 * 1.9, 32 * 2.23, 32 * 2.44, 32 * 2.78]
+    assert WidthChooser(widths, table).choose(32, accepted) == 65
+    assert np.argmax((np.array(accepted) + 32) / table.cell_costs(32)) == 3  # each cell alone: 33
 
 
 def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():
@@ -313,7 +335,7 @@ def test_timed_table_probes_each_width_once_the_row_knows_its_rounds():
     assert table.unprobed(1) == 3 and table(1, 3) == pytest.approx(10.0)
     for _ in range(3):
         table.observe(1, 3, 2.4)
-    assert table.unprobed(1) is None and table(1, 3) == pytest.approx(2.4)
+    assert table.unprobed(1) is None and table.cell_costs(1)[1] == pytest.approx(2.4)
 
 
 def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch):
@@ -568,9 +590,21 @@ def _pooled_trees(table: TimedCostTable, row: int) -> float:
     return float(np.median(window)) if window else 0.0
 
 
+def _nondecreasing_by_max_min(values, weights) -> list[float]:
+    """The weighted isotonic fit by its closed form (not the pooling the table runs): at ``i``,
+    the largest over ``j <= i`` of the smallest over ``k >= i`` of the weighted mean of j..k."""
+    n = len(values)
+
+    def mean(j, k):
+        return sum(values[t] * weights[t] for t in range(j, k + 1)) / sum(weights[j : k + 1])
+
+    return [max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+
+
 def test_a_rows_costs_at_once_are_each_cells_by_the_rules_and_choose_the_reference_width():
     """The chooser reads a whole row of costs per step (vectorised); on random rounds every
-    cell equals the rules applied one cell at a time, and the choice equals the readable
+    cell equals the rules applied one cell at a time, the row the chooser reads is their
+    weighted fit that never falls with the width, and the choice equals the readable
     ``best_score(score_widths(...))``."""
     from sglang_ddtree.budget.online import best_score, score_widths
 
@@ -589,7 +623,12 @@ def test_a_rows_costs_at_once_are_each_cells_by_the_rules_and_choose_the_referen
                 max(startup[r, c] + _excess_by_the_rules(table, r, c), 0.05 * startup[r, c])
                 for c in range(len(widths))
             ]
-            assert table.row_costs(b) == pytest.approx(expected)
+            assert table.cell_costs(b) == pytest.approx(expected)
+            weights = [
+                min(table.cells.rounds[r, c], table.window) if table.trusted()[r, c] else 1
+                for c in range(len(widths))
+            ]
+            assert table.row_costs(b) == pytest.approx(_nondecreasing_by_max_min(expected, weights))
         accepted = rng.uniform(0.0, 3.0 * bs, len(widths))
         reference = best_score(score_widths(bs, widths, accepted, table)).width
         chooser.current = None

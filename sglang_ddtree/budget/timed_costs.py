@@ -25,6 +25,12 @@ width-8 server's (24.95 against 24.61 ms a request-round) with 2.38 tokens a rou
 served tokens route through few experts where the replays' spread ids route through many.
 Only a width's own rounds say what it costs on the tokens served.
 
+Why a fit. Where widths cost nearly the same (a host-bound round), each cell's own median
+carries its own noise, and the cheapest-looking width was whichever was luckiest; the row the
+chooser reads is fitted never to fall with the width (``online.nondecreasing_fit``), so noise
+that ranks a wider width below a narrower one pools them, and the wider tree, which accepts
+more, wins the tie.
+
 Why medians and trust. A cell that followed its own last few rounds was priced out by a few
 stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at bs 8: 33.8
 ms after three rounds against a 14.0 ms replay). A median over ``window`` rounds outvotes
@@ -49,7 +55,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .online import RoundCostTable, scaled_past_largest
+from .online import RoundCostTable, nondecreasing_fit, scaled_past_largest
 
 
 class TimedCostTable(RoundCostTable):
@@ -72,6 +78,7 @@ class TimedCostTable(RoundCostTable):
                 "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1"
             )
         self.startup = self.ms.copy()
+        self.window = window
         self.probe_after, self.trust_after = probe_after, trust_after
         self.reprobe_after, self.max_probe_steps = reprobe_after, max_probe_steps
         rows, columns = self.ms.shape
@@ -88,10 +95,21 @@ class TimedCostTable(RoundCostTable):
         self._kinds = np.array([self._kind(w) for w in self.widths])
 
     def row_costs(self, bs: int) -> np.ndarray:
+        """The row's cells (:meth:`cell_costs`) fitted never to fall with the width, each
+        weighted by the rounds its own median holds (a cell that borrows counts one): a
+        well-measured cell moves little, a guess moves to it."""
         row = self._row(bs)
+        weights = np.where(self.trusted()[row], np.minimum(self.cells.rounds[row], self.window), 1)
+        fitted = nondecreasing_fit(self._cells(row), weights.astype(np.float64))
+        return scaled_past_largest(fitted, bs, self.batch_sizes[-1])
+
+    def cell_costs(self, bs: int) -> np.ndarray:
+        """``[widths]``: each cell of ``bs``'s row by itself (replay plus excess), before the fit."""
+        return scaled_past_largest(self._cells(self._row(bs)), bs, self.batch_sizes[-1])
+
+    def _cells(self, row: int) -> np.ndarray:
         startup = self.startup[row]
-        cost = np.maximum(startup + self._row_excess(row), 0.05 * startup)
-        return scaled_past_largest(cost, bs, self.batch_sizes[-1])
+        return np.maximum(startup + self._row_excess(row), 0.05 * startup)
 
     def _row_excess(self, row: int) -> np.ndarray:
         """``[widths]``: the excess each width of ``row`` costs (the module docstring's order)."""
