@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -289,6 +290,28 @@ def test_the_width1_variant_injects_a_table_where_width_one_always_wins(tmp_path
     assert all(widths.chooser.choose(bs, widths._expected_accepted(bs)) == 1 for bs in (1, 8, 64, 300))
     with pytest.raises(ValueError, match="online-budget arm"):
         arm_env("ddtree@32+width1", 50, tmp_path)
+
+
+def test_the_widest_variant_injects_a_table_where_the_widest_tree_always_wins(tmp_path):
+    """``+widest``: every width costs the same, so the most expected tokens wins: the widest
+    tree, the fixed arm's width, with the online budget's bookkeeping around it. ``+again`` is
+    the arm itself in a second server (no variable)."""
+    from sglang_ddtree.adapter.widths import StepWidths
+    from sglang_ddtree.bench.gpu_rounds import arm_env
+    from sglang_ddtree.budget import RoundCostTable, candidate_widths
+
+    table = json.loads(
+        Path(arm_env("ddtree@auto64+widest", 50, tmp_path)["SGLANG_DDTREE_BUDGET_COST_TABLE"]).read_text()
+    )
+    widths = candidate_widths(64)
+    cost = RoundCostTable(table["batch_sizes"], table["widths"], table["ms"])
+    steps = StepWidths(widths, cost, depth=7, make_head=lambda w: w)
+    # reach per depth grows with the width (a wider best-first tree holds the narrower one)
+    steps._per_request = np.array([[min(1.0, w / 65) * 0.9**d for d in range(7)] for w in widths])
+    assert all(steps.chooser.choose(bs, steps._expected_accepted(bs)) == 65 for bs in (1, 8, 64, 300))
+    assert arm_env("ddtree@64+again", 50) == {}
+    with pytest.raises(ValueError, match="online-budget arm"):
+        arm_env("ddtree@32+widest", 50, tmp_path)
 
 
 def test_arm_flags():

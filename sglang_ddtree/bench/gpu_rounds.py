@@ -78,6 +78,11 @@ VARIANTS = {
     # root alone through the verify path): what the online budget's fallback to no speculation
     # costs against plain decoding.
     "+width1": "SGLANG_DDTREE_BUDGET_COST_TABLE",
+    # ddtree@autoB only: every width costs the same, so every step runs the widest tree (the
+    # most expected tokens): the online budget's own bookkeeping at the fixed arm's width.
+    "+widest": "SGLANG_DDTREE_BUDGET_COST_TABLE",
+    # The same server started twice: how far two servers of one call differ on their own.
+    "+again": None,
 }
 
 
@@ -93,25 +98,30 @@ def arm_env(arm: str, phase_times: int, work: Path | None = None) -> dict | None
     base, suffix = split_variant(arm)
     if suffix is None:
         return None
-    if suffix == "+width1":
-        return {VARIANTS[suffix]: str(width1_cost_table(base, work or Path(tempfile.gettempdir())))}
+    if suffix == "+again":
+        return {}
+    if suffix in ("+width1", "+widest"):
+        table = injected_cost_table(base, suffix, work or Path(tempfile.gettempdir()))
+        return {VARIANTS[suffix]: str(table)}
     return {VARIANTS[suffix]: str(phase_times) if suffix == "+phases" else "1"}
 
 
-def width1_cost_table(arm: str, work: Path) -> Path:
-    """A cost table (``$SGLANG_DDTREE_BUDGET_COST_TABLE``) for ``ddtree@autoB`` in which width 1
-    is far cheaper than any tree at every batch size: the server then runs every step at
-    width 1."""
+def injected_cost_table(arm: str, suffix: str, work: Path) -> Path:
+    """A cost table (``$SGLANG_DDTREE_BUDGET_COST_TABLE``) for ``ddtree@autoB``: ``+width1``,
+    width 1 far cheaper than any tree at every batch size (every step runs width 1);
+    ``+widest``, every width the same cost (every step runs the widest tree)."""
     name, _, budget = arm.partition("@")
     largest = budget.removeprefix("auto") or "32"
     if name != "ddtree" or not budget.startswith("auto") or not largest.isdigit():
-        raise ValueError(f"{arm}+width1: the width-1 variant needs an online-budget arm (ddtree@autoB)")
+        raise ValueError(f"{arm}{suffix}: the variant needs an online-budget arm (ddtree@autoB)")
     widths = candidate_widths(int(largest))
     batch_sizes = [1 << i for i in range(10)]
-    path = work / f"width1_costs_{largest}.json"
+    path = work / f"{suffix.removeprefix('+')}_costs_{largest}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    ms = [[1.0 if w == 1 else 1e6 for w in widths] for _ in batch_sizes]
-    path.write_text(json.dumps({"batch_sizes": batch_sizes, "widths": list(widths), "ms": ms}))
+    row = [1.0 if w == 1 or suffix == "+widest" else 1e6 for w in widths]
+    path.write_text(
+        json.dumps({"batch_sizes": batch_sizes, "widths": list(widths), "ms": [row] * len(batch_sizes)})
+    )
     return path
 
 

@@ -35,7 +35,7 @@ from ..config import ENV_BUDGET_COST_TABLE, ENV_ONLINE_BUDGET_LOG_EVERY, ENV_VER
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .ab.arms import ABError, ddtree_flags, parse_arm_names
-from .gpu_rounds import width1_cost_table
+from .gpu_rounds import injected_cost_table
 from .gpu_rounds_profile import profile_or_error, profile_request_start
 from .k26_ab_report import write_report
 from .k26_ab_same_trees import AGAIN
@@ -85,7 +85,7 @@ def base_arm(arm: str, work: Path | None = None) -> tuple[str, dict]:
         return name, {}
     if arm.endswith(WIDTH1):
         name = arm.removesuffix(WIDTH1)
-        table = width1_cost_table(name, work or Path(tempfile.gettempdir()))
+        table = injected_cost_table(name, WIDTH1, work or Path(tempfile.gettempdir()))
         return name, {ENV_BUDGET_COST_TABLE: str(table)}
     return arm, {}
 
