@@ -189,8 +189,8 @@ def test_the_widths_own_rounds_undo_replays_that_overprice_a_wide_tree():
         assert table.unprobed(8) is None
         table.observe(8, 4, 12.29)
     assert chooser.choose(8, accepted) == 4 and table(8, 8) == pytest.approx(13.91 + 0.91)
-    probed = []
-    while (width := table.unprobed(8)) is not None:
+    probed = []  # as served: only widths that could win (width 8's floor is width 4's rounds, not its replay)
+    while (width := table.unprobed(8, lambda *floors: chooser.could_win(8, accepted, *floors))) is not None:
         probed.append(width)
         table.observe(8, width, {1: 8.0, 2: 11.0, 8: 12.2}[width])
     assert probed == [1] * 4 + [2] * 4 + [8] * 4
@@ -217,6 +217,45 @@ def test_a_wider_width_measured_cheaper_than_a_narrower_one_costs_as_much_as_it(
     accepted = [0.0, 32 * 1.9, 32 * 2.23, 32 * 2.44, 32 * 2.78]
     assert WidthChooser(widths, table).choose(32, accepted) == 65
     assert np.argmax((np.array(accepted) + 32) / table.cell_costs(32)) == 3  # each cell alone: 33
+
+
+def test_only_widths_that_could_win_at_their_least_cost_are_probed():
+    """The trained pair at bs 1 (host-bound: width 1 at 4.15 ms, the widest tree at 5.09): at
+    bc39066 the row probed every width, and 11% of its steps ran trees of 1-31 nodes that accept
+    half of what the widest does. A width costs no less than a narrower width already priced,
+    so one that cannot beat the best priced rate even at that floor is not probed: not widths
+    2, 4, 8; width 16, which could, is; once it costs 5.0, width 32 cannot win and width 64 can."""
+    widths = (1, 2, 4, 8, 16, 32, 64, 65)
+    startup = [[0.13, 0.3, 0.3, 0.3, 0.3, 0.31, 0.31, 0.33]]
+    accepted = [0.0, 0.6, 1.2, 1.7, 2.2, 2.5, 2.74, 2.75]  # per request, at bs 1
+    served = {1: 4.15, 16: 5.0, 32: 5.0, 64: 5.09, 65: 5.09, 2: 4.3, 4: 4.5, 8: 4.7}
+
+    def probes(could_win) -> list[int]:
+        table = TimedCostTable((1,), widths, startup, probe_after=8, trust_after=4)
+        chooser = WidthChooser(widths, table)
+        for _ in range(8):
+            table.observe(1, 65, served[65])
+        probed = []
+        filtered = (lambda *floors: chooser.could_win(1, accepted, *floors)) if could_win else None
+        while (width := table.unprobed(1, filtered)) is not None:
+            probed.append(width)
+            table.observe(1, width, served[width])
+        assert chooser.choose(1, accepted) == 65
+        return sorted(set(probed))
+
+    assert probes(could_win=True) == [1, 16, 64]
+    assert probes(could_win=False) == [1, 2, 4, 8, 16, 32, 64]  # the table alone: every width
+
+
+def test_a_width_no_narrower_width_prices_could_always_win():
+    """Nothing priced below a width: its floor is 0 and it is probed (width 1 first of all);
+    before any width is priced every width could win."""
+    widths = (1, 2, 4)
+    table = TimedCostTable((8,), widths, [[7.0, 9.0, 11.0]])
+    chooser = WidthChooser(widths, table)
+    floors, priced = table.cost_floors(0)
+    assert floors.tolist() == [0.0, 0.0, 0.0] and not priced.any()
+    assert chooser.could_win(8, [0.0, 0.1, 0.2], floors, priced).all()
 
 
 def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():

@@ -186,10 +186,10 @@ class StepWidths:
         now = time.perf_counter()
         self._end_period(now)
         self._absorb_landed()
-        unprobed = getattr(self.cost, "unprobed", None)  # a measured table may ask for a width first
-        width = unprobed(bs) if unprobed is not None else None
+        accepted = self._expected_accepted(bs)
+        width = self._probe(bs, accepted)
         if width is None:
-            width = self.chooser.choose(bs, self._expected_accepted(bs))
+            width = self.chooser.choose(bs, accepted)
         self.history[bs, width] += 1
         if self.log_every and self.history.total() % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
@@ -200,6 +200,16 @@ class StepWidths:
         if self.runners is not None:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
         return width
+
+    def _probe(self, bs: int, accepted: np.ndarray) -> int | None:
+        """The width a measured table asks for first (None: the chooser decides); a timed
+        table only for widths that could win at their least possible cost."""
+        unprobed = getattr(self.cost, "unprobed", None)
+        if unprobed is None:
+            return None
+        if not hasattr(self.cost, "cost_floors"):
+            return unprobed(bs)
+        return unprobed(bs, lambda floors, priced: self.chooser.could_win(bs, accepted, floors, priced))
 
     def interrupt(self) -> None:
         """Another batch (a prefill, an idle pass) runs between two steps: the last step's

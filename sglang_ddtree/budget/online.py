@@ -217,6 +217,21 @@ class WidthChooser:
             self.current = self.widths[best]
         return self.current
 
+    def could_win(
+        self, bs: int, expected_accepted: Sequence[float], floors: np.ndarray, priced: np.ndarray
+    ) -> np.ndarray:
+        """``[table widths]`` bool: the widths whose rate at their cost floor reaches the best
+        rate among the priced widths (all, before any is priced). ``floors`` and ``priced`` are
+        per width of the cost table (``TimedCostTable.cost_floors``)."""
+        accepted = np.asarray(expected_accepted, dtype=np.float64)
+        known = priced[self._columns]
+        could = np.ones(len(priced), dtype=bool)
+        if known.any():
+            best = ((accepted + bs) / self._cost.row_costs(bs)[self._columns])[known].max()
+            with np.errstate(divide="ignore"):  # a floor of 0: no width priced below it
+                could[self._columns] = (accepted + bs) / floors[self._columns] >= best
+        return could
+
     @property
     def last_scores(self) -> list[WidthScore]:
         """The last choice's scores, as :func:`score_widths` gives them."""

@@ -37,8 +37,9 @@ ms after three rounds against a 14.0 ms replay). A median over ``window`` rounds
 stalls that are rare; a cell with fewer than ``trust_after`` rounds borrows.
 
 Probes. Rounds measure only the widths the chooser runs, so once a row has served
-``probe_after`` rounds, :meth:`unprobed` asks for every width whose cell is not trusted yet, in
-width order, until it is (a probe's first round follows another width and is not costed, so a
+``probe_after`` rounds, :meth:`unprobed` asks for every width whose cell is not trusted yet and
+that could win (at the least it can cost, by the widths already priced), in width order, until
+it is (a probe's first round follows another width and is not costed, so a
 width runs ``trust_after + 1`` steps). A probe that has not been costed after
 ``max_probe_steps`` steps (every period broken by another batch) is given up until the cell's
 next re-probe. A trusted cell not measured for ``reprobe_after`` of its row's rounds is
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -93,15 +94,30 @@ class TimedCostTable(RoundCostTable):
         self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
         self._columns = np.arange(columns)
         self._kinds = np.array([self._kind(w) for w in self.widths])
+        self._fitted_rows: dict[int, np.ndarray] = {}
 
     def row_costs(self, bs: int) -> np.ndarray:
         """The row's cells (:meth:`cell_costs`) fitted never to fall with the width, each
         weighted by the rounds its own median holds (a cell that borrows counts one): a
         well-measured cell moves little, a guess moves to it."""
-        row = self._row(bs)
-        weights = np.where(self.trusted()[row], np.minimum(self.cells.rounds[row], self.window), 1)
-        fitted = nondecreasing_fit(self._cells(row), weights.astype(np.float64))
-        return scaled_past_largest(fitted, bs, self.batch_sizes[-1])
+        return scaled_past_largest(self._fitted(self._row(bs)), bs, self.batch_sizes[-1])
+
+    def _fitted(self, row: int) -> np.ndarray:
+        """The fitted row, kept until the next round is observed (a step reads it up to three
+        times: the probe's floors, the probe's rates, the choice)."""
+        fitted = self._fitted_rows.get(row)
+        if fitted is None:
+            weights = np.where(self.trusted()[row], np.minimum(self.cells.rounds[row], self.window), 1)
+            fitted = self._fitted_rows[row] = nondecreasing_fit(self._cells(row), weights.astype(np.float64))
+        return fitted
+
+    def cost_floors(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        """``([widths] ms, [widths] bool)`` for a row: the least each width can cost, no less
+        than any narrower width its own rounds price (a wider step does all a narrower one
+        does; 0 below the first), and which widths their own rounds price. Not the replays:
+        on a MoE the served tokens can route cheaper than the replays' spread ids."""
+        priced = self.trusted()[row]
+        return np.maximum.accumulate(np.where(priced, self._fitted(row), 0.0)), priced
 
     def cell_costs(self, bs: int) -> np.ndarray:
         """``[widths]``: each cell of ``bs``'s row by itself (replay plus excess), before the fit."""
@@ -132,16 +148,23 @@ class TimedCostTable(RoundCostTable):
         """``[rows, widths]``: the cells that cost their own rounds."""
         return self.cells.rounds >= self.trust_after
 
-    def unprobed(self, bs: int) -> int | None:
+    def unprobed(self, bs: int, could_win: Callable | None = None) -> int | None:
         """The width a batch of ``bs`` should run to measure it (the smallest whose cell is
         not trusted, once the row has served ``probe_after`` rounds), or None: the chooser
-        decides. Call once per step: it counts the steps given to each probe."""
+        decides. Call once per step: it counts the steps given to each probe.
+
+        ``could_win(floors, priced) -> [widths] bool`` (``WidthChooser.could_win`` on
+        :meth:`cost_floors`), when given, leaves out the widths that cannot beat the best priced
+        one even at their least possible cost: where every tree costs about what the widest
+        does (a host-bound round), a probe of a narrow tree only gives up its tokens."""
         if bs > self.batch_sizes[-1]:
             return None  # an eager batch: its rounds are not the graphs' (observe)
         row = self._row(bs)
         if self.row_rounds[row] < self.probe_after:
             return None
         wanted = (self.cells.rounds[row] < self.trust_after) & (self.probe_steps[row] < self.max_probe_steps)
+        if could_win is not None and wanted.any():
+            wanted &= could_win(*self.cost_floors(row))
         if not wanted.any():
             return None
         column = int(np.flatnonzero(wanted)[0])
@@ -161,6 +184,7 @@ class TimedCostTable(RoundCostTable):
         if cell is None:
             return
         row, column, ms = cell
+        self._fitted_rows.clear()  # a cell's excess, or where the cells of every row read it, moves
         excess = ms - self.startup[row, column]
         if self.cells.add(row, column, excess) == self.trust_after:
             self._choose_cell_sources(column)
