@@ -29,35 +29,12 @@ def test_candidate_widths_are_the_powers_of_two_below_the_largest_and_the_larges
         candidate_widths(0)
 
 
-def test_the_nondecreasing_fit_is_the_closed_form_isotonic_regression():
-    """``nondecreasing_fit`` pools adjacent violators; the closed form is, at ``i``, the largest
-    over ``j <= i`` of the smallest over ``k >= i`` of the weighted mean of ``j..k``."""
-    from sglang_ddtree.budget.online import nondecreasing_fit
-
-    rng = np.random.default_rng(3)
-    for n in (1, 2, 5, 8):
-        for _ in range(50):
-            values, weights = rng.uniform(1.0, 6.0, n), rng.integers(1, 17, n).astype(np.float64)
-            means = {
-                (j, k): float(np.average(values[j : k + 1], weights=weights[j : k + 1]))
-                for j in range(n)
-                for k in range(j, n)
-            }
-            closed = [max(min(means[j, k] for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
-            fitted = nondecreasing_fit(values, weights)
-            assert fitted == pytest.approx(closed)
-            assert np.all(np.diff(fitted) >= -1e-12)
-    ordered = np.array([1.0, 2.0, 2.0, 3.5])
-    assert nondecreasing_fit(ordered, np.ones(4)).tolist() == ordered.tolist()  # in order: kept
-
-
 def test_probed_table_measures_every_width_then_follows_the_rounds():
     table = ProbedCostTable((1, 4), (1, 3), probes=2, refine_decay=0.5)
     assert table.unprobed(1) == 1 and table.unprobed(3) == 1
     table.observe(1, 1, 9.0)  # a first round with one-time work
     table.observe(1, 1, 4.0)
     assert table.unprobed(1) == 3 and table(1, 1) == 4.0  # the fastest probe
-    assert table(1, 3) == 1.0  # not probed: a placeholder, outside the fit
     table.observe(1, 3, 6.0)
     table.observe(1, 3, 8.0)
     assert table.unprobed(1) is None and table(1, 3) == 6.0
@@ -262,7 +239,7 @@ def test_a_step_costs_its_period_unless_another_batch_ran_in_between(monkeypatch
     assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft  # t=1.0: after a draft
     assert run_step(widths, bs=8, accept_len=0) == 1  # t=1.5: not costed, so still unprobed
     assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.504: the width-1 step took 4 ms
-    assert widths.cost.counts[1].tolist() == [1, 0, 0, 0] and widths.cost.ms[1, 0] == pytest.approx(4.0)
+    assert widths.cost.counts[1].tolist() == [1, 0, 0, 0] and widths.cost(8, 1) == pytest.approx(4.0)
     assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.6: the first width-2 step was not costed
     widths.interrupt()  # a prefill: the width-2 step that started at 1.6 is not costed
     assert run_step(widths, bs=8, accept_len=0) == 2  # t=1.610, still unprobed
@@ -271,7 +248,7 @@ def test_a_step_costs_its_period_unless_another_batch_ran_in_between(monkeypatch
     assert run_step(widths, bs=8, accept_len=0) == 2
     assert widths.cost.counts[1].tolist() == [1, 0, 0, 0]
     assert run_step(widths, bs=8, accept_len=0) == 3  # t=5.003: the next width-2 step took 3 ms
-    assert widths.cost.counts[1].tolist() == [1, 1, 0, 0] and widths.cost.ms[1, 1] == pytest.approx(3.0)
+    assert widths.cost.counts[1].tolist() == [1, 1, 0, 0] and widths.cost(8, 2) == pytest.approx(3.0)
 
 
 def test_one_drafted_step_in_predict_every_makes_the_prediction():

@@ -14,13 +14,6 @@ target's verify CUDA graph is captured per width, not per request.
 (at start-up), refined by the rounds the server runs. A batch runs in the graph of the
 smallest captured batch size that holds it, so it costs what that size costs.
 
-A measured row is read through :func:`nondecreasing_fit`: a wider step does all a narrower
-one does and more (the same drafter forward, a superset of verify tokens), so a width measured
-cheaper than a narrower one is noise, and the two are pooled. Where the widths cost nearly the
-same (a round bound by the host, the trained pair on the H200), each cell's own noise otherwise
-picks the width: at 002ee97, bs 32, the periods priced widths 17 / 33 / 65 at 4.87 / 4.12 /
-5.43 ms and the server ran all three, where the widest tree accepts the most for the same work.
-
 :class:`WidthChooser` adds hysteresis: it leaves the current width only for one at least
 ``switch_margin`` faster, so estimates that wobble around a tie do not flap between graphs.
 """
@@ -98,14 +91,6 @@ class ProbedCostTable(RoundCostTable):
             raise ValueError("refine_decay must lie in (0, 1]")
         self.probes, self.refine_decay = probes, refine_decay
         self.counts = np.zeros(self.ms.shape, dtype=np.int64)
-
-    def row_costs(self, bs: int) -> np.ndarray:
-        """The row's probed costs fitted never to fall with the width (the module docstring);
-        a cell not probed yet keeps its placeholder (:meth:`unprobed` runs it before any choice)."""
-        row = self._row(bs)
-        costs, probed = self.ms[row].copy(), self.counts[row] > 0
-        costs[probed] = nondecreasing_fit(costs[probed], self.counts[row][probed].astype(np.float64))
-        return scaled_past_largest(costs, bs, self.batch_sizes[-1])
 
     def unprobed(self, bs: int) -> int | None:
         """The smallest width whose cost at ``bs`` is not measured yet (None: all are)."""
@@ -242,23 +227,6 @@ class WidthChooser:
             WidthScore(w, float(a), float(ms), (float(a) + bs) / float(ms))
             for w, a, ms in zip(self.widths, accepted, round_ms)
         ]
-
-
-def nondecreasing_fit(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The weighted least-squares fit of ``values`` that never decreases (isotonic regression,
-    by pooling adjacent violators): where a later value is below an earlier one, both become
-    their weighted mean, repeated until nothing decreases. Values already in order are kept."""
-    sums, totals, sizes = [], [], []  # per pooled block: sum of weight x value, weight, members
-    for value, weight in zip(values.tolist(), weights.tolist()):
-        sums.append(value * weight)
-        totals.append(weight)
-        sizes.append(1)
-        while len(sums) > 1 and sums[-2] * totals[-1] > sums[-1] * totals[-2]:
-            last_sum, last_total, last_size = sums.pop(), totals.pop(), sizes.pop()
-            sums[-1] += last_sum
-            totals[-1] += last_total
-            sizes[-1] += last_size
-    return np.repeat(np.array(sums) / np.array(totals), sizes)
 
 
 def scaled_past_largest(costs: np.ndarray, bs: int, largest: int) -> np.ndarray:

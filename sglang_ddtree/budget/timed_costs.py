@@ -9,7 +9,8 @@ spread ids do. So what a width costs while serving is its replay plus an *excess
 rounds served measure; the excess is learned per cell, ``(batch size row, width)``:
 
 * a cell's own excess, the median of its last ``window`` measured rounds, once it has
-  ``trust_after`` of them;
+  ``trust_after`` of them and stands apart from its row's pooled excess by more than its
+  noise (else that pooled excess: below);
 * before that, the excess of the nearest row whose cell of the same width is trusted (the
   round's own work and the routing change slowly with the batch size);
 * with no such row, the pooled excess of the row's rounds of that kind (trees, or width 1),
@@ -25,11 +26,15 @@ width-8 server's (24.95 against 24.61 ms a request-round) with 2.38 tokens a rou
 served tokens route through few experts where the replays' spread ids route through many.
 Only a width's own rounds say what it costs on the tokens served.
 
-Why a fit. Where widths cost nearly the same (a host-bound round), each cell's own median
-carries its own noise, and the cheapest-looking width was whichever was luckiest; the row the
-chooser reads is fitted never to fall with the width (``online.nondecreasing_fit``), so noise
-that ranks a wider width below a narrower one pools them, and the wider tree, which accepts
-more, wins the tie.
+Why a cell must stand apart. Where widths cost nearly the same (a host-bound round: the
+trained pair on the H200, where every tree width's round is the scheduler's host time), each
+cell's median carries its own noise, and the chooser ran whichever width looked luckiest:
+at 81ab916 and ba86941 `auto64` ran trees of 3-31 nodes for many steps at bs 4-32 (accept
+3.2-3.4 tokens a round against the widest tree's 3.7-3.8) and made 0.64-0.90x the best fixed budget.
+So a trusted cell's own median replaces the row's pooled excess only where the two differ by
+more than ``apart`` times the median's standard error (from the cell's own rounds, by their
+median absolute deviation); on the K2.6 rank, where a round is the device's and its periods
+are tight, width 8's served rounds stood 1.7 ms below the pooled excess at c=8 and count.
 
 Why medians and trust. A cell that followed its own last few rounds was priced out by a few
 stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at bs 8: 33.8
@@ -50,13 +55,14 @@ rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the res
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .online import RoundCostTable, nondecreasing_fit, scaled_past_largest
+from .online import RoundCostTable, scaled_past_largest
 
 
 class TimedCostTable(RoundCostTable):
@@ -72,14 +78,21 @@ class TimedCostTable(RoundCostTable):
         trust_after: int = 4,
         reprobe_after: int = 1024,
         max_probe_steps: int = 16,
+        apart: float = 2.0,
     ):
         super().__init__(batch_sizes, widths, ms)
-        if probe_after < 0 or not 1 <= trust_after <= window or reprobe_after < 1 or max_probe_steps < 1:
+        if (
+            probe_after < 0
+            or not 1 <= trust_after <= window
+            or reprobe_after < 1
+            or max_probe_steps < 1
+            or apart < 0
+        ):
             raise ValueError(
-                "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1"
+                "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1, apart >= 0"
             )
         self.startup = self.ms.copy()
-        self.window = window
+        self.apart = apart
         self.probe_after, self.trust_after = probe_after, trust_after
         self.reprobe_after, self.max_probe_steps = reprobe_after, max_probe_steps
         rows, columns = self.ms.shape
@@ -94,22 +107,13 @@ class TimedCostTable(RoundCostTable):
         self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
         self._columns = np.arange(columns)
         self._kinds = np.array([self._kind(w) for w in self.widths])
-        self._fitted_rows: dict[int, np.ndarray] = {}
 
     def row_costs(self, bs: int) -> np.ndarray:
-        """The row's cells (:meth:`cell_costs`) fitted never to fall with the width, each
-        weighted by the rounds its own median holds (a cell that borrows counts one): a
-        well-measured cell moves little, a guess moves to it."""
-        return scaled_past_largest(self._fitted(self._row(bs)), bs, self.batch_sizes[-1])
+        return scaled_past_largest(self._cells(self._row(bs)), bs, self.batch_sizes[-1])
 
-    def _fitted(self, row: int) -> np.ndarray:
-        """The fitted row, kept until the next round is observed (a step reads it up to three
-        times: the probe's floors, the probe's rates, the choice)."""
-        fitted = self._fitted_rows.get(row)
-        if fitted is None:
-            weights = np.where(self.trusted()[row], np.minimum(self.cells.rounds[row], self.window), 1)
-            fitted = self._fitted_rows[row] = nondecreasing_fit(self._cells(row), weights.astype(np.float64))
-        return fitted
+    def _cells(self, row: int) -> np.ndarray:
+        startup = self.startup[row]
+        return np.maximum(startup + self._row_excess(row), 0.05 * startup)
 
     def cost_floors(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """``([widths] ms, [widths] bool)`` for a row: the least each width can cost, no less
@@ -117,15 +121,7 @@ class TimedCostTable(RoundCostTable):
         does; 0 below the first), and which widths their own rounds price. Not the replays:
         on a MoE the served tokens can route cheaper than the replays' spread ids."""
         priced = self.trusted()[row]
-        return np.maximum.accumulate(np.where(priced, self._fitted(row), 0.0)), priced
-
-    def cell_costs(self, bs: int) -> np.ndarray:
-        """``[widths]``: each cell of ``bs``'s row by itself (replay plus excess), before the fit."""
-        return scaled_past_largest(self._cells(self._row(bs)), bs, self.batch_sizes[-1])
-
-    def _cells(self, row: int) -> np.ndarray:
-        startup = self.startup[row]
-        return np.maximum(startup + self._row_excess(row), 0.05 * startup)
+        return np.maximum.accumulate(np.where(priced, self._cells(row), 0.0)), priced
 
     def _row_excess(self, row: int) -> np.ndarray:
         """``[widths]``: the excess each width of ``row`` costs (the module docstring's order)."""
@@ -137,8 +133,14 @@ class TimedCostTable(RoundCostTable):
             else:
                 pooled[kind] = self.pooled.median[source, kind]
         sources = self.cell_source[row]
-        own = self.cells.median[np.maximum(sources, 0), self._columns]
-        return np.where(sources >= 0, own, pooled[self._kinds])
+        source = np.maximum(sources, 0)
+        own = self.cells.median[source, self._columns]
+        # A trusted cell's own median counts where it stands apart from its row's pooled excess
+        # by more than its rounds' noise, else that row's pooled excess (the module docstring,
+        # "Why a cell must stand apart"); a row reads it from the nearest row that has it.
+        its_row = self.pooled.median[source, self._kinds]
+        apart = np.abs(own - its_row) > self.apart * self.cells.error[source, self._columns]
+        return np.where(sources >= 0, np.where(apart, own, its_row), pooled[self._kinds])
 
     def rows_served(self) -> np.ndarray:
         """Per row: whether any round has been measured in it."""
@@ -184,7 +186,6 @@ class TimedCostTable(RoundCostTable):
         if cell is None:
             return
         row, column, ms = cell
-        self._fitted_rows.clear()  # a cell's excess, or where the cells of every row read it, moves
         excess = ms - self.startup[row, column]
         if self.cells.add(row, column, excess) == self.trust_after:
             self._choose_cell_sources(column)
@@ -223,24 +224,32 @@ class TimedCostTable(RoundCostTable):
 
 
 class _Excesses:
-    """Per slot (``shape``): the last ``window`` excesses, their median and how many there were."""
+    """Per slot (``shape``): the last ``window`` excesses, their median, the median's standard
+    error and how many there were."""
+
+    # A median's standard error is about 1.25 sigma / sqrt(n) (normal rounds), sigma about
+    # 1.48 median absolute deviations: robust to the stalls a period can hold.
+    _ERROR_PER_MAD = 1.2533 * 1.4826
 
     def __init__(self, shape: tuple[int, int], window: int):
         self.windows = [[deque(maxlen=window) for _ in range(shape[1])] for _ in range(shape[0])]
         self.median = np.zeros(shape)
+        self.error = np.zeros(shape)
         self.rounds = np.zeros(shape, dtype=np.int64)
 
     def add(self, row: int, column: int, excess: float) -> int:
         """Record one excess; the slot's count of rounds after it."""
         window = self.windows[row][column]
         window.append(excess)
-        self.median[row, column] = statistics.median(window)
+        median = self.median[row, column] = statistics.median(window)
+        spread = statistics.median(abs(x - median) for x in window)
+        self.error[row, column] = self._ERROR_PER_MAD * spread / math.sqrt(len(window))
         self.rounds[row, column] += 1
         return int(self.rounds[row, column])
 
     def clear(self, row: int, column: int) -> None:
         self.windows[row][column].clear()
-        self.median[row, column] = 0.0
+        self.median[row, column] = self.error[row, column] = 0.0
         self.rounds[row, column] = 0
 
 
