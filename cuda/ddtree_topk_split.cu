@@ -23,13 +23,21 @@
 //   * The collected candidates are ranked (or sorted when many), the top k written to the
 //     workspace sorted descending (zero-padded when the slice holds fewer than k).
 // Stage 2, in the row's last block to finish (a per-row counter, reset by that block, so the
-// workspace needs zeroing once, at allocation): the S sorted lists of k candidates.
-//   * Each list is cut into chunks of g (the merge chunk); the last candidate of each full
-//     chunk is a sample. With C = ceil(k / g), the C-th largest sample B' is a lower bound
+// workspace needs zeroing once, at allocation): the S sorted lists of k candidates. The
+// launcher picks one of two merges (merge_chunk 0 or g).
+//   * In registers (merge_chunk 0; S and k powers of two, k >= 4, S x k <= 4 x 256: the bs-1
+//     plans, k 8 over 32 splits, k 16-64 over 16): every candidate is loaded at once, 4 a
+//     thread (one round trip to L2), and pairs of lists merge keeping the top k for log2(S)
+//     levels: max(A[j], B[k-1-j]) is bitonic and holds the top k of A and B, a bitonic merge
+//     sorts it, with shuffles within a warp and shared memory (one barrier) across warps
+//     (ddt_topk_merge_lists). Zero padding sorts last, as in the sampled merge.
+//   * Otherwise (a sampled bound; e.g. 9 splits at bs 8): each list is cut into chunks of g
+//     (the merge chunk); the last candidate of each full chunk is a sample. With
+//     C = ceil(k / g), the C-th largest sample B' is a lower bound
 //     of the row's k-th largest candidate (the chosen samples of a list are a prefix of its
 //     samples, each certifies g more elements of that list), and at most (C + S) x g
 //     candidates reach B' (per list, up to the first chunk whose sample is below B').
-//   * Those are collected, ranked, and written with the merged log-sum-exp.
+//     Those are collected, ranked, and written with the merged log-sum-exp.
 // With one split, stage 1 writes the result directly.
 
 #include "ddtree_common.cuh"
@@ -97,15 +105,20 @@ __device__ __forceinline__ void ddt_lse_combine(float& m, float& s, float m2, fl
   }
 }
 
-// (max, sum of exp(x - max)) over the block, in every thread.
-__device__ __forceinline__ void ddt_block_lse(float& m, float& s, float* s_m, float* s_s) {
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+// (max, sum of exp(x - max)) over the warp, in every lane.
+__device__ __forceinline__ void ddt_warp_lse(float& m, float& s) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(DDT_FULL_MASK, m, o);
     const float s2 = __shfl_xor_sync(DDT_FULL_MASK, s, o);
     ddt_lse_combine(m, s, m2, s2);
   }
+}
+
+// (max, sum of exp(x - max)) over the block, in every thread.
+__device__ __forceinline__ void ddt_block_lse(float& m, float& s, float* s_m, float* s_s) {
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  ddt_warp_lse(m, s);
   if (lane == 0) {
     s_m[wid] = m;
     s_s[wid] = s;
@@ -283,7 +296,8 @@ __device__ __noinline__ void ddt_collect_kth(const unsigned char* row, ddt_i64 l
   __syncthreads();
 }
 
-// Stage 2: the last block of row r merges the S sorted candidate lists and partial sums.
+// Stage 2, sampled (merge_chunk g > 0): the last block of row r merges the S sorted candidate
+// lists and partial sums.
 __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int S, int k, int g,
                                ddt_u64* cand, int cap, ddt_u64* s_x, ddt_u64* top, float* s_m, float* s_s,
                                unsigned* s_cnt, ddt_u64* s_bound, float* out_lp, ddt_i64* out_ids) {
@@ -327,6 +341,123 @@ __device__ void ddt_topk_merge(const ddt_u64* ws_cand, const float* ws_part, int
   const int n = (int)(*s_cnt < (unsigned)cap ? *s_cnt : (unsigned)cap);
   ddt_select_top(cand, n, k, top);
   ddt_write_final(top, k, m + logf(s), out_lp, out_ids);
+}
+
+// ---- Stage 2 in registers (plans whose merge chunk is 0: S and k powers of two, 4 <= k,
+// S x k <= 4 x threads; the launcher chooses). Thread t holds the candidates 4t..4t+3 of the
+// row's S lists laid end to end: a list spans T = k / 4 consecutive threads, and every
+// candidate is loaded at once (one round trip to L2), not a sample first and chunks after.
+// Lists merge in pairs, keeping the top k, for log2(S) levels: for lists A and B sorted
+// descending, max(A[j], B[k-1-j]) over j is bitonic and holds the top k of both, and a bitonic
+// merge (log2 k compare-exchange stages) sorts it. Both lists of a pair compute the merge (B's
+// threads hold the same sequence reversed and sort it the same way), so every thread stays
+// busy, the merged list is in the threads of both, and each exchange partner is tid ^ mask:
+// shuffles within a warp, shared memory with one barrier across warps.
+#define DDT_MERGE_PER_THREAD 4
+
+// w = the values of thread tid ^ mask. Across warps the values go through one of two shared
+// buffers of 4 x n_act (alternating per call, so a thread that runs ahead writes the other
+// one while its partner may still read this one: one barrier, not two). Every thread of the
+// block calls it (the barrier); `active` (warp-uniform) skips the work of idle warps.
+__device__ __forceinline__ void ddt_merge_exchange(const ddt_u64 (&c)[DDT_MERGE_PER_THREAD],
+                                                   ddt_u64 (&w)[DDT_MERGE_PER_THREAD], int mask, bool active,
+                                                   ddt_u64* bufs, int n_act, int& parity) {
+  const int tid = threadIdx.x;
+  if (mask < 32) {
+    if (active) {
+#pragma unroll
+      for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p) w[p] = __shfl_xor_sync(DDT_FULL_MASK, c[p], mask);
+    }
+    return;
+  }
+  // value p of every thread contiguous: a warp's 8-byte stores and loads without bank conflicts
+  ddt_u64* buf = bufs + parity * DDT_MERGE_PER_THREAD * n_act;
+  parity ^= 1;
+  if (active) {
+#pragma unroll
+    for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p) buf[p * n_act + tid] = c[p];
+  }
+  __syncthreads();
+  if (active) {
+#pragma unroll
+    for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p) w[p] = buf[p * n_act + (tid ^ mask)];
+  }
+}
+
+__device__ __forceinline__ void ddt_keep_max(ddt_u64& hi, ddt_u64& lo) {
+  const ddt_u64 a = hi;
+  hi = a > lo ? a : lo;
+  lo = a > lo ? lo : a;
+}
+
+// Sort descending the bitonic sequence of k held 4 a thread by the T = k / 4 threads of each
+// list: position strides k/2 .. 4 are thread strides T/2 .. 1 (the lower position keeps the
+// larger), strides 2 and 1 stay in registers.
+__device__ __forceinline__ void ddt_bitonic_merge(ddt_u64 (&c)[DDT_MERGE_PER_THREAD],
+                                                  ddt_u64 (&w)[DDT_MERGE_PER_THREAD], int T, bool active,
+                                                  ddt_u64* bufs, int n_act, int& parity) {
+  for (int m = T >> 1; m > 0; m >>= 1) {
+    ddt_merge_exchange(c, w, m, active, bufs, n_act, parity);
+    const bool lower = (threadIdx.x & m) == 0;
+#pragma unroll
+    for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p) c[p] = lower == (c[p] > w[p]) ? c[p] : w[p];
+  }
+  ddt_keep_max(c[0], c[2]);
+  ddt_keep_max(c[1], c[3]);
+  ddt_keep_max(c[0], c[1]);
+  ddt_keep_max(c[2], c[3]);
+}
+
+// The merged log-sum-exp of the S partial sums, in every lane of the calling warp (shuffles,
+// no barrier: only the warps that write the result need it).
+__device__ __forceinline__ void ddt_warp_lse_partials(const float* ws_part, int S, float& m, float& s) {
+  const int lane = threadIdx.x & 31;
+  m = -__int_as_float(0x7f800000);
+  s = 0.f;
+  if (lane < S) {
+    m = __ldcg(ws_part + 2 * lane);
+    s = __ldcg(ws_part + 2 * lane + 1);
+  }
+  for (int i = lane + 32; i < S; i += 32)  // more than 32 splits (forced ones)
+    ddt_lse_combine(m, s, __ldcg(ws_part + 2 * i), __ldcg(ws_part + 2 * i + 1));
+  ddt_warp_lse(m, s);
+}
+
+// Stage 2 in registers: the last block of row r merges the S sorted lists (bufs: 2 x S x k
+// shared slots, the launcher's candidate list) and writes them as ddt_write_final does. Not
+// inlined: inlined into the kernel, ptxas spilled at the launch bounds' 64 registers; alone
+// it needs no stack either.
+__device__ __noinline__ void ddt_topk_merge_lists(const ddt_u64* ws_cand, const float* ws_part, int S, int k,
+                                                  ddt_u64* bufs, float* out_lp, ddt_i64* out_ids) {
+  const int tid = threadIdx.x, T = k / DDT_MERGE_PER_THREAD, n_act = S * T;
+  const bool active = (tid & ~31) < n_act;  // warp-uniform; lanes of warp 0 past n_act hold zeros
+  // (w stays zero in idle warps, which skip the exchanges)
+  ddt_u64 c[DDT_MERGE_PER_THREAD], w[DDT_MERGE_PER_THREAD] = {0ull, 0ull, 0ull, 0ull};
+#pragma unroll
+  for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p)
+    c[p] = tid < n_act ? __ldcg(ws_cand + DDT_MERGE_PER_THREAD * tid + p) : 0ull;
+  float m = 0.f, s = 0.f;
+  if ((tid & ~31) < T) ddt_warp_lse_partials(ws_part, S, m, s);  // the writers' warps, beside the lists' loads
+  int parity = 0;
+  // d: the threads between the two lists of a pair; the partner holds the mirrored position
+  for (int d = T; d < n_act; d <<= 1) {
+    ddt_merge_exchange(c, w, d | (T - 1), active, bufs, n_act, parity);
+#pragma unroll
+    for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p) {
+      const ddt_u64 b = w[DDT_MERGE_PER_THREAD - 1 - p];
+      c[p] = c[p] > b ? c[p] : b;
+    }
+    ddt_bitonic_merge(c, w, T, active, bufs, n_act, parity);
+  }
+  if (tid < T) {
+    const float lse = m + logf(s);
+#pragma unroll
+    for (int p = 0; p < DDT_MERGE_PER_THREAD; ++p) {
+      const int q = DDT_MERGE_PER_THREAD * tid + p;
+      out_lp[q] = ddt_key_float((unsigned)(c[p] >> 32)) - lse;
+      out_ids[q] = (ddt_i64)(0xffffffffu - (unsigned)c[p]);
+    }
+  }
 }
 
 template <int DTYPE>
@@ -498,6 +629,11 @@ __device__ void ddt_topk_split(const void* __restrict__ logits, ddt_i64 V, ddt_i
   __syncthreads();
   if (!s_last) return;
   if (tid == 0) ws_count[r] = 0u;  // every block of the row has counted: ready for the next launch
+  if (merge_chunk == 0) {  // the launcher's choice, block-uniform
+    ddt_topk_merge_lists(ws_cand + (ddt_i64)r * S * k, ws_part + 2 * r * S, S, k, cand, out_lp + r * k,
+                         out_ids + r * k);
+    return;
+  }
   ddt_topk_merge(ws_cand + (ddt_i64)r * S * k, ws_part + 2 * r * S, S, k, (int)merge_chunk, cand, cap, s_x, top,
                  s_m, s_s, &s_cnt, &s_bound, out_lp + r * k, out_ids + r * k);
 }

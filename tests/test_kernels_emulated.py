@@ -25,7 +25,7 @@ from kernel_cases import (
 
 from sglang_ddtree.kernels import cpp
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
-from sglang_ddtree.kernels.topk import split_plan
+from sglang_ddtree.kernels.topk import merge_geometry, split_plan
 from sglang_ddtree.tree.accept import commit_sources_ref
 from sglang_ddtree.tree.build import topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask, unpack_mask_words
@@ -172,13 +172,13 @@ def test_topk_split(emu, vocab, k, splits, dtype):
     _assert_topk_equal(x, k, lp, ids, f"{plan}")
 
 
-@pytest.mark.parametrize("vocab, k, splits", [(20000, 16, 5), (4001, 7, 1), (163840, 64, 2)])
+@pytest.mark.parametrize("vocab, k, splits", [(20000, 16, 5), (4001, 7, 1), (163840, 64, 2), (163840, 8, 9)])
 def test_topk_split_overflow_path(emu, vocab, k, splits):
     """A candidate list far below the slice's worst case (the smallest the merge allows): the
     blocks whose collection overflows take the k-th-candidate path and stay exact (a list
     clamped at its size would lose candidates)."""
     plan = split_plan(len(TOPK_MODES), vocab, k, splits=splits)
-    merge_need = (-(-k // plan.merge_chunk) + plan.splits) * plan.merge_chunk if plan.splits > 1 else k
+    merge_need = merge_geometry(plan.splits, k)[1] if plan.splits > 1 else k
     cap = 1 << (max(k, merge_need) - 1).bit_length()
     assert cap < plan.cap
     gen = torch.Generator().manual_seed(vocab + k)
@@ -188,6 +188,46 @@ def test_topk_split_overflow_path(emu, vocab, k, splits):
     )
     assert (counters == 0).all()
     _assert_topk_equal(x, k, lp, ids, f"cap {cap}")
+
+
+def _one_slice_row(vocab: int, k: int, slice_len: int, gen: torch.Generator) -> torch.Tensor:
+    """A row whose top k all lie in one slice (the third, or the last): every other list of the
+    merge ends below the whole of that one."""
+    x = torch.randn(1, vocab, generator=gen)
+    lo = min(2, (vocab - 1) // slice_len) * slice_len
+    x[0, lo : lo + k] += 100.0
+    return x
+
+
+@pytest.mark.parametrize(
+    "vocab, k, splits, dtype, registers",
+    [
+        (163840, 64, 16, torch.bfloat16, True),  # bs 1, k 64: lists of 16 threads, 3 levels across warps
+        (163840, 8, 32, torch.float32, True),  # bs 1, k 8: 64 threads, the last level across warps
+        (163840, 16, 16, torch.float16, True),
+        (163840, 32, 16, torch.bfloat16, True),
+        (32000, 256, 4, torch.float32, True),  # lists of 64 threads: merge strides across warps
+        (4096, 4, 2, torch.bfloat16, True),  # a thread per list, warp 0's other lanes idle
+        (111, 64, 4, torch.float32, True),  # slices of 32 < k: zero-padded lists
+        (120, 32, 8, torch.bfloat16, True),  # slices of 16 (the last 8): zero-padded lists
+        (163840, 64, 9, torch.bfloat16, False),  # bs 8's 9 splits: the sampled merge
+        (163840, 8, 9, torch.float32, False),
+        (32000, 2, 16, torch.float32, False),  # k < 4
+    ],
+)
+def test_topk_split_merges(emu, vocab, k, splits, dtype, registers):
+    """Both stage-2 merges, exact (ties included), over every TOPK_MODES row and a row whose
+    top k come from one slice."""
+    plan = split_plan(len(TOPK_MODES) + 1, vocab, k, splits=splits)
+    assert plan.splits == splits and (plan.merge_chunk == 0) == registers, plan
+    gen = torch.Generator().manual_seed(vocab * 3 + k * splits)
+    rows = [topk_logits(m, 1, vocab, gen, plan.slice_len) for m in TOPK_MODES]
+    x = torch.cat([*rows, _one_slice_row(vocab, k, plan.slice_len, gen)]).to(dtype)
+    lp, ids, counters = emu.topk_split(
+        _raw(x), _DTYPE_CODE[dtype], k, plan.splits, plan.slice_len, plan.merge_chunk, plan.cap, 2
+    )
+    assert (counters == 0).all()
+    _assert_topk_equal(x, k, lp, ids, f"{plan}")
 
 
 def test_topk_split_workspace_reused(emu):

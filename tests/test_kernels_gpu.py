@@ -188,14 +188,15 @@ def _assert_topk_rows(x, k, lp, ids, what):
 @pytest.mark.parametrize("vocab", [111, 32000, 163840])
 def test_topk_split_awkward_cases(vocab, dtype):
     """The emulated tests' patterns (ties across slice boundaries, -inf slices, all-equal and
-    saw-tooth rows) on the GPU: automatic and forced split counts, k 1 ... 256."""
+    saw-tooth rows) on the GPU: automatic and forced split counts, k 1 ... 256 (both merges:
+    4, 16 and 32 splits of k 8, 64 and 256 take the register merge where S x k <= 1024)."""
     from sglang_ddtree.kernels import topk as tk
 
     gen = torch.Generator().manual_seed(vocab)
     for k in (1, 7, 8, 33, 64, 256):
         if k > vocab:
             continue
-        for splits in (None, 1, 3, 12, 32):
+        for splits in (None, 1, 3, 4, 12, 16, 32):
             plan = tk.split_plan(len(TOPK_MODES), vocab, k, tk._sm_count(torch.device(DEV)), splits)
             if plan is None:
                 continue

@@ -51,7 +51,10 @@ def test_plan_sizes_the_candidate_list(rows, vocab, k):
             worst = max(worst, int(np.sort(_thread_counts(vocab, lo, hi, vec, aligned))[-k:].sum()))
     assert tk.worst_candidates(length, k) >= worst
     assert cap >= min(worst, 8 * k, 2048)
-    if s > 1:  # stage 2: one sample per thread, at most (C + S) x g candidates reach the bound
+    if s > 1 and g == 0:  # stage 2 in registers: 4 candidates a thread, two exchange buffers
+        assert tk.register_merge(s, k) and s * k <= 4 * THREADS and 2 * s * k <= cap
+    elif s > 1:  # stage 2 sampled: one sample per thread, at most (C + S) x g candidates reach the bound
+        assert not tk.register_merge(s, k)
         chunks = -(-k // g)
         assert s * chunks <= THREADS
         assert (chunks + s) * g <= cap
@@ -64,6 +67,24 @@ def test_small_batches_fill_the_gpu():
         assert 15 * plan.splits >= 200
         big = tk.split_plan(960, 163840, k, sm_count=132)
         assert big.splits == 1  # 960 rows fill the GPU: a block per row, no merge
+
+
+def test_bs1_plans_merge_in_registers():
+    """bs 1 (7 or 15 depths) over vocab 163840: powers of two, S x k <= 1024, so the register
+    merge; bs 8 (9 splits) and k 256 over 16 splits keep the sampled merge."""
+    for rows in (7, 15):
+        for k in (8, 16, 32, 64):
+            plan = tk.split_plan(rows, 163840, k, sm_count=132)
+            assert plan.merge_chunk == 0 and plan.splits in (16, 32), (rows, k, plan)
+    assert tk.split_plan(56, 163840, 64, sm_count=132).merge_chunk > 0  # 9 splits
+    assert tk.split_plan(7, 163840, 256, sm_count=132).merge_chunk > 0  # 16 x 256 > 1024
+    assert [tk.register_merge(s, k) for s, k in ((2, 2), (8, 128), (16, 128), (1, 64), (12, 64))] == [
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_forced_splits_and_limits():

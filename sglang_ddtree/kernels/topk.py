@@ -7,7 +7,8 @@ Two kernels give the same result:
 
 * ``split`` (default, k <= 256): each row's vocabulary is split over many blocks; each block
   writes its slice's top k and partial log-sum-exp to a workspace, the row's last block merges
-  them. The number of splits follows the row count so that small batches still fill the GPU.
+  them (in registers where S and k are powers of two and S x k <= 1024, as at bs 1: see
+  :func:`register_merge`; else through a sampled bound). The number of splits follows the row count so that small batches still fill the GPU.
   It measured faster than the row kernel at every batch size and k timed on the H200
   (bench_results/topk_kernels_h200_5ba7f73.md, bs 1-64, k 8-64, depth 7 and 15).
 * ``row``: one block per row (k <= 1024); the fallback above k 256 and the baseline of the
@@ -34,6 +35,7 @@ KERNELS = ("split", "row")
 
 _ROW_THREADS = 512
 _SPLIT_THREADS = 256
+_MERGE_PER_THREAD = 4  # candidates a thread holds in the register merge (DDT_MERGE_PER_THREAD)
 # Candidate slots of a block (8 bytes each) where its slice's worst case needs more: a block
 # collects about k candidates (up to k x a thread's elements in a massive tie), so 2048 slots
 # leave 8x headroom at k 256 and 32x at k 64; a block that overflows them takes the kernel's
@@ -73,13 +75,40 @@ def _merge_chunk(splits: int, k: int) -> int:
     return g
 
 
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def register_merge(splits: int, k: int) -> bool:
+    """Whether the row's last block merges the sorted lists in registers (the kernel's
+    ``ddt_topk_merge_lists``): the lists pair up level by level and split over threads
+    ``_MERGE_PER_THREAD`` candidates each, so S and k are powers of two, k >= 4, S x k <= 4 x 256."""
+    return (
+        splits > 1
+        and _power_of_two(splits)
+        and _power_of_two(k)
+        and _MERGE_PER_THREAD <= k
+        and splits * k <= _MERGE_PER_THREAD * _SPLIT_THREADS
+    )
+
+
+def merge_geometry(splits: int, k: int) -> tuple[int, int]:
+    """(g, slots) of a merge of ``splits`` lists: the merge chunk (0: the register merge) and
+    the candidate slots it needs in shared memory (the register merge's two exchange buffers of
+    S x k; the sampled merge's (C + S) x g candidates that can reach its bound)."""
+    if register_merge(splits, k):
+        return 0, 2 * splits * k
+    g = _merge_chunk(splits, k)
+    return g, (_ceil_div(k, g) + splits) * g
+
+
 @dataclass(frozen=True)
 class SplitPlan:
     """Geometry of one split top-k launch (see ``cuda/ddtree_topk_split.cu``)."""
 
     splits: int  # blocks per row
     slice_len: int  # vocabulary entries per block, a multiple of 8
-    merge_chunk: int  # g: list chunk per merge sample
+    merge_chunk: int  # g: list chunk per merge sample; 0: the lists merge in registers
     cap: int  # candidate slots in shared memory, a power of two
 
     @property
@@ -120,8 +149,8 @@ def split_plan(
     need = min(worst_candidates(slice_len, k), max(_CAP_USUAL, k))
     g = 1
     if n_splits > 1:
-        g = _merge_chunk(n_splits, k)
-        need = max(need, (_ceil_div(k, g) + n_splits) * g)
+        g, merge_slots = merge_geometry(n_splits, k)
+        need = max(need, merge_slots)
     cap = 1 << (need - 1).bit_length()
     if cap > _CAP_MAX:
         return None

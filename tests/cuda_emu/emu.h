@@ -4,9 +4,11 @@
 // Every CUDA thread of a block is a cooperative user-level context (ucontext); blocks run
 // one after another. __syncthreads() and the warp-collective intrinsics (__syncwarp,
 // __shfl*_sync, __ballot_sync, __reduce_*_sync, __match_any_sync) are barriers among the
-// threads concerned; between barriers a thread runs alone, so results are deterministic.
-// It checks barrier use (a warp whose lanes wait at different barriers is an error) but
-// cannot see data races: those need compute-sanitizer on a GPU.
+// threads concerned; between barriers a thread runs alone, so results are deterministic. Each
+// warp runs on to its next __syncthreads before the next warp starts (as far ahead of the
+// others as CUDA lets a warp run), so shared memory rewritten before a slower warp read it
+// shows as a wrong result. It checks barrier use (a warp whose lanes wait at different
+// barriers is an error) but cannot see data races in general: those need compute-sanitizer.
 //
 // Include this header, then the .cu file, in a C++17 translation unit.
 #pragma once
@@ -82,14 +84,13 @@ inline void trampoline() {
   // returning resumes uc_link (the scheduler)
 }
 
-// Run one block: every thread until all are done, releasing barriers as they fill.
-inline void run_block() {
+// Run warp w until each of its lanes waits at __syncthreads or is done, releasing its warp
+// barriers as they fill (the warp runs ahead of the others: see the header).
+inline void run_warp(int w) {
   Ctx& g = G();
-  const int n = (int)g.threads.size();
-  const int nwarps = (n + 31) / 32;
+  const int lo = w * 32, hi = std::min((int)g.threads.size(), w * 32 + 32);
   for (;;) {
-    bool any_alive = false;
-    for (int i = 0; i < n; ++i) {
+    for (int i = lo; i < hi; ++i) {
       Thread& t = g.threads[i];
       if (t.st == RUNNABLE) {
         g.cur = &t;
@@ -97,36 +98,33 @@ inline void run_block() {
         g.cur = nullptr;
       }
     }
-    bool released = false;
-    for (int w = 0; w < nwarps; ++w) {
-      int waiting_warp = 0, waiting_block = 0, alive = 0;
-      for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) {
-        State s = g.threads[i].st;
-        if (s != DONE) ++alive;
-        if (s == WAIT_WARP) ++waiting_warp;
-        if (s == WAIT_BLOCK) ++waiting_block;
+    int waiting_warp = 0, waiting_block = 0;  // the other lanes are done
+    for (int i = lo; i < hi; ++i) {
+      waiting_warp += g.threads[i].st == WAIT_WARP;
+      waiting_block += g.threads[i].st == WAIT_BLOCK;
+    }
+    if (waiting_warp == 0) return;
+    if (waiting_block > 0)
+      throw std::runtime_error("emu: lanes of one warp wait at a warp barrier and at __syncthreads");
+    for (int i = lo; i < hi; ++i)
+      if (g.threads[i].st == WAIT_WARP) g.threads[i].st = RUNNABLE;
+  }
+}
+
+// Run one block: each warp in turn to its next block barrier, then release the barrier.
+inline void run_block() {
+  Ctx& g = G();
+  const int n = (int)g.threads.size();
+  const int nwarps = (n + 31) / 32;
+  for (;;) {
+    for (int w = 0; w < nwarps; ++w) run_warp(w);
+    bool waiting = false;  // every thread now waits at __syncthreads or is done
+    for (auto& t : g.threads)
+      if (t.st == WAIT_BLOCK) {
+        t.st = RUNNABLE;
+        waiting = true;
       }
-      if (waiting_warp > 0 && waiting_warp == alive) {
-        for (int i = w * 32; i < std::min(n, w * 32 + 32); ++i) g.threads[i].st = RUNNABLE;
-        released = true;
-      } else if (waiting_warp > 0 && waiting_block > 0) {
-        throw std::runtime_error("emu: lanes of one warp wait at a warp barrier and at __syncthreads");
-      }
-    }
-    if (released) continue;
-    int alive = 0, waiting_block = 0;
-    for (auto& t : g.threads) {
-      if (t.st != DONE) ++alive;
-      if (t.st == WAIT_BLOCK) ++waiting_block;
-      if (t.st != DONE) any_alive = true;
-    }
-    if (!any_alive) return;
-    if (waiting_block == alive) {
-      for (auto& t : g.threads)
-        if (t.st == WAIT_BLOCK) t.st = RUNNABLE;
-      continue;
-    }
-    throw std::runtime_error("emu: deadlock (a warp barrier with lanes that exited?)");
+    if (!waiting) return;
   }
 }
 
