@@ -85,6 +85,19 @@ def test_targets_and_report(tmp_path):
     assert png is None or png.stat().st_size > 0
 
 
+def test_the_sampled_merge_is_forced_only_inside_its_block():
+    """``--sampled-merge`` times the sampled merge beside the register merge of the bs-1 plans."""
+    from sglang_ddtree.bench import topk_kernels as tkk
+    from sglang_ddtree.kernels import topk
+
+    assert topk.split_plan(7, tkk.VOCAB, 64).merge_chunk == 0  # bs 1, depth 7: 16 lists in registers
+    with tkk._merge_forced("sampled"):
+        assert topk.split_plan(7, tkk.VOCAB, 64).merge_chunk > 0
+    with tkk._merge_forced(None):
+        assert topk.split_plan(7, tkk.VOCAB, 64).merge_chunk == 0
+    assert topk.split_plan(7, tkk.VOCAB, 64).merge_chunk == 0
+
+
 def test_topk_report():
     from sglang_ddtree.bench import topk_kernels as tkk
 
@@ -108,8 +121,10 @@ def test_topk_report():
                         torch_lse_us=2.0 + bs / 2,
                         torch_topk_us=40.0 + bs,
                         forced_splits=None,
+                        merge="auto",
                     )
                 )
+    rows.append({**rows[3], "merge": "sampled", "split_us": 99.0})  # bs 1, block 8, k 64: the other merge
     res = {
         "stamp": {"device": "NVIDIA H200"},
         "vocab": tkk.VOCAB,
@@ -118,6 +133,7 @@ def test_topk_report():
     }
     res["targets"] = tkk.evaluate_targets(res)
     t = res["targets"]
+    assert t["bs1_block8_us"]["value"] == 5.0 + 7 / 16 + 1  # the served (automatic) plan only
     assert t["bs1_block16_us"]["value"] == 5.0 + 15 / 16 + 1 and t["bs1_block16_us"]["met"]
     assert t["bs64_block8_us"]["value"] == 5.0 + 64 * 7 / 16 + 1 and t["bs64_block8_us"]["met"]
     assert not t["bs64_block16_us"]["met"]  # 66.0 us
@@ -144,7 +160,7 @@ def test_topk_report():
     assert "| bs64_block16_us | 66.0 | 64 | <= 60 us | MISSED |" in md
     assert "bs 64 x depth 15: 39.3 us" in md  # 315 MB read once at 8000 GB/s
     assert "| split kernel | row kernel | x | torch logsumexp | torch topk |" in md
-    assert "| 64 | 64 | 448 | 12 | 13656 | 34.0 | 124.0 | 3.65 | 34.0 | 104.0 |" in md
+    assert "| 64 | 64 | 448 | 12 | auto | 13656 | 34.0 | 124.0 | 3.65 | 34.0 | 104.0 |" in md
 
 
 def test_posterior_follows_the_tree_to_its_leaves():

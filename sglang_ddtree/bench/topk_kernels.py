@@ -16,6 +16,7 @@ configuration are re-read on every launch: up to ~50 MB they stay in L2 (bs 1, 8
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -139,20 +140,51 @@ def run(args) -> dict:
             x = logits[:bs]
             for k in args.ks:
                 for i, splits in enumerate(splits_list):
-                    check_exact(x, k, splits)
-                    row = time_topk(x, k, args.calls, args.reps, splits, row=i == 0)
-                    row.update(block=block, depth=depth, bs=bs, forced_splits=splits)
-                    results["topk"].append(row)
-                    print(
-                        f"block {block} bs {bs} k {k} splits {row['splits']}: split {row['split_us']:.1f} us"
-                        + (f", row {row['row_us']:.1f} us" if "row_us" in row else ""),
-                        file=sys.stderr,
-                    )
+                    for merge in _merges(args, x, k, splits):
+                        with _merge_forced(merge):
+                            check_exact(x, k, splits)
+                            row = time_topk(x, k, args.calls, args.reps, splits, row=i == 0 and not merge)
+                        row.update(
+                            block=block, depth=depth, bs=bs, forced_splits=splits, merge=merge or "auto"
+                        )
+                        results["topk"].append(row)
+                        print(
+                            f"block {block} bs {bs} k {k} splits {row['splits']} merge {row['merge']}: "
+                            f"split {row['split_us']:.1f} us"
+                            + (f", row {row['row_us']:.1f} us" if "row_us" in row else ""),
+                            file=sys.stderr,
+                        )
         del logits
     results["targets"] = evaluate_targets(results)
     if args.phases:
         run_phases(args, results)
     return results
+
+
+def _merges(args, x: torch.Tensor, k: int, splits: int | None) -> list[str | None]:
+    """The automatic plan (None), and with ``--sampled-merge`` the sampled merge beside it where
+    the plan merges in registers: both kernels timed in the same run."""
+    from ..kernels import topk
+
+    rows, vocab = x.shape[0] * x.shape[1], x.shape[-1]
+    plan = topk.split_plan(rows, vocab, k, topk._sm_count(x.device), splits)
+    return [None, "sampled"] if args.sampled_merge and plan is not None and plan.merge_chunk == 0 else [None]
+
+
+@contextlib.contextmanager
+def _merge_forced(merge: str | None):
+    """``"sampled"``: plans take the sampled merge (``register_merge`` off) inside the block."""
+    from ..kernels import topk
+
+    if merge is None:
+        yield
+        return
+    register_merge = topk.register_merge
+    topk.register_merge = lambda splits, k: False
+    try:
+        yield
+    finally:
+        topk.register_merge = register_merge
 
 
 def evaluate_targets(results: dict) -> dict:
@@ -163,7 +195,10 @@ def evaluate_targets(results: dict) -> dict:
             rows = [
                 r
                 for r in results["topk"]
-                if r["bs"] == bs and r["block"] == block and r["forced_splits"] is None
+                if r["bs"] == bs
+                and r["block"] == block
+                and r["forced_splits"] is None
+                and r.get("merge", "auto") == "auto"
             ]
             if rows:
                 worst = max(rows, key=lambda r: r["split_us"])
@@ -199,6 +234,7 @@ TOPK_COLUMNS = (
     ("k", "k"),
     ("rows", "rows"),
     ("splits", "splits"),
+    ("merge", "merge"),
     ("slice_len", "slice"),
     ("split_us", "split kernel"),
     ("row_us", "row kernel"),
@@ -253,6 +289,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--splits", type=int, nargs="+", default=[0], help="split counts to time (0 = automatic)")
     p.add_argument(
         "--phases", action="store_true", help="also time the split kernel stopped after each phase"
+    )
+    p.add_argument(
+        "--sampled-merge",
+        action="store_true",
+        help="where the plan merges the lists in registers, also time the sampled merge (same run)",
     )
     p.add_argument("--phase-batch-sizes", type=int, nargs="+", default=[1, 64])
     p.add_argument("--phase-ks", type=int, nargs="+", default=[8, 64])
