@@ -236,34 +236,6 @@ def test_a_width_no_narrower_width_prices_could_always_win():
     assert chooser.could_win(8, [0.0, 0.1, 0.2], floors, priced).all()
 
 
-def test_a_cells_own_median_counts_where_it_stands_apart_from_the_row_by_more_than_its_noise():
-    """Host-bound rounds (the trained pair, bs 32: every tree width's round is the same host
-    time, periods spread by a millisecond): each width's median differs from the others by
-    noise alone, and chosen by itself the luckiest width won (at 81ab916, widths 17 / 33 / 65
-    at 4.87 / 4.12 / 5.43 ms). Within its noise a cell reads the row's pooled excess, and the
-    widest tree, which accepts the most, wins. Device-bound rounds (the K2.6 rank, tight
-    periods) with a width whose served rounds really cost less keep it (099c64d, c=8)."""
-    widths = (1, 9, 17, 33, 65)
-    rng = np.random.default_rng(11)
-    # the pair's accepted drafts per request at budgets 8 / 16 / 32 / 64: 1.9 / 2.23 / 2.44 / 2.78
-    accepted = [0.0, 32 * 1.9, 32 * 2.23, 32 * 2.44, 32 * 2.78]
-    host_bound = TimedCostTable((32,), widths, [[0.15, 0.39, 0.41, 0.44, 0.51]], probe_after=0)
-    for _ in range(16):
-        for width in widths:
-            host_bound.observe(32, width, (2.0 if width == 1 else 4.6) + rng.standard_t(3) * 0.6)
-    own = host_bound.cells.median[0] + host_bound.startup[0]
-    assert np.ptp(own[1:]) > 0.2  # the cells' own medians differ by noise
-    assert WidthChooser(widths, host_bound).choose(32, accepted) == 65
-    assert np.argmax((np.array(accepted) + 32) / own) != 4  # by their own medians: not the widest
-
-    rank = TimedCostTable((8,), (1, 2, 4, 8), [[7.54, 10.08, 11.38, 13.91]], probe_after=0)
-    for _ in range(16):
-        for width, ms in ((1, 8.0), (2, 11.0), (4, 12.29), (8, 12.2)):
-            rank.observe(8, width, ms + rng.normal(0.0, 0.1))
-    assert rank(8, 8) == pytest.approx(12.2, abs=0.15)  # its own: 1.7 ms below the pooled excess
-    assert WidthChooser((1, 2, 4, 8), rank).choose(8, [0.0, 8 * 0.6, 8 * 1.38, 8 * 1.69]) == 8
-
-
 def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():
     """The K2.6 rank at 06a9d4f, bs 8: three rounds of width 9 whose periods held stalls
     (about 85 ms against a 14 ms replay) priced width 9 at 33.8 ms when each cell followed its
@@ -619,11 +591,7 @@ def _excess_by_the_rules(table: TimedCostTable, row: int, column: int) -> float:
     kind = 1 if table.widths[column] == 1 else 0
     if trusted:
         nearest = min(trusted, key=lambda r: (abs(r - row), r))
-        window = np.array(table.cells.windows[nearest][column])
-        own = float(np.median(window))
-        error = 1.2533 * 1.4826 * float(np.median(np.abs(window - own))) / np.sqrt(len(window))
-        its_row = float(np.median(table.pooled.windows[nearest][kind]))
-        return own if abs(own - its_row) > table.apart * error else its_row  # apart by more than its noise
+        return float(np.median(table.cells.windows[nearest][column]))
     pooled = [r for r in range(len(table.batch_sizes)) if table.pooled.rounds[r, kind] >= table.trust_after]
     source = min(pooled, key=lambda r: (abs(r - row), r)) if pooled else row
     if kind == 1 and not table.pooled.rounds[source, 1]:

@@ -9,8 +9,7 @@ spread ids do. So what a width costs while serving is its replay plus an *excess
 rounds served measure; the excess is learned per cell, ``(batch size row, width)``:
 
 * a cell's own excess, the median of its last ``window`` measured rounds, once it has
-  ``trust_after`` of them and stands apart from its row's pooled excess by more than its
-  noise (else that pooled excess: below);
+  ``trust_after`` of them;
 * before that, the excess of the nearest row whose cell of the same width is trusted (the
   round's own work and the routing change slowly with the batch size);
 * with no such row, the pooled excess of the row's rounds of that kind (trees, or width 1),
@@ -25,16 +24,6 @@ width-8 server's (24.95 against 24.61 ms a request-round) with 2.38 tokens a rou
 2.69: 0.872x the fixed arm. That rank's greedy text is two tokens alternating, so its
 served tokens route through few experts where the replays' spread ids route through many.
 Only a width's own rounds say what it costs on the tokens served.
-
-Why a cell must stand apart. Where widths cost nearly the same (a host-bound round: the
-trained pair on the H200, where every tree width's round is the scheduler's host time), each
-cell's median carries its own noise, and the chooser ran whichever width looked luckiest:
-at 81ab916 and ba86941 `auto64` ran trees of 3-31 nodes for many steps at bs 4-32 (accept
-3.2-3.4 tokens a round against the widest tree's 3.7-3.8) and made 0.64-0.90x the best fixed budget.
-So a trusted cell's own median replaces the row's pooled excess only where the two differ by
-more than ``apart`` times the median's standard error (from the cell's own rounds, by their
-median absolute deviation); on the K2.6 rank, where a round is the device's and its periods
-are tight, width 8's served rounds stood 1.7 ms below the pooled excess at c=8 and count.
 
 Why medians and trust. A cell that followed its own last few rounds was priced out by a few
 stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at bs 8: 33.8
@@ -55,7 +44,6 @@ rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the res
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -78,21 +66,13 @@ class TimedCostTable(RoundCostTable):
         trust_after: int = 4,
         reprobe_after: int = 1024,
         max_probe_steps: int = 16,
-        apart: float = 2.0,
     ):
         super().__init__(batch_sizes, widths, ms)
-        if (
-            probe_after < 0
-            or not 1 <= trust_after <= window
-            or reprobe_after < 1
-            or max_probe_steps < 1
-            or apart < 0
-        ):
+        if probe_after < 0 or not 1 <= trust_after <= window or reprobe_after < 1 or max_probe_steps < 1:
             raise ValueError(
-                "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1, apart >= 0"
+                "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1"
             )
         self.startup = self.ms.copy()
-        self.apart = apart
         self.probe_after, self.trust_after = probe_after, trust_after
         self.reprobe_after, self.max_probe_steps = reprobe_after, max_probe_steps
         rows, columns = self.ms.shape
@@ -133,14 +113,8 @@ class TimedCostTable(RoundCostTable):
             else:
                 pooled[kind] = self.pooled.median[source, kind]
         sources = self.cell_source[row]
-        source = np.maximum(sources, 0)
-        own = self.cells.median[source, self._columns]
-        # A trusted cell's own median counts where it stands apart from its row's pooled excess
-        # by more than its rounds' noise, else that row's pooled excess (the module docstring,
-        # "Why a cell must stand apart"); a row reads it from the nearest row that has it.
-        its_row = self.pooled.median[source, self._kinds]
-        apart = np.abs(own - its_row) > self.apart * self.cells.error[source, self._columns]
-        return np.where(sources >= 0, np.where(apart, own, its_row), pooled[self._kinds])
+        own = self.cells.median[np.maximum(sources, 0), self._columns]
+        return np.where(sources >= 0, own, pooled[self._kinds])
 
     def rows_served(self) -> np.ndarray:
         """Per row: whether any round has been measured in it."""
@@ -224,32 +198,24 @@ class TimedCostTable(RoundCostTable):
 
 
 class _Excesses:
-    """Per slot (``shape``): the last ``window`` excesses, their median, the median's standard
-    error and how many there were."""
-
-    # A median's standard error is about 1.25 sigma / sqrt(n) (normal rounds), sigma about
-    # 1.48 median absolute deviations: robust to the stalls a period can hold.
-    _ERROR_PER_MAD = 1.2533 * 1.4826
+    """Per slot (``shape``): the last ``window`` excesses, their median and how many there were."""
 
     def __init__(self, shape: tuple[int, int], window: int):
         self.windows = [[deque(maxlen=window) for _ in range(shape[1])] for _ in range(shape[0])]
         self.median = np.zeros(shape)
-        self.error = np.zeros(shape)
         self.rounds = np.zeros(shape, dtype=np.int64)
 
     def add(self, row: int, column: int, excess: float) -> int:
         """Record one excess; the slot's count of rounds after it."""
         window = self.windows[row][column]
         window.append(excess)
-        median = self.median[row, column] = statistics.median(window)
-        spread = statistics.median(abs(x - median) for x in window)
-        self.error[row, column] = self._ERROR_PER_MAD * spread / math.sqrt(len(window))
+        self.median[row, column] = statistics.median(window)
         self.rounds[row, column] += 1
         return int(self.rounds[row, column])
 
     def clear(self, row: int, column: int) -> None:
         self.windows[row][column].clear()
-        self.median[row, column] = self.error[row, column] = 0.0
+        self.median[row, column] = 0.0
         self.rounds[row, column] = 0
 
 
