@@ -5,10 +5,14 @@
 #   bash gpu/device.sh python -m pytest -m gpu_server tests/gpu_server     # the GPU serving suite
 #   bash gpu/device.sh python -m sglang_ddtree.bench.ab ...                 # A/B runs
 #
-# Needs in the call's carry: .carry/gpu (site-<version>.tar.xz from `make gpu-bundle`, and
-# optionally cache-<version>.tar.xz and triton-<version>.tar.xz, the compile caches an earlier
-# run wrote to $OUT). The plugin runs from the working tree. Writes $OUT/cache-<version>.tar.xz
-# (JIT and CuPy caches) and, where it fits, $OUT/triton-<version>.tar.xz at the end: copy them
+# Needs in the call's carry: .carry/gpu/site-<version>.tar.xz (from `make gpu-bundle`) and
+# optionally the compile caches an earlier run wrote to $OUT: cache-<version>.tar.xz (JIT and
+# CuPy), marlin-<version>.tar.xz (the K2.6 rank's Marlin MoE kernels: only its jobs need them)
+# and triton-<version>.tar.xz. The working tree and the carry share the 64 MiB a call may carry,
+# so a call names the files it needs (docs/gpu.md, "What a call carries"). The plugin runs from
+# the working tree. Writes $OUT/cache-<version>.tar.xz, $OUT/marlin-<version>.tar.xz (only when
+# the call built Marlin kernels it did not carry) and, where it fits,
+# $OUT/triton-<version>.tar.xz at the end: `bash gpu/take_caches.sh <files_at>` takes them
 # into .carry/gpu so the next call skips those compiles.
 # Multi-GPU kinds: NVLink multicast stays off (the device's rule), whatever the job starts.
 set -u
@@ -34,10 +38,12 @@ if [ "$(cat "$SITE/.stamp" 2>/dev/null)" != "$stamp" ]; then  # a warm machine k
   echo "$stamp" > "$SITE/.stamp"
   say "bundle unpacked"
 fi
-if [ ! -f "$CACHE/.restored" ]; then
-  for f in "$B/cache-$V.tar.xz" "$B/triton-$V.tar.xz"; do [ -f "$f" ] && untar_xz "$f" "$CACHE"; done
-  touch "$CACHE/.restored" && say "compile caches restored: $(du -sh "$CACHE" | cut -f1)"
-fi
+for name in cache marlin triton; do  # each once per machine (a warm one keeps /tmp)
+  f="$B/$name-$V.tar.xz"
+  if [ -f "$f" ] && [ ! -f "$CACHE/.restored-$name" ]; then
+    untar_xz "$f" "$CACHE" && touch "$CACHE/.restored-$name" && say "$name cache restored: $(du -sh "$CACHE" | cut -f1)"
+  fi
+done
 
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
   SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_IS_FLASHINFER_AVAILABLE=false SGLANG_DDTREE_GPU_COMPAT=1 \
@@ -58,8 +64,18 @@ xz_to() {  # xz_to FILE: stdin compressed into FILE
 # lacked: 22 and 18 s against 10 for the others) into triton-$V.tar.xz when that fits: at most
 # 16 MiB and a file to spare among the 8.
 MAX_BYTES=$(( 16 * 1024 * 1024 ))
-( cd "$CACHE" && tar cf - --exclude=.restored --exclude=./triton . | xz_to "$OUT/cache-$V.tar.xz" )
+MARLIN='./jit/*/sgl_kernel_jit_moe_wna16_marlin_*'
+( cd "$CACHE" && tar cf - --exclude='.restored*' --exclude=./triton --exclude="$MARLIN" . | xz_to "$OUT/cache-$V.tar.xz" )
 say "caches saved: $(du -h "$OUT/cache-$V.tar.xz" | cut -f1)"
+marlin=$(cd "$CACHE" && compgen -G "$MARLIN" || true)
+if [ -n "$marlin" ] && [ ! -f "$B/marlin-$V.tar.xz" ]; then  # built here: the kernels never change
+  if [ "$(find "$OUT" -type f | wc -l)" -ge 8 ]; then
+    say "Marlin's kernels not saved: the job's files and the JIT cache fill the 8 a call brings back"
+  else
+    ( cd "$CACHE" && tar cf - $marlin | xz_to "$OUT/marlin-$V.tar.xz" )
+    say "Marlin's kernels saved: $(du -h "$OUT/marlin-$V.tar.xz" | cut -f1)"
+  fi
+fi
 if [ -d "$CACHE/triton" ]; then
   if [ "$(find "$OUT" -type f | wc -l)" -ge 8 ]; then
     say "Triton's cache not saved: the job's files and the caches fill the 8 a call brings back"

@@ -91,7 +91,7 @@ printf '[sglang.srt.plugins]\nddtree = sglang_ddtree.plugin:register\n' > "$DIST
 find "$SITE" -name '__pycache__' -prune -exec rm -rf {} +
 rm -rf "$SITE/bin"
 # xz: a call carries at most 64 MiB (bundle + compile caches + the working tree); xz makes
-# the bundle 29 MB where gzip makes it 37.
+# the bundle 29 MB where gzip makes it 37, and -9e 28.4 where -6 made 29.2.
 rm -f "$OUT_DIR/site-$SGLANG_VERSION.tar.gz"
-tar cf - -C "$SITE" . | xz -T0 -6 > "$OUT_DIR/site-$SGLANG_VERSION.tar.xz"
+tar cf - -C "$SITE" . | xz -T0 -9e > "$OUT_DIR/site-$SGLANG_VERSION.tar.xz"
 say "$(du -h "$OUT_DIR/site-$SGLANG_VERSION.tar.xz" | cut -f1) $OUT_DIR/site-$SGLANG_VERSION.tar.xz ($(du -sh "$SITE" | cut -f1) unpacked) in $(( $(date +%s) - t0 )) s"

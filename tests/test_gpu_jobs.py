@@ -102,7 +102,7 @@ def _device_sh(tmp_path: Path, out: Path, job: str) -> subprocess.CompletedProce
         carry = repo / ".carry" / "gpu"
         carry.mkdir(parents=True)
         _tar_xz(carry / "site-fake.tar.xz", {"marker.py": ""})
-        _tar_xz(carry / "cache-fake.tar.xz", {"./jit/marlin.so": "jit"})
+        _tar_xz(carry / "cache-fake.tar.xz", {"./jit/marlin.so": "jit", MARLIN_KERNEL: "marlin"})
         _tar_xz(carry / "triton-fake.tar.xz", {"./triton/old/k.cubin": "old"})
     env = {
         # the test's Python first: device.sh unpacks with python3's lzma where there is no xz
@@ -121,6 +121,8 @@ def _device_sh(tmp_path: Path, out: Path, job: str) -> subprocess.CompletedProce
     )
 
 
+MARLIN_KERNEL = "./jit/sm90a/sgl_kernel_jit_moe_wna16_marlin_bf16_t/k.so"  # the K2.6 rank's, carried apart
+
 # The job sees both carried caches and compiles one more Triton kernel.
 COMPILES = (
     'test -f "$SGLANG_JIT_CACHE_DIR/marlin.so" && test -f "$TRITON_CACHE_DIR/old/k.cubin"'
@@ -128,12 +130,22 @@ COMPILES = (
 )
 
 
-def test_device_sh_carries_the_jit_and_triton_caches_in_two_files(tmp_path):
+def test_device_sh_carries_the_jit_marlin_and_triton_caches_in_three_files(tmp_path):
+    """The K2.6 rank's Marlin kernels go into a file of their own (only its calls carry them:
+    the working tree and the carry share 64 MiB), and only when the call did not carry them."""
     out = tmp_path / "out"
     run = _device_sh(tmp_path, out, COMPILES)
     assert run.returncode == 0, run.stdout + run.stderr
     assert _names(out / "cache-fake.tar.xz") == {"jit/marlin.so"}
+    assert _names(out / "marlin-fake.tar.xz") == {MARLIN_KERNEL.removeprefix("./")}
     assert _names(out / "triton-fake.tar.xz") == {"triton/old/k.cubin", "triton/new/k.cubin"}
+    (tmp_path / "repo" / ".carry" / "gpu" / "marlin-fake.tar.xz").write_bytes(
+        (out / "marlin-fake.tar.xz").read_bytes()
+    )
+    again = tmp_path / "again"
+    run = _device_sh(tmp_path, again, COMPILES)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not (again / "marlin-fake.tar.xz").exists()  # carried: nothing new to bring back
 
 
 def test_device_sh_leaves_tritons_cache_out_when_the_job_fills_the_files(tmp_path):
@@ -144,6 +156,7 @@ def test_device_sh_leaves_tritons_cache_out_when_the_job_fills_the_files(tmp_pat
     )
     assert run.returncode == 3  # the job's status
     assert (out / "cache-fake.tar.xz").exists() and not (out / "triton-fake.tar.xz").exists()
+    assert not (out / "marlin-fake.tar.xz").exists() and "Marlin's kernels not saved" in run.stdout
     assert "Triton's cache not saved" in run.stdout
 
 
@@ -152,6 +165,7 @@ def test_take_caches_recompresses_what_a_call_brought_back_into_the_carry(tmp_pa
     files_at.mkdir()
     _tar_xz(files_at / "cache-fake.tar.xz", {"./jit/marlin.so": "jit" * 1000, "./cupy/k.cubin": "cubin"})
     _tar_xz(files_at / "triton-fake.tar.xz", {"./triton/k/k.cubin": "triton"})
+    _tar_xz(files_at / "marlin-fake.tar.xz", {MARLIN_KERNEL: "marlin"})
     run = subprocess.run(
         ["bash", str(ROOT / "gpu" / "take_caches.sh"), str(files_at)],
         capture_output=True, text=True, timeout=120,
@@ -160,6 +174,7 @@ def test_take_caches_recompresses_what_a_call_brought_back_into_the_carry(tmp_pa
     assert run.returncode == 0, run.stdout + run.stderr
     assert _names(carry / "cache-fake.tar.xz") == {"jit/marlin.so", "cupy/k.cubin"}
     assert _names(carry / "triton-fake.tar.xz") == {"triton/k/k.cubin"}
+    assert _names(carry / "marlin-fake.tar.xz") == {MARLIN_KERNEL.removeprefix("./")}
     assert "of 64 MiB" in run.stdout
 
 
