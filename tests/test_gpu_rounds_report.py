@@ -408,6 +408,22 @@ def test_report_judges_the_online_budget_against_the_best_fixed_budget_and_plain
     assert rows["ddtree@auto tok/s / best fixed (ddtree@7) tok/s, c=32"][1] == f"{5600 / 5000:.3f}"
 
 
+def test_the_same_arm_in_two_servers_is_reported_and_never_judged_as_a_budget():
+    def level(c, tps):
+        return {"concurrency": c, "tok_per_s": tps, "accept_length": 3.0, "round_ms": 1.0, "requests": 8}
+
+    levels = {
+        "ddtree@64": {1: level(1, 881.5), 4: level(4, 2598.0)},
+        "ddtree@64+again": {1: level(1, 947.2), 4: level(4, 2288.0)},  # bc39066
+        "ddtree@auto64": {1: level(1, 724.0), 4: level(4, 1875.0)},
+    }
+    lines = gpu_rounds_report.same_arm_section(levels)
+    assert "| ddtree@64 | 1 | 1.075 |" in lines[-1] and "| ddtree@64 | 4 | 0.881 |" in lines[-1]
+    rows = {r[0]: r for r in gpu_rounds_report.online_budget_targets(levels)}
+    assert "ddtree@auto64 tok/s / best fixed (ddtree@64) tok/s, c=4" in rows  # not the +again server
+    assert gpu_rounds_report.same_arm_section({"ddtree@64": levels["ddtree@64"]}) == []
+
+
 def test_text_endpoint_is_read_as_text():
     """SGLang's /start_profile answers plain text: reading it as JSON lost every profile."""
     import http.server

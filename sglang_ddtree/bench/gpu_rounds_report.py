@@ -125,11 +125,32 @@ def to_markdown(results: dict) -> str:
         "",
     ]
     lines.append(throughput_table(levels))
+    lines += same_arm_section(levels)
     lines += phase_section(results)
     lines += online_budget_section(results)
     lines += host_area_section(results)
     lines += profile_section(results)
     return "\n".join(lines)
+
+
+def same_arm_section(levels: dict) -> list[str]:
+    """Each ``<arm>+again`` beside ``<arm>``: two servers of the same flags in one call, so the
+    spread any ratio between two arms of the call carries on its own (at bc39066 DDTREE@64's two
+    servers made 0.88-1.08x each other on the trained pair)."""
+    rows = []
+    for again in sorted(a for a in levels if a.endswith("+again")):
+        arm = again.removesuffix("+again")
+        for c, level in sorted(levels[again].items()):
+            if c in levels.get(arm, {}):
+                rows.append([arm, c, f"{level['tok_per_s'] / levels[arm][c]['tok_per_s']:.3f}"])
+    if not rows:
+        return []
+    return [
+        "",
+        "## The same arm in two servers",
+        "",
+        _stamp.md_table(["arm", "conc", "second server's tok/s / first's"], rows),
+    ]
 
 
 def profile_section(results: dict) -> list[str]:
