@@ -1,0 +1,152 @@
+"""Host time of the online budget's own work per decode step (``adapter/widths.py``).
+
+Per step the worker calls ``StepWidths.start`` (the probe check and the width choice) and
+``StepWidths.finish`` (the step's record; one drafted step in ``PREDICT_EVERY`` also makes the
+expected-accept prediction and starts its copy to the host). This times both on a timed cost
+table in its served state (every cell priced), at the candidate widths of a budget, for a few
+batch sizes. A host-bound round pays this at every step (the trained pair on the H200 runs
+rounds of ~4.5 ms, docs/online-budget.md).
+
+On a machine without a GPU the prediction's tensor operations run as CPU arithmetic, not as
+kernel launches: the `finish` columns there are the host's Python and dispatch plus that
+arithmetic, not what the same step costs beside a GPU. `start` is host work either way.
+
+    python -m sglang_ddtree.bench.online_budget_host   # -> bench_results/online_budget_host_<device>.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from ..adapter.widths import PREDICT_EVERY, StepWidths
+from ..budget import TimedCostTable, candidate_widths
+from . import _stamp
+
+# SGLang's captured decode batch sizes up to 64 (the online budget's timed rows)
+GRAPH_BATCH_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 40, 48, 56, 64)
+DEPTH, TOP_K = 7, 64
+
+
+def served_steps(budget: int) -> StepWidths:
+    """A ``StepWidths`` whose timed table has a replay time for every cell (growing with the
+    batch size and the width), as the start-up leaves it."""
+    widths = candidate_widths(budget)
+    startup = [[0.3 + 0.004 * bs + 0.002 * w for w in widths] for bs in GRAPH_BATCH_SIZES]
+    table = TimedCostTable(GRAPH_BATCH_SIZES, widths, startup)
+    return StepWidths(widths, table, DEPTH, make_head=lambda width: width)
+
+
+def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[dict]:
+    """``n`` steps at batch size ``bs``: per step the host microseconds of ``start`` and
+    ``finish`` and whether the step made the prediction."""
+    gen = torch.Generator(device=device).manual_seed(bs)
+    log_probs = torch.log_softmax(torch.randn(bs * DEPTH, TOP_K, generator=gen, device=device), -1)
+    log_probs = log_probs.sort(-1, descending=True).values
+    accept_lens = torch.randint(0, DEPTH + 1, (bs,), generator=gen, device=device)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        steps.start(bs)
+        t1 = time.perf_counter()
+        if not steps.skips_draft:
+            steps._log_probs = log_probs  # what the drafter's graph keeps for the choice
+        steps.finish(accept_lens)
+        t2 = time.perf_counter()
+        predicted = steps._pending[-1].values is not None if steps._pending else False
+        out.append({"start_us": (t1 - t0) * 1e6, "finish_us": (t2 - t1) * 1e6, "predicted": predicted})
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def summarise(records: list[dict]) -> dict:
+    predicting = [r["finish_us"] for r in records if r["predicted"]]
+    recording = [r["finish_us"] for r in records if not r["predicted"]]
+    return {
+        "steps": len(records),
+        "predicting_steps": len(predicting),
+        "start_us": statistics.median(r["start_us"] for r in records),
+        "finish_us_recording": statistics.median(recording) if recording else None,
+        "finish_us_predicting": statistics.median(predicting) if predicting else None,
+        "mean_us_per_step": statistics.fmean(r["start_us"] + r["finish_us"] for r in records),
+    }
+
+
+def run(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    results = {"stamp": _stamp.stamp(), "config": vars(args).copy(), "device": device.type, "cells": []}
+    for budget in args.budgets:
+        for bs in args.batch_sizes:
+            steps = served_steps(budget)
+            run_steps(steps, bs, args.warmup, device)  # prices the row's cells, fills the probes
+            cell = summarise(run_steps(steps, bs, args.steps, device))
+            cell.update(budget=budget, bs=bs, widths=len(steps.widths))
+            results["cells"].append(cell)
+    return results
+
+
+def to_markdown(results: dict) -> str:
+    rows = [
+        [
+            c["budget"],
+            c["widths"],
+            c["bs"],
+            c["start_us"],
+            c["finish_us_recording"],
+            c["finish_us_predicting"],
+            c["mean_us_per_step"],
+            f"{c['predicting_steps']} / {c['steps']}",
+        ]
+        for c in results["cells"]
+    ]
+    return "\n".join(
+        [
+            "# The online budget's host time per decode step",
+            "",
+            _stamp.stamp_markdown(results["stamp"]),
+            "",
+            f"Tensors on `{results['device']}`; medians over {results['config']['steps']} steps after "
+            f"{results['config']['warmup']} warm-up steps per cell (us). The prediction is made on one "
+            f"drafted step in {PREDICT_EVERY}. On a CPU the prediction's tensor operations are CPU "
+            "arithmetic, not kernel launches (the module docstring).",
+            "",
+            _stamp.md_table(
+                [
+                    "budget",
+                    "widths",
+                    "bs",
+                    "start",
+                    "finish (record)",
+                    "finish (predict)",
+                    "mean per step",
+                    "predicting steps",
+                ],
+                rows,
+            ),
+        ]
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budgets", type=int, nargs="+", default=[7, 64])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=400)
+    p.add_argument("--cpu", action="store_true", help="host tensors even where a GPU is present")
+    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    args = p.parse_args(argv)
+    results = run(args)
+    name = f"online_budget_host_{_stamp.device_slug(results['stamp'])}"
+    for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
+        print(path)
+    print(to_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

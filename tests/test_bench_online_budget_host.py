@@ -1,0 +1,37 @@
+"""The online budget's host-time benchmark on the CPU: it runs the served step loop, one
+drafted step in PREDICT_EVERY makes the prediction, and the report says so."""
+
+from sglang_ddtree.adapter.widths import PREDICT_EVERY
+from sglang_ddtree.bench import online_budget_host
+
+
+def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tmp_path):
+    assert (
+        online_budget_host.main(
+            [
+                "--budgets",
+                "7",
+                "--batch-sizes",
+                "1",
+                "8",
+                "--steps",
+                "64",
+                "--warmup",
+                "40",
+                "--cpu",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    import json
+
+    results = json.loads((tmp_path / "online_budget_host_cpu.json").read_text())
+    assert [(c["budget"], c["bs"]) for c in results["cells"]] == [(7, 1), (7, 8)]
+    for cell in results["cells"]:
+        assert cell["steps"] == 64 and cell["start_us"] > 0 and cell["mean_us_per_step"] > 0
+        # drafted steps predict one in PREDICT_EVERY (width-1 steps without the drafter never)
+        assert 1 <= cell["predicting_steps"] <= 64 // PREDICT_EVERY + 1
+        assert cell["finish_us_predicting"] is not None and cell["finish_us_recording"] is not None
+    assert "| budget | widths | bs |" in (tmp_path / "online_budget_host_cpu.md").read_text()
