@@ -172,9 +172,12 @@ class TimedCostTable(RoundCostTable):
 
     def _clear_stale(self, row: int) -> None:
         """Trusted cells of ``row`` with no round for ``reprobe_after`` of its rounds, and
-        probes given up as long ago: cleared, to be probed again (the module docstring says why)."""
+        probes given up as long ago: cleared, to be probed again (the module docstring says why).
+        Runs after every observed round: it returns at once while no cell can be stale."""
+        if self.row_rounds[row] - self.last_round[row].min() < self.reprobe_after:
+            return
         given_up = self.probe_steps[row] >= self.max_probe_steps
-        measured = self.trusted()[row] | given_up
+        measured = (self.cells.rounds[row] >= self.trust_after) | given_up
         stale = measured & (self.row_rounds[row] - self.last_round[row] >= self.reprobe_after)
         for column in np.flatnonzero(stale):
             self.cells.clear(row, column)
