@@ -47,13 +47,15 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
     log_probs = torch.log_softmax(torch.randn(bs * DEPTH, TOP_K, generator=gen, device=device), -1)
     log_probs = log_probs.sort(-1, descending=True).values
     accept_lens = torch.randint(0, DEPTH + 1, (bs,), generator=gen, device=device)
+    # the drafter's proposals as the worker hands them over (``watch``)
+    propose = steps.watch(lambda hidden, k: (log_probs, None))
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
         steps.start(bs)
         t1 = time.perf_counter()
         if not steps.skips_draft:
-            steps._log_probs = log_probs  # what the drafter's graph keeps for the choice
+            propose(None, TOP_K)
         steps.finish(accept_lens)
         t2 = time.perf_counter()
         predicted = steps._pending[-1].values is not None if steps._pending else False

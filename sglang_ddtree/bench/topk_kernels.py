@@ -141,12 +141,8 @@ def run(args) -> dict:
             for k in args.ks:
                 for i, splits in enumerate(splits_list):
                     for merge in _merges(args, x, k, splits):
-                        with _merge_forced(merge):
-                            check_exact(x, k, splits)
-                            row = time_topk(x, k, args.calls, args.reps, splits, row=i == 0 and not merge)
-                        row.update(
-                            block=block, depth=depth, bs=bs, forced_splits=splits, merge=merge or "auto"
-                        )
+                        row = _timed_row(args, x, k, splits, merge, row_kernel=i == 0 and not merge)
+                        row.update(block=block, depth=depth, bs=bs)
                         results["topk"].append(row)
                         print(
                             f"block {block} bs {bs} k {k} splits {row['splits']} merge {row['merge']}: "
@@ -159,6 +155,17 @@ def run(args) -> dict:
     if args.phases:
         run_phases(args, results)
     return results
+
+
+def _timed_row(
+    args, x: torch.Tensor, k: int, splits: int | None, merge: str | None, row_kernel: bool
+) -> dict:
+    """One configuration checked exact, then timed (the row kernel beside it when asked)."""
+    with _merge_forced(merge):
+        check_exact(x, k, splits)
+        row = time_topk(x, k, args.calls, args.reps, splits, row=row_kernel)
+    row.update(forced_splits=splits, merge=merge or "auto")
+    return row
 
 
 def _merges(args, x: torch.Tensor, k: int, splits: int | None) -> list[str | None]:

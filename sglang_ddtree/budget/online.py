@@ -192,7 +192,7 @@ class WidthChooser:
         if accepted.shape != (len(self.widths),):
             raise ValueError("one expected accept count per width")
         round_ms = self._cost.row_costs(bs)[self._columns]
-        rates = (accepted + bs) / round_ms
+        rates = _rates(bs, accepted, round_ms)
         self._last = (bs, accepted, round_ms)
         best = int(np.argmax(rates))  # the first maximum: on a tie the smaller width
         if self.current is None or self.current not in self.widths:
@@ -212,9 +212,9 @@ class WidthChooser:
         known = priced[self._columns]
         could = np.ones(len(priced), dtype=bool)
         if known.any():
-            best = ((accepted + bs) / self._cost.row_costs(bs)[self._columns])[known].max()
+            best = _rates(bs, accepted, self._cost.row_costs(bs)[self._columns])[known].max()
             with np.errstate(divide="ignore"):  # a floor of 0: no width priced below it
-                could[self._columns] = (accepted + bs) / floors[self._columns] >= best
+                could[self._columns] = _rates(bs, accepted, floors[self._columns]) >= best
         return could
 
     @property
@@ -227,6 +227,11 @@ class WidthChooser:
             WidthScore(w, float(a), float(ms), (float(a) + bs) / float(ms))
             for w, a, ms in zip(self.widths, accepted, round_ms)
         ]
+
+
+def _rates(bs: int, accepted: np.ndarray, round_ms: np.ndarray) -> np.ndarray:
+    """Committed tokens per ms of each width: its accepted drafts plus the batch's bonus tokens."""
+    return (accepted + bs) / round_ms
 
 
 def scaled_past_largest(costs: np.ndarray, bs: int, largest: int) -> np.ndarray:

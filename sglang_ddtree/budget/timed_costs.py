@@ -177,7 +177,7 @@ class TimedCostTable(RoundCostTable):
         if self.row_rounds[row] - self.last_round[row].min() < self.reprobe_after:
             return
         given_up = self.probe_steps[row] >= self.max_probe_steps
-        measured = (self.cells.rounds[row] >= self.trust_after) | given_up
+        measured = self.trusted()[row] | given_up
         stale = measured & (self.row_rounds[row] - self.last_round[row] >= self.reprobe_after)
         for column in np.flatnonzero(stale):
             self.cells.clear(row, column)
