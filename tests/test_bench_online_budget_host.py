@@ -31,6 +31,7 @@ def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tm
     assert [(c["budget"], c["bs"]) for c in results["cells"]] == [(7, 1), (7, 8)]
     for cell in results["cells"]:
         assert cell["steps"] == 64 and cell["start_us"] > 0 and cell["mean_us_per_step"] > 0
+        assert cell["verify_clock_us"] > 0 and cell["priced_widths"] >= 1  # the served rounds priced the row
         # drafted steps predict one in PREDICT_EVERY (width-1 steps without the drafter never)
         assert 1 <= cell["predicting_steps"] <= 64 // PREDICT_EVERY + 1
         assert cell["finish_us_predicting"] is not None and cell["finish_us_recording"] is not None

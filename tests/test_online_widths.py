@@ -4,13 +4,14 @@ the previous step's prediction, its calibration and its costs, and width-1 steps
 the drafter (the root-only trees, the kept prediction, the tree coming back) (CPU, torch)."""
 
 import math
+import statistics
 
 import numpy as np
 import pytest
 import torch
 
 from sglang_ddtree.adapter.widths import StepWidths
-from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, candidate_widths
+from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, TimedCostTable, candidate_widths
 from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
 from sglang_ddtree.tree.layout import build_tree_batch_ref, pack_mask_words
 from sglang_ddtree.tree.types import Trees
@@ -271,7 +272,8 @@ def test_the_online_budget_step_does_not_synchronise_with_the_gpu():
     """``start``/``finish`` of a predicting step on CUDA tensors, under PyTorch's sync debug
     mode set to raise: a copy from pageable memory or a host read of a device value (both
     stall the overlapped scheduler every step) fails the test."""
-    widths = step_widths(RoundCostTable((1, 8), (1, 2, 3, 5), [[1.0] * 4, [2.0] * 4]), predict_every=1)
+    table = TimedCostTable((1, 8), (1, 2, 3, 5), [[1.0] * 4, [2.0] * 4], probe_after=2)
+    widths = step_widths(table, predict_every=1)
 
     def propose(hidden, k):
         log_probs = torch.full((hidden.shape[0], k), math.log(1e-6), device="cuda")
@@ -282,6 +284,9 @@ def test_the_online_budget_step_does_not_synchronise_with_the_gpu():
         width = widths.start(4)
         if not widths.skips_draft:
             widths.watch(propose)(torch.zeros(4 * DEPTH, 8, device="cuda"), 4)
+        widths.verify_started()
+        torch.cuda._sleep(1000)  # the verify forward
+        widths.verify_finished()
         widths.finish(torch.full((4,), min(2, width - 1), dtype=torch.int64, device="cuda"))
 
     for _ in range(3):  # first-use work (pinned host blocks, kernels) outside the check
@@ -296,3 +301,41 @@ def test_the_online_budget_step_does_not_synchronise_with_the_gpu():
     torch.cuda.synchronize()
     widths.start(4)
     assert sum(widths.history.values()) == 14 and widths._per_request is not None
+    assert table.rows_served()[1]  # the timed rounds reached the table (through their verify times)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_steps_verify_is_timed_on_the_device_and_the_rest_of_its_period_is_the_rows():
+    """A host-bound round: the verify's kernels take ~2 ms of device time and the host spends
+    3 ms more before the next step. The cell gets the verify's device time (CUDA events: not the
+    host's time, which would hold the host's 3 ms if it waited), the row's rest the 3 ms."""
+    import time
+
+    def sleep_kernel_ms(cycles: int) -> float:
+        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        began.record()
+        torch.cuda._sleep(cycles)
+        ended.record()
+        torch.cuda.synchronize()
+        return began.elapsed_time(ended)
+
+    cycles = int(1_000_000 * 2.0 / sleep_kernel_ms(1_000_000))  # about 2 ms of device time
+    device_ms = statistics.median(sleep_kernel_ms(cycles) for _ in range(5))
+    table = TimedCostTable((4,), (1, 2, 3, 5), [[0.5] * 4], probe_after=10**6)
+    widths = step_widths(table)
+    for _ in range(24):
+        width = widths.start(4)
+        if not widths.skips_draft:
+            widths.watch(confident_drafter(0.9))(torch.zeros(4 * DEPTH, 8), 4)
+        widths.verify_started()
+        torch.cuda._sleep(cycles)
+        widths.verify_finished()
+        time.sleep(0.003)  # the host's work after the verify, the scheduler's between steps
+        widths.finish(torch.full((4,), min(2, width - 1), dtype=torch.int64))
+    torch.cuda.synchronize()
+    widths.start(4)  # lands what the steps recorded
+    column = table.widths.index(5)
+    assert table.cells.rounds[0, column] >= 8
+    assert table.cells.median[0, column] + 0.5 == pytest.approx(device_ms, rel=0.1)
+    assert 3.0 <= table.rest.median[0, 0] < 3.0 + 2.0  # the host's 3 ms (and its Python)

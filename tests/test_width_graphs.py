@@ -25,6 +25,13 @@ from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
 from sglang_ddtree.tree.types import Trees
 
+
+def served(table: TimedCostTable, bs: int, width: int, ms: float, rest: float = 0.0) -> None:
+    """One served round of ``ms`` whose verify's device time is all of it but ``rest`` (by
+    default a round bound by its verify, as on the K2.6 rank)."""
+    table.observe(bs, width, ms, ms - rest)
+
+
 FIELDS = ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words")
 
 # (bs, depth, vocab, largest budget, k): k below the budget as --speculative-ddtree-max-topk
@@ -158,19 +165,19 @@ def test_a_width_costs_its_replay_plus_the_rows_excess_until_its_own_rounds_say_
     what they say, whatever its replay said."""
     table = TimedCostTable((1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], trust_after=2)
     assert table(1, 5) == 3.0
-    table.observe(1, 3, 4.0)  # 2 ms above its replay
+    served(table, 1, 3, 4.0)  # 2 ms above its replay
     assert table(1, 3) == pytest.approx(4.0) and table(1, 5) == pytest.approx(5.0)
     assert table(1, 1) == pytest.approx(1.0 + 2.0)  # unmeasured width 1: the trees' excess, a bound
     assert table(8, 5) == 6.0  # another row is not touched
-    table.observe(1, 3, 4.0)
+    served(table, 1, 3, 4.0)
     assert table.trusted()[0].tolist() == [False, True, False]
-    table.observe(1, 5, 3.5)  # width 5 served at its replay's level and below: routing, say
+    served(table, 1, 5, 3.5)  # width 5 served at its replay's level and below: routing, say
     assert table(1, 5) == pytest.approx(3.0 + 2.0)  # one round of its own: the row's median
-    table.observe(1, 5, 3.3)
+    served(table, 1, 5, 3.3)
     assert table(1, 5) == pytest.approx(3.4) and table(1, 3) == pytest.approx(4.0)  # each its own
-    table.observe(1, 1, float("inf"))
+    served(table, 1, 1, float("inf"))
     assert table(1, 1) == pytest.approx(1.0 + 1.25)  # ignored; the bound follows the row's trees
-    table.observe(1, 1, 1.5)  # width 1 (no drafter, no tree step): its own kind's excess
+    served(table, 1, 1, 1.5)  # width 1 (no drafter, no tree step): its own kind's excess
     assert table(1, 1) == pytest.approx(1.5)
     assert list(table.rows_served()) == [True, False]
 
@@ -186,12 +193,12 @@ def test_the_widths_own_rounds_undo_replays_that_overprice_a_wide_tree():
     accepted = [0.0, 8 * 0.6, 8 * 1.38, 8 * 1.69]  # pycode-4l-ranks: 2.38 and 2.69 tokens a round
     for _ in range(8):
         assert table.unprobed(8) is None
-        table.observe(8, 4, 12.29)
+        served(table, 8, 4, 12.29)
     assert chooser.choose(8, accepted) == 4 and table(8, 8) == pytest.approx(13.91 + 0.91)
     probed = []  # as served: only widths that could win (width 8's floor is width 4's rounds, not its replay)
     while (width := table.unprobed(8, lambda *floors: chooser.could_win(8, accepted, *floors))) is not None:
         probed.append(width)
-        table.observe(8, width, {1: 8.0, 2: 11.0, 8: 12.2}[width])
+        served(table, 8, width, {1: 8.0, 2: 11.0, 8: 12.2}[width])
     assert probed == [1] * 4 + [2] * 4 + [8] * 4
     assert table(8, 8) == pytest.approx(12.2) and table(8, 4) == pytest.approx(12.29)
     assert chooser.choose(8, accepted) == 8
@@ -206,23 +213,44 @@ def test_only_widths_that_could_win_at_their_least_cost_are_probed():
     widths = (1, 2, 4, 8, 16, 32, 64, 65)
     startup = [[0.13, 0.3, 0.3, 0.3, 0.3, 0.31, 0.31, 0.33]]
     accepted = [0.0, 0.6, 1.2, 1.7, 2.2, 2.5, 2.74, 2.75]  # per request, at bs 1
-    served = {1: 4.15, 16: 5.0, 32: 5.0, 64: 5.09, 65: 5.09, 2: 4.3, 4: 4.5, 8: 4.7}
+    # (period, the verify's device time): the host's work fills the rest of every round
+    rounds = {1: (4.15, 0.9), 2: (4.3, 0.95), 4: (4.5, 0.96), 8: (4.7, 0.97), 16: (5.0, 0.98)}
+    rounds |= {32: (5.0, 1.0), 64: (5.09, 1.05), 65: (5.09, 1.06)}
 
     def probes(could_win) -> list[int]:
         table = TimedCostTable((1,), widths, startup, probe_after=8, trust_after=4)
         chooser = WidthChooser(widths, table)
         for _ in range(8):
-            table.observe(1, 65, served[65])
+            table.observe(1, 65, *rounds[65])
         probed = []
         filtered = (lambda *floors: chooser.could_win(1, accepted, *floors)) if could_win else None
         while (width := table.unprobed(1, filtered)) is not None:
             probed.append(width)
-            table.observe(1, width, served[width])
+            table.observe(1, width, *rounds[width])
         assert chooser.choose(1, accepted) == 65
         return sorted(set(probed))
 
     assert probes(could_win=True) == [1, 16, 64]
     assert probes(could_win=False) == [1, 2, 4, 8, 16, 32, 64]  # the table alone: every width
+
+
+def test_widths_that_do_the_same_host_work_differ_by_their_verify_alone():
+    """The trained pair at e835772, bs 1 (a round bound by the host): width 64's rounds ran in a
+    slower phase of the run than width 65's (arrivals: more of the scheduler's work between
+    steps), and with each cell priced by its own periods width 64 cost 7.79 ms and width 65
+    5.67, two widths whose rounds do the same work. Split at the verify, the phase lands in the
+    row's rest, which every tree width shares, and the two differ by their verify's device time."""
+    widths = (1, 64, 65)
+    table = TimedCostTable((1,), widths, [[0.134, 0.307, 0.332]], trust_after=4)
+    for _ in range(8):
+        table.observe(1, 64, 7.79, 1.02)  # (period, the verify's device time) in a slow phase
+    for _ in range(8):
+        table.observe(1, 65, 5.67, 1.05)
+    assert table.trusted()[0].tolist() == [False, True, True]
+    assert table(1, 65) - table(1, 64) == pytest.approx(0.03)
+    assert table(1, 64) == pytest.approx(1.02 + (6.77 + 4.62) / 2)  # the median of the row's rests
+    table.observe(1, 64, 7.79, float("nan"))  # a verify not timed prices nothing
+    assert table.cells.rounds[0, 1] == 8
 
 
 def test_a_width_no_narrower_width_prices_could_always_win():
@@ -244,9 +272,9 @@ def test_a_few_stalled_rounds_do_not_price_a_width_out_of_the_choice():
     widths = (1, 3, 9)
     table = TimedCostTable((8,), widths, [[7.5, 10.9, 14.0]])
     for _ in range(6):
-        table.observe(8, 3, 10.9 + 1.3)  # ordinary rounds: 1.3 ms of round work
+        served(table, 8, 3, 10.9 + 1.3)  # ordinary rounds: 1.3 ms of round work
     for _ in range(3):
-        table.observe(8, 9, 85.0)  # stalled periods
+        served(table, 8, 9, 85.0)  # stalled periods
     assert table(8, 9) == pytest.approx(14.0 + 1.3)
     chooser = WidthChooser(widths, table)
     # pycode-4l-ranks at bs 8: about 2.68 and 1.9 tokens a request at widths 9 and 3
@@ -259,19 +287,19 @@ def test_a_row_with_few_rounds_borrows_the_excess_of_the_nearest_row_with_enough
     table = TimedCostTable(
         (1, 4, 8, 16), (1, 9), [[7.0, 9.5], [7.2, 11.7], [7.5, 14.0], [8.6, 19.3]], trust_after=4
     )
-    table.observe(4, 9, 11.7 + 35.0)
+    served(table, 4, 9, 11.7 + 35.0)
     assert table(4, 9) == pytest.approx(11.7 + 35.0)  # nothing trusted anywhere yet: its own
     for _ in range(4):
-        table.observe(8, 9, 14.0 + 1.0)
-        table.observe(16, 9, 19.3 + 2.0)
+        served(table, 8, 9, 14.0 + 1.0)
+        served(table, 16, 9, 19.3 + 2.0)
     assert table(4, 9) == pytest.approx(11.7 + 1.0)  # the nearest trusted row: bs 8
     assert table(1, 9) == pytest.approx(9.5 + 1.0) and table(16, 9) == pytest.approx(19.3 + 2.0)
     for _ in range(3):
-        table.observe(4, 9, 11.7 + 2.5)
+        served(table, 4, 9, 11.7 + 2.5)
     assert table(4, 9) == pytest.approx(11.7 + 2.5)  # four rounds of its own: the median
     assert table(1, 1) == pytest.approx(7.0 + 2.5)  # width 1 measured nowhere: the trees' excess
     for _ in range(4):
-        table.observe(16, 1, 8.6 + 0.5)
+        served(table, 16, 1, 8.6 + 0.5)
     assert table(1, 1) == pytest.approx(7.0 + 0.5)  # width 1's own excess, from the nearest trusted row
 
 
@@ -283,17 +311,17 @@ def test_a_width_priced_out_by_slow_rounds_is_measured_again_after_a_while():
     widths = (1, 9)
     table = TimedCostTable((1, 2, 8), widths, [[6.8, 9.5], [6.8, 10.4], [7.5, 14.0]], reprobe_after=8)
     for _ in range(4):
-        table.observe(8, 9, 14.0 + 1.3)
-        table.observe(2, 1, 6.8 + 1.2)
+        served(table, 8, 9, 14.0 + 1.3)
+        served(table, 2, 1, 6.8 + 1.2)
     for _ in range(4):
-        table.observe(2, 9, 10.4 + 44.0)  # stalled periods, or a cost that changed since
+        served(table, 2, 9, 10.4 + 44.0)  # stalled periods, or a cost that changed since
     chooser = WidthChooser(widths, table)
     expected = [0.0, 2 * 1.68]  # pycode-4l-ranks at width 9, a batch of 2
     assert table(2, 9) == pytest.approx(10.4 + 44.0) and chooser.choose(2, expected) == 1
     for _ in range(7):
-        table.observe(2, 1, 6.8 + 1.2)
+        served(table, 2, 1, 6.8 + 1.2)
     assert table(2, 9) == pytest.approx(10.4 + 44.0) and table.reprobes[1] == 0
-    table.observe(2, 1, 6.8 + 1.2)  # the eighth of the row's rounds since width 9's last
+    served(table, 2, 1, 6.8 + 1.2)  # the eighth of the row's rounds since width 9's last
     assert table.reprobes[1] == 1
     assert table(2, 9) == pytest.approx(10.4 + 1.3)  # bs 8's own excess, the nearest trusted row
     assert table(2, 1) == pytest.approx(6.8 + 1.2)  # width 1 keeps its own
@@ -311,12 +339,12 @@ def test_a_probe_whose_periods_never_count_is_given_up_and_tried_again_later():
     rounds have passed."""
     table = TimedCostTable((8,), (1, 9), [[7.5, 14.0]], probe_after=4, reprobe_after=6, max_probe_steps=3)
     for _ in range(4):
-        table.observe(8, 9, 15.0)  # width 9's own cell: trusted
+        served(table, 8, 9, 15.0)  # width 9's own cell: trusted
     assert [table.unprobed(8) for _ in range(4)] == [1, 1, 1, None]
     for _ in range(5):
-        table.observe(8, 9, 15.0)
+        served(table, 8, 9, 15.0)
     assert table.unprobed(8) is None
-    table.observe(8, 9, 15.0)  # six rounds since it gave up
+    served(table, 8, 9, 15.0)  # six rounds since it gave up
     assert table.unprobed(8) == 1
 
 
@@ -327,7 +355,7 @@ def test_eager_batches_past_the_largest_graph_neither_price_nor_probe_its_row():
     table = TimedCostTable((1, 8), (1, 4, 8), [[6.8, 8.4, 8.9], [7.5, 11.3, 13.9]], probe_after=2)
     for _ in range(8):
         assert table.unprobed(16) is None
-        table.observe(16, 8, 190.0)
+        served(table, 16, 8, 190.0)
     assert not table.rows_served().any() and table(8, 4) == pytest.approx(11.3)
     assert table(16, 8) == pytest.approx(13.9 * 2)  # past the largest: linear in bs
 
@@ -341,17 +369,17 @@ def test_timed_table_probes_each_width_once_the_row_knows_its_rounds():
     )
     assert table.unprobed(1) is None  # no round yet: nothing is known
     for _ in range(3):
-        table.observe(1, 5, 11.0)  # 8 ms of round work over the replay
+        served(table, 1, 5, 11.0)  # 8 ms of round work over the replay
     assert table.unprobed(1) == 1 and table.unprobed(8) is None  # per row
     assert table(1, 1) == pytest.approx(9.0)  # the bound: replay + the trees' excess
-    table.observe(1, 1, 2.5)
+    served(table, 1, 1, 2.5)
     assert table.unprobed(1) == 1 and table(1, 1) == 2.5  # measured, replacing the bound
-    table.observe(1, 1, 9.0)  # a width's first rounds can carry one-time work
-    table.observe(1, 1, 2.0)
+    served(table, 1, 1, 9.0)  # a width's first rounds can carry one-time work
+    served(table, 1, 1, 2.0)
     assert table(1, 1) == 2.5  # the median of its rounds
     assert table.unprobed(1) == 3 and table(1, 3) == pytest.approx(10.0)
     for _ in range(3):
-        table.observe(1, 3, 2.4)
+        served(table, 1, 3, 2.4)
     assert table.unprobed(1) is None and table(1, 3) == pytest.approx(2.4)
 
 
@@ -366,10 +394,10 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     from sglang_ddtree.adapter import widths as widths_module
     from sglang_ddtree.adapter.widths import StepWidths
 
-    # A frozen clock: each round costs exactly what the test says (on a loaded machine the
-    # real time between two lines can exceed the 5% the assertion allows).
-    now = 1000.0
-    monkeypatch.setattr(widths_module, "time", SimpleNamespace(perf_counter=lambda: now))
+    # A clock the test moves: each round and its verify cost exactly what the test says (on a
+    # loaded machine the real time between two lines can exceed the 5% the assertion allows).
+    clock = [1000.0]
+    monkeypatch.setattr(widths_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probe_after=2, trust_after=2)
     widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width)
@@ -385,10 +413,14 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
         drafted.append(not widths.skips_draft)
         if drafted[-1]:
             widths.watch(propose)(torch.zeros(8 * 4, 4), 4)
-        cost_ms = 2.0 if width == 1 else 10.0  # the real rounds: width 1 is cheap
-        widths._step = (*widths._step[:2], now - cost_ms / 1e3)
+        verify_ms, round_ms = (0.5, 2.0) if width == 1 else (3.0, 10.0)  # the real rounds: width 1 is cheap
+        widths.verify_started()
+        clock[0] += verify_ms / 1e3
+        widths.verify_finished()
+        clock[0] += (round_ms - verify_ms) / 1e3
         widths.finish(torch.zeros(8, dtype=torch.int64))
         chosen.append(width)
+    widths.start(8)  # ends the last step's period
     assert chosen[0] == 1 and drafted[0]  # nothing predicted yet: a drafted width 1, not its cost
     # the replays make the widest tree the best rate; its first round, after a width-1 round,
     # is not costed (under overlap its period is the round before it)
@@ -396,6 +428,9 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     assert chosen[4:7] == [1, 1, 1] and drafted[4:7] == [False] * 3  # the probes, the first not costed
     assert chosen[7:10] == [3, 3, 3] and drafted[7:10] == [True] * 3  # width 3's probes
     assert chosen[10:] == [1, 1] and table(8, 1) == pytest.approx(2.0, rel=0.05)
+    # each period split at its verify: the rest is the row's, per kind (trees, width 1)
+    assert table.rest.median[0] == pytest.approx([7.0, 1.5], rel=0.05)
+    assert table.cells.median[0] == pytest.approx([0.5 - 0.2, 3.0 - 0.3, 3.0 - 0.4], rel=0.05)
 
 
 # --- the swap per step ------------------------------------------------------------------------
@@ -620,7 +655,7 @@ def test_a_rows_costs_at_once_are_each_cells_by_the_rules_and_choose_the_referen
     chooser = WidthChooser(widths, table, switch_margin=0.0)
     for step in range(400):
         bs = int(rng.integers(1, 24))  # past the largest (16) too: eager, kept out
-        table.observe(bs, int(rng.choice(widths)), float(rng.uniform(4.0, 30.0)))
+        served(table, bs, int(rng.choice(widths)), float(rng.uniform(4.0, 30.0)))
         if step % 20:
             continue
         for r, b in enumerate(rows):

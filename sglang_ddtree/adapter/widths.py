@@ -43,6 +43,9 @@ device time of the step before it where the device bounds the server, so only a 
 ran as the one before it (the same width, drafted or not) is costed: a step after a change
 would charge the old width's round to the new width (and, when the choice alternates, blur
 the two widths' costs together).
+Under CUDA graphs the table is timed (``budget/timed_costs.py``): the step also times its
+verify forward on the device (CUDA events around it, read once they have run), the share of
+the period that differs by width; the rest of the period every width of the row pays alike.
 Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
 table (tests, debugging), which the measured rounds do not change.
@@ -96,12 +99,17 @@ class _Observed:
     values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
     # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
     ready: torch.cuda.Event | None  # None: already on the host
+    verify: _VerifyTime | None = None  # its verify forward's device time (a timed table's)
     costed: bool = False  # its period is its own: ran as the step before it, no batch between
     period_ms: float | None = None  # start to the next start; None: another batch in between
     period_known: bool = False  # the next step has started (or a batch in between ended it)
 
     def landed(self) -> bool:
-        return self.period_known and (self.ready is None or self.ready.query())
+        return (
+            self.period_known
+            and (self.ready is None or self.ready.query())
+            and (self.verify is None or self.verify.done())
+        )
 
     @property
     def costs_its_width(self) -> bool:
@@ -112,6 +120,39 @@ class _Observed:
         """The next step started at ``now`` (None: another batch ran in between)."""
         self.period_ms = None if now is None else (now - started) * 1e3
         self.period_known = True
+
+
+class _VerifyTime:
+    """The device time of one step's verify forward: a pair of timing CUDA events around it
+    (recorded on the stream, read once both have run: nothing waits for the device), or the
+    host's clock where the forward runs on the host."""
+
+    def __init__(self, spare: list | None):
+        self._spare = spare  # None: the host's clock; else the events to reuse
+        self.began, self.ended = self._mark(), None
+
+    def _mark(self):
+        if self._spare is None:
+            return time.perf_counter()
+        event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self) -> None:
+        self.ended = self._mark()
+
+    def done(self) -> bool:
+        return self.ended is not None and (self._spare is None or self.ended.query())
+
+    def ms(self) -> float | None:
+        """The verify's device time (None: it did not end); the events go back to be reused."""
+        if self.ended is None:
+            return None
+        if self._spare is None:
+            return (self.ended - self.began) * 1e3
+        ms = self.began.elapsed_time(self.ended)
+        self._spare += [self.began, self.ended]
+        return ms
 
 
 class StepWidths:
@@ -152,6 +193,9 @@ class StepWidths:
         # The last finished step's (width, drafted); None after another batch (or none yet): the
         # next step is costed only when it ran as this says.
         self._last_kind: tuple[int, bool] | None = None
+        # A timed table prices a width by its verify's device time: CUDA events (reused) on a GPU.
+        self._spare_events: list | None = [] if torch.cuda.is_available() else None
+        self._verify: _VerifyTime | None = None
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -193,6 +237,7 @@ class StepWidths:
         self.history[bs, width] += 1
         if self.log_every and self.history.total() % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
+        self._verify = None
         self.skips_draft = width == 1 and self._predicting and self._undrafted_run < self.refresh_every
         self._undrafted_run = self._undrafted_run + 1 if self.skips_draft else 0
         self.steps_without_draft += self.skips_draft
@@ -224,6 +269,16 @@ class StepWidths:
             observed, started = self._last
             observed.end_period(now if observed.costed else None, started)
             self._last = None
+
+    def verify_started(self) -> None:
+        """Just before the step's verify forward: a timed table prices each width by its
+        verify's device time (``budget/timed_costs.py``), so it is timed."""
+        if isinstance(self.cost, TimedCostTable):
+            self._verify = _VerifyTime(self._spare_events)
+
+    def verify_finished(self) -> None:
+        if self._verify is not None:
+            self._verify.end()
 
     def watch(self, propose):
         """``propose`` that also keeps the step's draft log-probs ``[bs * depth, k]``."""
@@ -278,6 +333,7 @@ class StepWidths:
         self._observe(_Observed(bs, width, True, host, ready), started)
 
     def _observe(self, observed: _Observed, started: float) -> None:
+        observed.verify, self._verify = self._verify, None
         kind = (observed.width, observed.drafted)
         observed.costed, self._last_kind = kind == self._last_kind, kind
         self._pending.append(observed)
@@ -306,7 +362,13 @@ class StepWidths:
                 predicted, measured = values[:-1], values[-1]
                 self.calibration.update(measured, predicted[self.widths.index(step.width)])
                 self._per_request = predicted / step.bs
-            if self.measured and step.costs_its_width and step.period_ms is not None:
+            verify_ms = None if step.verify is None else step.verify.ms()
+            if not (self.measured and step.costs_its_width and step.period_ms is not None):
+                continue
+            if isinstance(self.cost, TimedCostTable):
+                if verify_ms is not None:  # a verify that did not end (it raised) prices nothing
+                    self.cost.observe(step.bs, step.width, step.period_ms, verify_ms)
+            else:
                 self.cost.observe(step.bs, step.width, step.period_ms)
 
     # --- what the server shows ---------------------------------------------------------

@@ -356,9 +356,13 @@ class DDTreeWorker(DFlashWorkerV2):
         with self.phase("verify prepare"):
             forward_batch = self._verify_forward_batch(batch, draft_input, trees, window, plan, mask)
         with self.phase("verify forward"):
+            if self.widths is not None:
+                self.widths.verify_started()  # the online budget prices a width by its verify's time
             out = self.target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
             )
+            if self.widths is not None:
+                self.widths.verify_finished()
         logits_output = out.logits_output
         target_lp = self._target_logits_processor
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):

@@ -2,7 +2,8 @@
 
 Per step the worker calls ``StepWidths.start`` (the probe check and the width choice) and
 ``StepWidths.finish`` (the step's record; one drafted step in ``PREDICT_EVERY`` also makes the
-expected-accept prediction and starts its copy to the host). This times both on a timed cost
+expected-accept prediction and starts its copy to the host), and around the verify forward
+``verify_started`` / ``verify_finished`` (the verify's device time, two CUDA events). This times both on a timed cost
 table in its served state (every cell priced), at the candidate widths of a budget, for a few
 batch sizes. A host-bound round pays this at every step (the trained pair on the H200 runs
 rounds of ~4.5 ms, docs/online-budget.md).
@@ -56,10 +57,21 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
         t1 = time.perf_counter()
         if not steps.skips_draft:
             propose(None, TOP_K)
-        steps.finish(accept_lens)
         t2 = time.perf_counter()
+        steps.verify_started()  # the verify forward would run between these two
+        steps.verify_finished()
+        t3 = time.perf_counter()
+        steps.finish(accept_lens)
+        t4 = time.perf_counter()
         predicted = steps._pending[-1].values is not None if steps._pending else False
-        out.append({"start_us": (t1 - t0) * 1e6, "finish_us": (t2 - t1) * 1e6, "predicted": predicted})
+        out.append(
+            {
+                "start_us": (t1 - t0) * 1e6,
+                "verify_clock_us": (t3 - t2) * 1e6,
+                "finish_us": (t4 - t3) * 1e6,
+                "predicted": predicted,
+            }
+        )
     if device.type == "cuda":
         torch.cuda.synchronize()
     return out
@@ -72,9 +84,12 @@ def summarise(records: list[dict]) -> dict:
         "steps": len(records),
         "predicting_steps": len(predicting),
         "start_us": statistics.median(r["start_us"] for r in records),
+        "verify_clock_us": statistics.median(r["verify_clock_us"] for r in records),
         "finish_us_recording": statistics.median(recording) if recording else None,
         "finish_us_predicting": statistics.median(predicting) if predicting else None,
-        "mean_us_per_step": statistics.fmean(r["start_us"] + r["finish_us"] for r in records),
+        "mean_us_per_step": statistics.fmean(
+            r["start_us"] + r["verify_clock_us"] + r["finish_us"] for r in records
+        ),
     }
 
 
@@ -86,7 +101,8 @@ def run(args) -> dict:
             steps = served_steps(budget)
             run_steps(steps, bs, args.warmup, device)  # prices the row's cells, fills the probes
             cell = summarise(run_steps(steps, bs, args.steps, device))
-            cell.update(budget=budget, bs=bs, widths=len(steps.widths))
+            priced = steps.summary()["own_cost_widths_by_bs"].get(bs, [])  # bs: a row of the table
+            cell.update(budget=budget, bs=bs, widths=len(steps.widths), priced_widths=len(priced))
             results["cells"].append(cell)
     return results
 
@@ -98,6 +114,7 @@ def to_markdown(results: dict) -> str:
             c["widths"],
             c["bs"],
             c["start_us"],
+            c["verify_clock_us"],
             c["finish_us_recording"],
             c["finish_us_predicting"],
             c["mean_us_per_step"],
@@ -122,6 +139,7 @@ def to_markdown(results: dict) -> str:
                     "widths",
                     "bs",
                     "start",
+                    "verify clock",
                     "finish (record)",
                     "finish (predict)",
                     "mean per step",

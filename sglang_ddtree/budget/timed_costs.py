@@ -3,27 +3,46 @@ rounds served cost, per batch size and width.
 
 A replay times the forwards only (the target's verify graph, the drafter's graph), on
 inputs that capture left in the buffers with spread token ids (``adapter/width_graphs.py``).
-A round adds its own work (the tree step, mask, accept, commit, the scheduler between steps),
-and its forwards run on the tokens being served, which can route through a MoE unlike the
-spread ids do. So what a width costs while serving is its replay plus an *excess* that the
-rounds served measure; the excess is learned per cell, ``(batch size row, width)``:
+A served round's period (its start to the next step's start) holds two shares:
 
-* a cell's own excess, the median of its last ``window`` measured rounds, once it has
-  ``trust_after`` of them;
-* before that, the excess of the nearest row whose cell of the same width is trusted (the
-  round's own work and the routing change slowly with the batch size);
-* with no such row, the pooled excess of the row's rounds of that kind (trees, or width 1),
-  trusted likewise or borrowed from the nearest row; a width 1 measured nowhere carries the
-  trees' excess (an upper bound: width 1 runs no drafter and no tree step).
+* the **verify's device time**, timed with CUDA events around the verify forward: the one
+  part of a round that differs by width, and on a MoE it follows the tokens served (they can
+  route through fewer experts than the replays' spread ids do). It is learned per cell,
+  ``(batch size row, width)``, as an excess over the cell's replay:
 
-Why per cell. With one excess a row the differences between widths came from the replays
-alone, and on the K2.6 rank they were wrong in serving: at 099c64d, c=8, the table priced
+  * a cell's own excess, the median of its last ``window`` measured rounds, once it has
+    ``trust_after`` of them;
+  * before that, the excess of the nearest row whose cell of the same width is trusted;
+  * with no such row, the pooled excess of the row's rounds of that kind (trees, or width 1),
+    trusted likewise or borrowed from the nearest row;
+
+* the **rest of the period** (the drafter, the tree step, accept and commit, the scheduler
+  between steps), which every width of a kind pays alike: pooled per row and kind (the median
+  of the row's last ``window`` rounds of trees, or of width 1), trusted or borrowed like the
+  pooled excess. A width 1 measured nowhere carries the trees' shares (an upper bound: no
+  drafter, no tree step).
+
+A width costs its replay, plus its verify's excess, plus its row's shared rest.
+
+Why the split. Until it each cell was priced by its own periods. On the trained pair (a
+4-layer target, a round bound by the host) every tree width does the same host work, and a
+width's periods followed the phase of the run it happened to be chosen in (ramp-up, arrivals,
+drain) more than its own cost: at e835772, bs 1, width 64 was priced at 7.79 ms and width 65
+at 5.67, where the server's bs-1 rounds took about 4.6; the choice wandered among widths
+whose real costs differ by tenths of a millisecond, and ``auto64`` made 0.715-0.924x the
+best fixed budget. Pooled over the row, the phase is shared by every width, and the widths differ
+by what their own verify costs on the device, which the events measure without the host's
+phase in it.
+
+Why the verify per cell. With one excess a row the differences between widths came from the
+replays alone, and on the K2.6 rank they were wrong in serving: at 099c64d, c=8, the table priced
 width 8 at 14.82 ms and width 4 at 12.29 at bs 8 (their replays 13.9 and 11.4), the server ran
 width 4 in 351 of 362 bs-8 steps, and yet its rounds took as long in wall time as the fixed
 width-8 server's (24.95 against 24.61 ms a request-round) with 2.38 tokens a round against
 2.69: 0.872x the fixed arm. That rank's greedy text is two tokens alternating, so its
 served tokens route through few experts where the replays' spread ids route through many.
-Only a width's own rounds say what it costs on the tokens served.
+Only a width's own rounds say what it costs on the tokens served (its verify's device time,
+since the split).
 
 Why medians and trust. A cell that followed its own last few rounds was priced out by a few
 stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at bs 8: 33.8
@@ -44,6 +63,7 @@ rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the res
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -76,8 +96,9 @@ class TimedCostTable(RoundCostTable):
         self.probe_after, self.trust_after = probe_after, trust_after
         self.reprobe_after, self.max_probe_steps = reprobe_after, max_probe_steps
         rows, columns = self.ms.shape
-        self.cells = _Excesses((rows, columns), window)
-        self.pooled = _Excesses((rows, 2), window)  # per row: the trees' rounds, width 1's
+        self.cells = _Excesses((rows, columns), window)  # the verify's device time over the replay
+        self.pooled = _Excesses((rows, 2), window)  # the same per row, of the trees' rounds and width 1's
+        self.rest = _Excesses((rows, 2), window)  # the period less the verify, per row and kind
         self.cell_source = np.full((rows, columns), -1)  # the row a cell reads; -1: pooled
         self.pooled_source = np.repeat(np.arange(rows)[:, None], 2, axis=1)
         self.row_rounds = np.zeros(rows, dtype=np.int64)
@@ -104,17 +125,18 @@ class TimedCostTable(RoundCostTable):
         return np.maximum.accumulate(np.where(priced, self._cells(row), 0.0)), priced
 
     def _row_excess(self, row: int) -> np.ndarray:
-        """``[widths]``: the excess each width of ``row`` costs (the module docstring's order)."""
-        pooled = np.empty(2)
+        """``[widths]``: what each width of ``row`` costs over its replay: its verify's excess
+        plus the row's shared rest (the module docstring's order)."""
+        pooled, rest = np.empty(2), np.empty(2)
         for kind in (self._TREE, self._WIDTH1):
             source = self.pooled_source[row, kind]
             if kind == self._WIDTH1 and not self.pooled.rounds[source, kind]:
-                pooled[kind] = pooled[self._TREE]  # width 1 measured nowhere near: the trees' bound
+                pooled[kind], rest[kind] = pooled[self._TREE], rest[self._TREE]  # the trees' bound
             else:
-                pooled[kind] = self.pooled.median[source, kind]
+                pooled[kind], rest[kind] = self.pooled.median[source, kind], self.rest.median[source, kind]
         sources = self.cell_source[row]
         own = self.cells.median[np.maximum(sources, 0), self._columns]
-        return np.where(sources >= 0, own, pooled[self._kinds])
+        return np.where(sources >= 0, own, pooled[self._kinds]) + rest[self._kinds]
 
     def rows_served(self) -> np.ndarray:
         """Per row: whether any round has been measured in it."""
@@ -149,21 +171,23 @@ class TimedCostTable(RoundCostTable):
             self.last_round[row, column] = self.row_rounds[row]
         return self.widths[column]
 
-    def observe(self, bs: int, width: int, ms: float) -> None:
-        """One served round's period. A batch past the largest captured size runs eagerly, a
-        cost of another kind than the graph its row times: at ede2f70 the K2.6 rank's bs-16
-        warm-up rounds (eager, 170-200 ms) entered the bs-8 row as 83-98 ms at widths 1, 2 and
-        4 (scaled by 8 / 16) and priced them out of the graphs they never ran in."""
-        if bs > self.batch_sizes[-1]:
+    def observe(self, bs: int, width: int, ms: float, verify_ms: float) -> None:
+        """One served round: its period ``ms`` and its verify forward's device time
+        ``verify_ms``. A batch past the largest captured size runs eagerly, a cost of another
+        kind than the graph its row times: at ede2f70 the K2.6 rank's bs-16 warm-up rounds
+        (eager, 170-200 ms) entered the bs-8 row as 83-98 ms at widths 1, 2 and 4 (scaled by
+        8 / 16) and priced them out of the graphs they never ran in."""
+        if bs > self.batch_sizes[-1] or not (0 <= verify_ms < math.inf):
             return
         cell = self._cell(bs, width, ms)
         if cell is None:
             return
         row, column, ms = cell
-        excess = ms - self.startup[row, column]
+        excess = verify_ms - self.startup[row, column]
         if self.cells.add(row, column, excess) == self.trust_after:
             self._choose_cell_sources(column)
         kind = self._kind(width)
+        self.rest.add(row, kind, ms - verify_ms)
         if self.pooled.add(row, kind, excess) == self.trust_after:
             self._choose_pooled_sources(kind)
         self.row_rounds[row] += 1
