@@ -534,3 +534,47 @@ def test_profile_section_lists_where_each_profiled_arm_waits():
     text = "\n".join(lines)
     assert "`ddtree@16 bs 1`, where the host waits for the device" in text
     assert "| `sglang/srt/x.py(1): f` | sync | 1 |" in text
+
+
+class _WidthLogServer(_ClockServer):
+    """An online-budget server: every request adds 10 steps of width 65 and one of width 1 at
+    bs 1 to the cumulative width line of its log."""
+
+    steps = 0
+
+    def generate(self, payload):
+        type(self).steps += 1
+        with open(self.log_path, "a") as log:
+            n = type(self).steps
+            log.write(f"[t] DDTREE online budget: {{'width_steps_by_bs': {{1: {{1: {n}, 65: {10 * n}}}}}}}\n")
+        return super().generate(payload)
+
+
+def test_each_level_reports_the_widths_the_online_budget_chose_in_it(tmp_path):
+    """A level's widths are the difference of the width lines logged around it (its warm-up
+    pass included); the report gives each level's share at the widest width and at width 1."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.bench.gpu_rounds import measure_level, width_log_env
+
+    log = tmp_path / "ddtree_auto64.log"
+    log.write_text(
+        "[t] DDTREE online budget: start-up round costs (bs -> width -> ms) {1: {1: 0.1, 65: 0.3}}\n"
+    )
+    plain_log = tmp_path / "plain.log"
+    plain_log.write_text("")
+    calls = []
+    servers = {
+        "plain": _ClockServer("plain", calls, plain_log),
+        "ddtree@auto64": _WidthLogServer("a", calls, log),
+    }
+    args = SimpleNamespace(prompts_per_level=2, output_len=100, output_len_spread=0.5, repeats=2)
+    rows = measure_level(servers, [[1, 2, 3]], args, concurrency=1)
+    assert "width_steps_by_bs" not in rows["plain"]
+    assert rows["ddtree@auto64"]["width_steps_by_bs"] == {1: {1: 5, 65: 50}}  # 1 warm-up + 2 x 2 requests
+    results = {
+        "arms": [{"arm": "ddtree@auto64", "levels": [rows["ddtree@auto64"]], "online_budget_log": ["{}"]}]
+    }
+    section = "\n".join(gpu_rounds_report.online_budget_section(results))
+    assert "| ddtree@auto64 | 1 | 55 | 0.909 | 0.091 | 1: 5, 65: 50 |" in section
+    assert width_log_env("ddtree@auto64") and not width_log_env("ddtree@64")

@@ -391,6 +391,7 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     batch of 8, nothing accepted)."""
     import math
 
+    from sglang_ddtree.adapter import verify_clock
     from sglang_ddtree.adapter import widths as widths_module
     from sglang_ddtree.adapter.widths import StepWidths
 
@@ -398,6 +399,7 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     # loaded machine the real time between two lines can exceed the 5% the assertion allows).
     clock = [1000.0]
     monkeypatch.setattr(widths_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(verify_clock, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probe_after=2, trust_after=2)
     widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width)

@@ -74,6 +74,7 @@ from ..budget import (
 from ..config import DDTreeConfigError, budget_cost_table
 from ..tree.expected_accept import reach_at_widths, reach_by_depth
 from ..tree.types import Trees
+from .verify_clock import VerifyTime
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -99,7 +100,7 @@ class _Observed:
     values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
     # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
     ready: torch.cuda.Event | None  # None: already on the host
-    verify: _VerifyTime | None = None  # its verify forward's device time (a timed table's)
+    verify: VerifyTime | None = None  # its verify forward's device time (a timed table's)
     costed: bool = False  # its period is its own: ran as the step before it, no batch between
     period_ms: float | None = None  # start to the next start; None: another batch in between
     period_known: bool = False  # the next step has started (or a batch in between ended it)
@@ -122,39 +123,6 @@ class _Observed:
         self.period_known = True
 
 
-class _VerifyTime:
-    """The device time of one step's verify forward: a pair of timing CUDA events around it
-    (recorded on the stream, read once both have run: nothing waits for the device), or the
-    host's clock where the forward runs on the host."""
-
-    def __init__(self, spare: list | None):
-        self._spare = spare  # None: the host's clock; else the events to reuse
-        self.began, self.ended = self._mark(), None
-
-    def _mark(self):
-        if self._spare is None:
-            return time.perf_counter()
-        event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def end(self) -> None:
-        self.ended = self._mark()
-
-    def done(self) -> bool:
-        return self.ended is not None and (self._spare is None or self.ended.query())
-
-    def ms(self) -> float | None:
-        """The verify's device time (None: it did not end); the events go back to be reused."""
-        if self.ended is None:
-            return None
-        if self._spare is None:
-            return (self.ended - self.began) * 1e3
-        ms = self.began.elapsed_time(self.ended)
-        self._spare += [self.began, self.ended]
-        return ms
-
-
 class StepWidths:
     def __init__(
         self,
@@ -173,6 +141,7 @@ class StepWidths:
         self.calibration = DepthCalibration(depth)
         self.heads = {width: make_head(width) for width in self.widths}
         self.history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
+        self.steps = 0
         self._per_request: np.ndarray | None = None  # [n_widths, depth] reach per request
         self._pending: list[_Observed] = []
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
@@ -195,7 +164,7 @@ class StepWidths:
         self._last_kind: tuple[int, bool] | None = None
         # A timed table prices a width by its verify's device time: CUDA events (reused) on a GPU.
         self._spare_events: list | None = [] if torch.cuda.is_available() else None
-        self._verify: _VerifyTime | None = None
+        self._verify: VerifyTime | None = None
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -235,7 +204,8 @@ class StepWidths:
         if width is None:
             width = self.chooser.choose(bs, accepted)
         self.history[bs, width] += 1
-        if self.log_every and self.history.total() % self.log_every == 0:
+        self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
+        if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
         self._verify = None
         self.skips_draft = width == 1 and self._predicting and self._undrafted_run < self.refresh_every
@@ -274,7 +244,7 @@ class StepWidths:
         """Just before the step's verify forward: a timed table prices each width by its
         verify's device time (``budget/timed_costs.py``), so it is timed."""
         if isinstance(self.cost, TimedCostTable):
-            self._verify = _VerifyTime(self._spare_events)
+            self._verify = VerifyTime(self._spare_events)
 
     def verify_finished(self) -> None:
         if self._verify is not None:

@@ -37,12 +37,13 @@ import urllib.error
 from pathlib import Path
 
 from ..budget import candidate_widths
+from ..config import ENV_ONLINE_BUDGET_LOG_EVERY
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds_profile import request_tokens, run_profiles, run_stack_profile, time_left
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import output_lens
-from .server_log import online_budget_lines
+from .server_log import WIDTH_LOG_STEPS, online_budget_lines, steps_between, width_summary
 
 PAIR = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l"
 COMMON = [
@@ -104,6 +105,12 @@ def arm_env(arm: str, phase_times: int, work: Path | None = None) -> dict | None
         table = injected_cost_table(base, suffix, work or Path(tempfile.gettempdir()))
         return {VARIANTS[suffix]: str(table)}
     return {VARIANTS[suffix]: str(phase_times) if suffix == "+phases" else "1"}
+
+
+def width_log_env(arm: str) -> dict:
+    """An online-budget arm logs its widths every ``WIDTH_LOG_STEPS`` steps, so that each level
+    reports the widths it chose (the difference of the lines around it)."""
+    return {ENV_ONLINE_BUDGET_LOG_EVERY: str(WIDTH_LOG_STEPS)} if "@auto" in arm else {}
 
 
 def injected_cost_table(arm: str, suffix: str, work: Path) -> Path:
@@ -171,6 +178,7 @@ def measure_level(servers: dict, prompts, args, concurrency: int) -> dict[str, d
     batch = [prompts[i % len(prompts)] for i in range(n)]
     lens = output_lens(n, args.output_len, args.output_len_spread, seed=concurrency)  # same in every arm
     arms = list(servers)
+    widths_before = {arm: width_summary(servers[arm].log_path) for arm in arms}  # None: no online budget
     for arm in arms:
         timed_pass(servers[arm], batch[:concurrency], lens[:concurrency], concurrency)  # same shapes
     passes: dict[str, list[dict]] = {arm: [] for arm in arms}
@@ -188,6 +196,10 @@ def measure_level(servers: dict, prompts, args, concurrency: int) -> dict[str, d
             **row,
             **({"phase_host_us": phases} if phases else {}),
         }
+        if widths_before[arm] is not None:  # the widths of this level (its warm-up pass included)
+            rows[arm]["width_steps_by_bs"] = steps_between(
+                widths_before[arm], width_summary(servers[arm].log_path)
+            )
     return rows
 
 
@@ -254,7 +266,7 @@ def start_all(arms: list[str], args, log_dir: Path) -> tuple[dict[str, ServerPro
                 *arm_args(arm, args.drafter, args.graph_max_bs),
                 *parallel_args(args.tp, ports[arm]),
             ],
-            env=arm_env(arm, args.phase_times, log_dir),
+            env={**(arm_env(arm, args.phase_times, log_dir) or {}), **width_log_env(arm)} or None,
             log_path=log_dir / f"{arm.replace('@', '_')}.log",
             start_timeout=args.start_timeout,
             name=arm,

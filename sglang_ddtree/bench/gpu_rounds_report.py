@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from ..budget import candidate_widths
 from . import _stamp
 from .round_profile import ALL_REDUCE
 
@@ -255,14 +257,45 @@ def sync_site_lines(profiles: list[tuple[str, dict]]) -> list[str]:
 
 def online_budget_section(results: dict) -> list[str]:
     """What each online-budget arm chose: its start-up cost table and its last width line
-    (steps per width and per batch size, measured round costs), from the server's log."""
+    (steps per width and per batch size, measured round costs), from the server's log, and the
+    widths of each level."""
     arms = [arm for arm in results["arms"] if arm.get("online_budget_log")]
     if not arms:
         return []
     lines = ["", "## Online budget: widths chosen (from the server log)", ""]
     for arm in arms:
         lines += [f"`{arm['arm']}`:", ""] + [f"- `{line}`" for line in arm["online_budget_log"]] + [""]
+    rows = [
+        [arm["arm"], lv["concurrency"], *_width_shares(lv["width_steps_by_bs"], _widest(arm["arm"]))]
+        for arm in results["arms"]
+        for lv in arm.get("levels", [])
+        if lv.get("width_steps_by_bs")
+    ]
+    if rows:
+        lines += [
+            "Steps per width in each level (every batch size; the level's warm-up pass included, to "
+            "within the log's interval of 50 steps):",
+            "",
+            _stamp.md_table(["arm", "conc", "steps", "at the widest", "at width 1", "steps per width"], rows),
+        ]
     return lines
+
+
+def _widest(arm: str) -> int:
+    """An online-budget arm's widest candidate width (``ddtree@auto64`` -> 65; 32 nodes by default)."""
+    budget = re.search(r"@auto(\d*)", arm).group(1)
+    return candidate_widths(int(budget or 32))[-1]
+
+
+def _width_shares(by_bs: dict, widest: int) -> list:
+    """``[steps, share at the widest width, share at width 1, "width: steps, ..."]`` of a level."""
+    per_width: dict[int, int] = {}
+    for steps in by_bs.values():
+        for width, n in steps.items():
+            per_width[int(width)] = per_width.get(int(width), 0) + n
+    total = sum(per_width.values())
+    spelled = ", ".join(f"{w}: {n}" for w, n in sorted(per_width.items()))
+    return [total, round(per_width.get(widest, 0) / total, 3), round(per_width.get(1, 0) / total, 3), spelled]
 
 
 def phase_section(results: dict) -> list[str]:

@@ -43,7 +43,14 @@ from .k26_arms import CHAIN_BUDGET
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
 from .replay_drafter import recorded_row
-from .server_log import online_budget_lines, prefill_batches, prefill_summary, steps_between, width_summary
+from .server_log import (
+    WIDTH_LOG_STEPS,
+    online_budget_lines,
+    prefill_batches,
+    prefill_summary,
+    steps_between,
+    width_summary,
+)
 
 PAIR_PROMPTS = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
 COMMON = [
@@ -69,9 +76,6 @@ SGLANG_VERIFY = "+sglang-verify"  # arm suffix: the same arm on SGLang's own MLA
 # ddtree@autoB only: every step at width 1, no drafter (an injected cost table): what the online
 # budget's fallback to no speculation costs against plain decoding at the rank's shapes.
 WIDTH1 = "+width1"
-# The online budget logs its widths every this many steps (its default is 1000): the report's
-# widths per cell are the differences of the lines logged after each cell.
-WIDTH_LOG_STEPS = 50
 
 
 def base_arm(arm: str, work: Path | None = None) -> tuple[str, dict]:

@@ -47,6 +47,11 @@ def prefill_summary(batches: list[tuple[int, int, int]]) -> dict:
     }
 
 
+# The online budget logs its widths every this many steps in benchmarks (its default is 1000):
+# the widths per cell or level are the differences of the lines logged around it.
+WIDTH_LOG_STEPS = 50
+
+
 def width_summary(log_path) -> dict | None:
     """The online budget's last logged width summary (cumulative counts), {} before its
     first line; None for a server without the online budget."""
