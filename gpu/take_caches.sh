@@ -10,9 +10,18 @@ SRC="${1:?usage: take_caches.sh FILES_AT}"
 V="${SGLANG_VERSION:-0.5.23}"
 B="${CARRY_DIR:-$ROOT/.carry/gpu}"  # the override is for tests
 mkdir -p "$B"
+entries() { tar tJf "$1" 2>/dev/null | grep -vc '/$' || true; }  # files in a cache file (0: none)
 for name in cache marlin triton; do
   f="$SRC/$name-$V.tar.xz"
   [ -f "$f" ] || continue
+  # A call that did not carry a cache saves only what it compiled itself (a K2.6 rank call, which
+  # carries no Triton cache, brings back the few Triton kernels of the rank): it would replace
+  # the carried file with a smaller one, so a file with fewer entries than the carried one is left.
+  kept="$B/$name-$V.tar.xz"
+  if [ -f "$kept" ] && [ "$(entries "$f")" -lt "$(entries "$kept")" ]; then
+    echo "$name: kept the carried file ($(entries "$kept") entries; the call's had $(entries "$f"))"
+    continue
+  fi
   stage="$(mktemp -d)"
   tar xJf "$f" -C "$stage"
   (cd "$stage" && tar cf - .) | xz -T0 -9e > "$B/$name-$V.tar.xz.new"

@@ -176,6 +176,17 @@ def test_take_caches_recompresses_what_a_call_brought_back_into_the_carry(tmp_pa
     assert _names(carry / "triton-fake.tar.xz") == {"triton/k/k.cubin"}
     assert _names(carry / "marlin-fake.tar.xz") == {MARLIN_KERNEL.removeprefix("./")}
     assert "of 64 MiB" in run.stdout
+    # a call that carried no Triton cache brings back only its own few kernels: the carry keeps its own
+    _tar_xz(files_at / "triton-fake.tar.xz", {"./triton/other/k.cubin": "rank"})
+    _tar_xz(carry / "triton-fake.tar.xz", {"./triton/k/k.cubin": "pair", "./triton/j/j.cubin": "pair"})
+    run = subprocess.run(
+        ["bash", str(ROOT / "gpu" / "take_caches.sh"), str(files_at)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "SGLANG_VERSION": "fake", "CARRY_DIR": str(carry)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _names(carry / "triton-fake.tar.xz") == {"triton/k/k.cubin", "triton/j/j.cubin"}
+    assert "triton: kept the carried file (2 entries; the call's had 1)" in run.stdout
 
 
 def test_timed_tests_names_what_its_time_limit_cut(tmp_path):

@@ -40,9 +40,9 @@ from .gpu_rounds_profile import profile_or_error, profile_request_start
 from .k26_ab_report import write_report
 from .k26_ab_same_trees import AGAIN
 from .k26_arms import CHAIN_BUDGET
+from .k26_recording import load_recording, same_share
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import longest, output_lens
-from .replay_drafter import recorded_row
 from .server_log import (
     WIDTH_LOG_STEPS,
     online_budget_lines,
@@ -233,13 +233,6 @@ def identical_share(server, prompts, recording: dict, output_len: int) -> float:
     return same_share([d["output_ids"] for d in done], prompts, recording["sequences"])
 
 
-def same_share(outputs: list[list[int]], prompts: list[list[int]], sequences: list[list[int]]) -> float:
-    """Share of ``outputs`` equal to the recorded continuation of their prompt."""
-    rows = [recorded_row(sequences, p) for p in prompts]
-    same = [row >= 0 and out == sequences[row][len(p) :] for out, p, row in zip(outputs, prompts, rows)]
-    return sum(same) / len(same)
-
-
 def run_arm(server, arm: str, sets: dict, recording: dict | None, args, deadline: float) -> dict:
     record = {"arm": arm, "start_s": round(server.start_s, 1), "cells": [], "skipped": []}
     if arm in args.start_profile_arms:
@@ -333,6 +326,11 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=int, default=32, help="prompts per (length, profile) set")
     add_output_len_arguments(p, 64)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--recording",
+        help="plain's recording from an earlier call of the same model, prompts and output length "
+        "(<label>_work/recording.json): the speculative arms replay it, and plain need not run first",
+    )
     p.add_argument("--graph-max-bs", type=int, default=32)
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--deadline-s", type=float, default=500.0, help="nothing starts past this (from start)")
@@ -387,6 +385,11 @@ def main(argv=None) -> int:
     sets = prompt_sets(base, args.prompt_lens, args.profiles, args.prompts)
     results = {"stamp": _stamp.stamp(), "args": vars(args), "arms": []}
     recording, recording_path = None, work / "recording.json"
+    if args.recording:  # an earlier call's plain: the speculative arms need not wait for plain
+        recording = load_recording(
+            Path(args.recording), sets, longest(args.output_len, args.output_len_spread)
+        )
+        recording_path.write_text(json.dumps(recording))
     arms = [a for a in args.arms.split(",") if a]
     if len(set(arms)) != len(arms):
         raise ValueError(f"--arms lists an arm twice ({args.arms}): name a repeat ARM{AGAIN}")
