@@ -28,9 +28,8 @@ Why the split. Until it each cell was priced by its own periods. On the trained 
 4-layer target, a round bound by the host) every tree width does the same host work, and a
 width's periods followed the phase of the run it happened to be chosen in (ramp-up, arrivals,
 drain) more than its own cost: at e835772, bs 1, width 64 was priced at 7.79 ms and width 65
-at 5.67, where the server's bs-1 rounds took about 4.6; the choice wandered among widths
-whose real costs differ by tenths of a millisecond, and ``auto64`` made 0.715-0.924x the
-best fixed budget. Pooled over the row, the phase is shared by every width, and the widths differ
+at 5.67; the choice wandered among widths whose real costs differ by tenths of a millisecond,
+and ``auto64`` made 0.715-0.924x the best fixed budget. Pooled over the row, the phase is shared by every width, and the widths differ
 by what their own verify costs on the device, which the events measure without the host's
 phase in it.
 
@@ -42,7 +41,10 @@ width-8 server's (24.95 against 24.61 ms a request-round) with 2.38 tokens a rou
 2.69: 0.872x the fixed arm. That rank's greedy text is two tokens alternating, so its
 served tokens route through few experts where the replays' spread ids route through many.
 Only a width's own rounds say what it costs on the tokens served (its verify's device time,
-since the split).
+since the split). Measured since, the rank's bs-8 widths cost what their replays said: width 4
+12.39 and width 8 15.08 ms by their own periods (bad890e), 12.37 and 14.94 by the split
+(40a3f9d); the c=8 cell's ratio to the fixed arm has moved with the requests' starts (0.872,
+1.008, 1.126 in three calls, docs/gpu.md), not with the width.
 
 Why medians and trust. A cell that followed its own last few rounds was priced out by a few
 stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at bs 8: 33.8
