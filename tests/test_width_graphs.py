@@ -330,6 +330,7 @@ def test_a_width_priced_out_by_slow_rounds_is_measured_again_after_a_while():
 
     summary = StepWidths(widths, table, depth=4, make_head=lambda width: width).summary()
     assert summary["reprobes_by_bs"] == {2: 1}  # the stats line says so
+    assert summary["probe_steps_by_bs"] == {2: 1}  # the one step asked for above (unprobed)
     assert summary["own_cost_widths_by_bs"] == {2: [1], 8: [9]}
 
 
@@ -430,6 +431,7 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     assert chosen[4:7] == [1, 1, 1] and drafted[4:7] == [False] * 3  # the probes, the first not costed
     assert chosen[7:10] == [3, 3, 3] and drafted[7:10] == [True] * 3  # width 3's probes
     assert chosen[10:] == [1, 1] and table(8, 1) == pytest.approx(2.0, rel=0.05)
+    assert widths.summary()["probe_steps_by_bs"] == {8: 6}  # the stats line counts the probes' steps
     # each period split at its verify: the rest is the row's, per kind (trees, width 1)
     assert table.rest.median[0] == pytest.approx([7.0, 1.5], rel=0.05)
     assert table.cells.median[0] == pytest.approx([0.5 - 0.2, 3.0 - 0.3, 3.0 - 0.4], rel=0.05)

@@ -108,6 +108,7 @@ class TimedCostTable(RoundCostTable):
         self.last_round = np.zeros((rows, columns), dtype=np.int64)
         self.probe_steps = np.zeros((rows, columns), dtype=np.int64)  # steps given to probing a cell
         self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
+        self.probed_steps = np.zeros(rows, dtype=np.int64)  # steps the row ran a probe's width, in all
         self._columns = np.arange(columns)
         self._kinds = np.array([self._kind(w) for w in self.widths])
 
@@ -169,6 +170,7 @@ class TimedCostTable(RoundCostTable):
             return None
         column = int(np.flatnonzero(wanted)[0])
         self.probe_steps[row, column] += 1
+        self.probed_steps[row] += 1
         if self.probe_steps[row, column] == self.max_probe_steps:  # given up: retried like a stale cell
             self.last_round[row, column] = self.row_rounds[row]
         return self.widths[column]
