@@ -214,3 +214,44 @@ def test_timed_tests_names_what_its_time_limit_cut(tmp_path):
     tail = cut[cut.index("SUITE INCOMPLETE") :].splitlines()
     assert tail[0] == "SUITE INCOMPLETE: 1 of 3 tests finished; not finished:", cut
     assert [line.strip().rsplit("::", 1)[-1] for line in tail[1:]] == ["test_slow", "test_after"]
+
+
+def test_tests_then_rounds_packs_the_tests_and_host_times_beside_the_rounds(tmp_path):
+    """gpu/jobs/tests_then_rounds.sh with its parts stubbed (python, suite.sh, rounds.sh write
+    what the real ones write): the tests' and the host-time benchmark's files end up in one
+    tarball, so that with the rounds' four files and two caches a call brings back 8."""
+    import tarfile
+
+    work, out, stubs = tmp_path / "work", tmp_path / "out", tmp_path / "bin"
+    (work / "gpu" / "jobs").mkdir(parents=True)
+    out.mkdir()
+    stubs.mkdir()
+    (work / "gpu" / "jobs" / "tests_then_rounds.sh").write_text(
+        (ROOT / "gpu" / "jobs" / "tests_then_rounds.sh").read_text()
+    )
+    (work / "gpu" / "jobs" / "suite.sh").write_text(
+        'echo suite > "$OUT/gpu_tests.log"; echo {} > "$OUT/gpu_server.json"; echo x > "$OUT/gpu_server_logs.tar.gz"\n'
+    )
+    (work / "gpu" / "jobs" / "rounds.sh").write_text(
+        'for e in json md png; do echo r > "$OUT/rounds.$e"; done\n'
+    )
+    python = stubs / "python"  # the pytest run prints; the host-time benchmark writes its two files
+    python.write_text(
+        '#!/bin/sh\ncase "$*" in *online_budget_host*) echo j > "$OUT/online_budget_host_cuda.json";'
+        ' echo m > "$OUT/online_budget_host_cuda.md";; esac\necho "1 passed"\n'
+    )
+    python.chmod(0o755)
+    run = subprocess.run(
+        ["bash", "gpu/jobs/tests_then_rounds.sh"],
+        cwd=work, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "OUT": str(out), "PATH": f"{stubs}:{os.environ['PATH']}"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "online_budget_tests.tar.gz", "rounds.json", "rounds.md", "rounds.png",
+    ]  # fmt: skip
+    with tarfile.open(out / "online_budget_tests.tar.gz") as tar:
+        assert sorted(tar.getnames()) == [
+            "gpu_server.json", "gpu_server_logs.tar.gz", "gpu_tests.log", "online_budget_host.log",
+            "online_budget_host_cuda.json", "online_budget_host_cuda.md", "online_widths_tests.log",
+        ]  # fmt: skip
