@@ -17,9 +17,9 @@ for name in cache marlin triton; do
   # A call that did not carry a cache saves only what it compiled itself (a K2.6 rank call, which
   # carries no Triton cache, brings back the few Triton kernels of the rank): it would replace
   # the carried file with a smaller one, so a file with fewer entries than the carried one is left.
-  kept="$B/$name-$V.tar.xz"
-  if [ -f "$kept" ] && [ "$(entries "$f")" -lt "$(entries "$kept")" ]; then
-    echo "$name: kept the carried file ($(entries "$kept") entries; the call's had $(entries "$f"))"
+  brought=$(entries "$f") carried=$(entries "$B/$name-$V.tar.xz")
+  if [ "$brought" -lt "$carried" ]; then
+    echo "$name: kept the carried file ($carried entries; the call's had $brought)"
     continue
   fi
   stage="$(mktemp -d)"

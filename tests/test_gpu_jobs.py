@@ -163,15 +163,20 @@ def test_device_sh_leaves_tritons_cache_out_when_the_job_fills_the_files(tmp_pat
 def test_take_caches_recompresses_what_a_call_brought_back_into_the_carry(tmp_path):
     files_at, carry = tmp_path / "files_at", tmp_path / "carry"
     files_at.mkdir()
+
+    def take() -> subprocess.CompletedProcess:
+        run = subprocess.run(
+            ["bash", str(ROOT / "gpu" / "take_caches.sh"), str(files_at)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "SGLANG_VERSION": "fake", "CARRY_DIR": str(carry)},
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run
+
     _tar_xz(files_at / "cache-fake.tar.xz", {"./jit/marlin.so": "jit" * 1000, "./cupy/k.cubin": "cubin"})
     _tar_xz(files_at / "triton-fake.tar.xz", {"./triton/k/k.cubin": "triton"})
     _tar_xz(files_at / "marlin-fake.tar.xz", {MARLIN_KERNEL: "marlin"})
-    run = subprocess.run(
-        ["bash", str(ROOT / "gpu" / "take_caches.sh"), str(files_at)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "SGLANG_VERSION": "fake", "CARRY_DIR": str(carry)},
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = take()
     assert _names(carry / "cache-fake.tar.xz") == {"jit/marlin.so", "cupy/k.cubin"}
     assert _names(carry / "triton-fake.tar.xz") == {"triton/k/k.cubin"}
     assert _names(carry / "marlin-fake.tar.xz") == {MARLIN_KERNEL.removeprefix("./")}
@@ -179,12 +184,7 @@ def test_take_caches_recompresses_what_a_call_brought_back_into_the_carry(tmp_pa
     # a call that carried no Triton cache brings back only its own few kernels: the carry keeps its own
     _tar_xz(files_at / "triton-fake.tar.xz", {"./triton/other/k.cubin": "rank"})
     _tar_xz(carry / "triton-fake.tar.xz", {"./triton/k/k.cubin": "pair", "./triton/j/j.cubin": "pair"})
-    run = subprocess.run(
-        ["bash", str(ROOT / "gpu" / "take_caches.sh"), str(files_at)],
-        capture_output=True, text=True, timeout=120,
-        env={**os.environ, "SGLANG_VERSION": "fake", "CARRY_DIR": str(carry)},
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = take()
     assert _names(carry / "triton-fake.tar.xz") == {"triton/k/k.cubin", "triton/j/j.cubin"}
     assert "triton: kept the carried file (2 entries; the call's had 1)" in run.stdout
 

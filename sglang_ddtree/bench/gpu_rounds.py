@@ -41,6 +41,7 @@ from ..config import ENV_ONLINE_BUDGET_LOG_EVERY
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .gpu_rounds_profile import request_tokens, run_profiles, run_stack_profile, time_left
+from .gpu_rounds_report import auto_budget
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import output_lens
 from .server_log import WIDTH_LOG_STEPS, online_budget_lines, steps_between, width_summary
@@ -110,18 +111,17 @@ def arm_env(arm: str, phase_times: int, work: Path | None = None) -> dict | None
 def width_log_env(arm: str) -> dict:
     """An online-budget arm logs its widths every ``WIDTH_LOG_STEPS`` steps, so that each level
     reports the widths it chose (the difference of the lines around it)."""
-    return {ENV_ONLINE_BUDGET_LOG_EVERY: str(WIDTH_LOG_STEPS)} if "@auto" in arm else {}
+    return {ENV_ONLINE_BUDGET_LOG_EVERY: str(WIDTH_LOG_STEPS)} if auto_budget(arm) is not None else {}
 
 
 def injected_cost_table(arm: str, suffix: str, work: Path) -> Path:
     """A cost table (``$SGLANG_DDTREE_BUDGET_COST_TABLE``) for ``ddtree@autoB``: ``+width1``,
     width 1 far cheaper than any tree at every batch size (every step runs width 1);
     ``+widest``, every width the same cost (every step runs the widest tree)."""
-    name, _, budget = arm.partition("@")
-    largest = budget.removeprefix("auto") or "32"
-    if name != "ddtree" or not budget.startswith("auto") or not largest.isdigit():
+    largest = auto_budget(arm)
+    if largest is None:
         raise ValueError(f"{arm}{suffix}: the variant needs an online-budget arm (ddtree@autoB)")
-    widths = candidate_widths(int(largest))
+    widths = candidate_widths(largest)
     batch_sizes = [1 << i for i in range(10)]
     path = work / f"{suffix.removeprefix('+')}_costs_{largest}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,10 +145,9 @@ def arm_args(arm: str, drafter: str, graph_max_bs: int) -> list[str]:
         return graphs + spec + ["--speculative-algorithm", "DFLASH"]
     name, _, budget = arm.partition("@")
     ddtree = graphs + spec + ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget"]
-    largest = budget.removeprefix("auto") or "32"
-    if name == "ddtree" and budget.startswith("auto") and largest.isdigit():
-        online = ["--speculative-num-draft-tokens", str(int(largest) + 1)]
-        return ddtree + ["auto", *online]
+    largest = auto_budget(arm)
+    if largest is not None:
+        return ddtree + ["auto", "--speculative-num-draft-tokens", str(largest + 1)]
     if name != "ddtree" or not budget.isdigit():
         raise ValueError(f"unknown arm {arm!r}: expected plain, dflash, ddtree@BUDGET or ddtree@auto[BUDGET]")
     return ddtree + [budget]

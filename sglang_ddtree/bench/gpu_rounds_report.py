@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from ..budget import candidate_widths
@@ -281,10 +280,17 @@ def online_budget_section(results: dict) -> list[str]:
     return lines
 
 
+def auto_budget(arm: str) -> int | None:
+    """The largest budget of an online-budget arm (``ddtree@autoB``, with or without a ``+variant``;
+    32 when ``B`` is left out), None for any other arm."""
+    name, _, budget = arm.split("+", 1)[0].partition("@")
+    largest = budget.removeprefix("auto") or "32"
+    return int(largest) if name == "ddtree" and budget.startswith("auto") and largest.isdigit() else None
+
+
 def _widest(arm: str) -> int:
-    """An online-budget arm's widest candidate width (``ddtree@auto64`` -> 65; 32 nodes by default)."""
-    budget = re.search(r"@auto(\d*)", arm).group(1)
-    return candidate_widths(int(budget or 32))[-1]
+    """An online-budget arm's widest candidate width (``ddtree@auto64`` -> 65)."""
+    return candidate_widths(auto_budget(arm))[-1]
 
 
 def _width_shares(by_bs: dict, widest: int) -> list:
