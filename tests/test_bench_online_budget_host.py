@@ -32,7 +32,8 @@ def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tm
     for cell in results["cells"]:
         assert cell["steps"] == 64 and cell["start_us"] > 0 and cell["mean_us_per_step"] > 0
         assert cell["verify_clock_us"] > 0 and cell["priced_widths"] >= 1  # the served rounds priced the row
-        # drafted steps predict one in PREDICT_EVERY (width-1 steps without the drafter never)
-        assert 1 <= cell["predicting_steps"] <= 64 // PREDICT_EVERY + 1
+        # the benchmark's confident drafter makes the chooser serve trees, however loaded the host
+        # (a width-1 probe may take a step); drafted steps predict one in PREDICT_EVERY
+        assert 64 // PREDICT_EVERY - 1 <= cell["predicting_steps"] <= 64 // PREDICT_EVERY + 1
         assert cell["finish_us_predicting"] is not None and cell["finish_us_recording"] is not None
     assert "| budget | widths | bs |" in (tmp_path / "online_budget_host_cpu.md").read_text()
