@@ -133,10 +133,15 @@ def test_auto_with_measured_costs_is_identical_to_plain(servers, plain):
     assert {"step[DRAFT bs=2]", "step[VERIFY bs=2]"} <= set(steps[prefill:]), start
 
 
-def drafter_rounds(log) -> list[bool]:
-    """Per decode round, from the phase timer's line of that round: did the drafter run."""
+def phase_rounds(log) -> list[dict]:
+    """Per decode round, the phase timer's line of that round (phase -> host us)."""
     lines = [line for line in log.read_text().splitlines() if "DDTREE phase host us/round:" in line]
-    return ["draft forward" in ast.literal_eval(re.sub(r"^.*us/round: ", "", line)) for line in lines]
+    return [ast.literal_eval(re.sub(r"^.*us/round: ", "", line)) for line in lines]
+
+
+def drafter_rounds(log) -> list[bool]:
+    """Per decode round: did the drafter run."""
+    return ["draft forward" in phases for phases in phase_rounds(log)]
 
 
 def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, plain):
@@ -166,6 +171,8 @@ def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, plain)
     assert without >= width1 - width1 // 65 - 1, after_batch
     drafted = drafter_rounds(log)
     assert len(drafted) == final["rounds"], (len(drafted), final["rounds"])
+    # the online budget's own host work is a phase of every round, drafted or not
+    assert all({"width choice", "width record"} <= set(phases) for phases in phase_rounds(log))
     assert drafted.count(False) == final["width1_steps_without_draft"] == without
     # the batch is gone: back to the largest tree at batch size 1, drafting every step
     alone_again = final["width_steps_by_bs"][1]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -13,13 +14,14 @@ class VerifyTime:
     (recorded on the stream, read once both have run: nothing waits for the device), or the
     host's clock where the forward runs on the host."""
 
-    def __init__(self, spare: list | None):
+    def __init__(self, spare: list | None, clock: Callable[[], float] | None = None):
         self._spare = spare  # None: the host's clock; else the events to reuse
+        self._clock = clock  # the host's clock (None: ``time.perf_counter``; a simulation's own)
         self.began, self.ended = self._mark(), None
 
     def _mark(self):
         if self._spare is None:
-            return time.perf_counter()
+            return (self._clock or time.perf_counter)()
         event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
         event.record()
         return event

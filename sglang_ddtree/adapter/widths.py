@@ -133,8 +133,10 @@ class StepWidths:
         refresh_every: int = REFRESH_EVERY,
         predict_every: int = PREDICT_EVERY,
         log_every: int = 0,
+        clock: Callable[[], float] | None = None,
     ):
         self.widths = tuple(widths)
+        self._clock = clock  # the host's clock in seconds (None: ``time.perf_counter``; a simulation's own)
         self.cost = cost
         self.depth = depth
         self.chooser = WidthChooser(self.widths, cost)
@@ -163,7 +165,8 @@ class StepWidths:
         # next step is costed only when it ran as this says.
         self._last_kind: tuple[int, bool] | None = None
         # A timed table prices a width by its verify's device time: CUDA events (reused) on a GPU.
-        self._spare_events: list | None = [] if torch.cuda.is_available() else None
+        # (A simulation's clock times its verify on that clock.)
+        self._spare_events: list | None = [] if torch.cuda.is_available() and clock is None else None
         self._verify: VerifyTime | None = None
 
     @classmethod
@@ -196,7 +199,7 @@ class StepWidths:
 
     def start(self, bs: int) -> int:
         """The verify width of this step for a batch of ``bs`` requests."""
-        now = time.perf_counter()
+        now = (self._clock or time.perf_counter)()
         self._end_period(now)
         self._absorb_landed()
         accepted = self._expected_accepted(bs)
@@ -244,7 +247,7 @@ class StepWidths:
         """Just before the step's verify forward: a timed table prices each width by its
         verify's device time (``budget/timed_costs.py``), so it is timed."""
         if isinstance(self.cost, TimedCostTable):
-            self._verify = VerifyTime(self._spare_events)
+            self._verify = VerifyTime(self._spare_events, self._clock)
 
     def verify_finished(self) -> None:
         if self._verify is not None:

@@ -217,7 +217,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs = len(batch.seq_lens)
-        width = self.width if self.widths is None else self.widths.start(bs)  # this step's verify width
+        with self.phase("width choice"):  # the online budget's host work before the step
+            width = self.width if self.widths is None else self.widths.start(bs)  # this step's verify width
         prefix_lens = batch.seq_lens
         roots = draft_input.bonus_tokens.view(-1)
 
@@ -269,7 +270,8 @@ class DDTreeWorker(DFlashWorkerV2):
         with self.phase("stats"):
             self.stats.record(acceptance, trees, draft_top1, self.trees.non_argmax_accepted)
         if self.widths is not None:
-            self.widths.finish(acceptance.accept_lens)
+            with self.phase("width record"):  # and after it (one drafted step in 8 also predicts)
+                self.widths.finish(acceptance.accept_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=acceptance.out_tokens.reshape(-1),

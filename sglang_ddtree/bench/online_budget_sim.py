@@ -1,0 +1,262 @@
+"""The online budget's choices on a modelled server: what its policy (probes, narrower widths,
+width 1) gives up against fixed widths, with no GPU and no noise.
+
+    python -m sglang_ddtree.bench.online_budget_sim   # -> bench_results/online_budget_sim_<device>.{json,md}
+
+The served benchmark on the H200 (:mod:`.gpu_rounds`) cannot resolve 5% on the trained pair
+(its passes spread 1.15-2.75x, ``bench/paired.py``). This runs the real
+:class:`~sglang_ddtree.adapter.widths.StepWidths` (the timed cost table, the chooser, the
+calibration, the probes) on a clock of its own, against a model of that pair's rounds:
+
+* a round costs ``rest(bs, kind) + verify(bs, width)`` ms: the host's share (~4.3 ms for a tree
+  round, 1 ms less for width 1 without the drafter: the rows the pair's server priced at
+  6125f69) plus the verify's device time (a fit of that server's start-up replays, which are
+  also the table's start-up costs);
+* every request drafts from a context of its own (a drafter whose top token takes 0.5-0.85 of
+  the mass, drawn per request), and accepts what the tree the step ran reaches, drawn from the
+  same per-depth reach the prediction computes (the prediction is right: the calibration has
+  nothing to correct);
+* a closed loop of ``c`` requests in flight, as :mod:`.gpu_rounds` runs a level: each pass
+  serves ``max(8, 2c)`` requests of 256 tokens +-50%; each admitted request's prefill is
+  another batch between two steps (``interrupt``) that costs ``PREFILL_MS``.
+
+Every arm serves the same requests and contexts; the fixed arms run one width at every step.
+What this cannot show: the host work of the online budget itself (``online_budget_host``), and
+any cost the model leaves out (the overlap scheduler, routing on a MoE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..adapter.widths import StepWidths
+from ..budget import TimedCostTable, candidate_widths
+from ..tree.expected_accept import reach_at_widths, reach_by_depth
+from . import _stamp
+from .online_budget_host import GRAPH_BATCH_SIZES
+from .output_lens import output_lens
+
+DEPTH, TOP_K = 7, 64
+PREFILL_MS = 8.0
+TREE_REST_MS, WIDTH1_SAVES_MS = 4.3, 1.0  # the host's share of a tree round; width 1 skips the drafter
+
+
+def verify_ms(bs: int, width: int) -> float:
+    """The verify's device time (a fit of the pair's start-up replays at 6125f69)."""
+    if width == 1:
+        return 0.13 + 0.0005 * bs
+    return 0.29 + 0.001 * bs + 0.0000535 * bs * width
+
+
+def round_ms(bs: int, width: int, drafted: bool) -> tuple[float, float]:
+    """(the rest of the round, its verify) in ms."""
+    rest = TREE_REST_MS + 0.01 * bs - (0.0 if drafted else WIDTH1_SAVES_MS)
+    return rest, verify_ms(bs, width)
+
+
+@dataclass
+class Request:
+    length: int
+    log_probs: torch.Tensor  # [depth, k] its drafter's proposals (one context a request)
+    reach: np.ndarray  # [widest, depth]: row w - 1, P(accepted >= d) at the tree of verify width w
+    made: int = 0
+
+
+def make_requests(n: int, widths, seed: int) -> list[Request]:
+    rng = torch.Generator().manual_seed(seed)
+    confidence = random.Random(seed)
+    requests = []
+    for length in output_lens(n, 256, 0.5, seed):
+        logits = torch.randn(DEPTH, TOP_K, generator=rng)
+        logits[:, 0] += confidence.uniform(4.2, 6.6)  # the top token's share ~0.5-0.85
+        log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
+        every_width = range(1, widths[-1] + 1)
+        reach = reach_at_widths(reach_by_depth(log_probs[None], widths[-1] - 1), every_width).numpy()
+        requests.append(Request(length, log_probs, reach))
+    return requests
+
+
+class Clock:
+    def __init__(self):
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+    def advance(self, ms: float) -> None:
+        self.s += ms / 1e3
+
+
+class Server:
+    """One arm: the online budget's step loop (``fixed`` None) or one width at every step."""
+
+    def __init__(self, widths, fixed: int | None, seed: int):
+        self.widths, self.fixed = tuple(widths), fixed
+        self.clock = Clock()
+        self.accept_rng = np.random.default_rng(seed)
+        self.width_steps: dict[int, int] = {}
+        self.steps = None
+        if fixed is None:
+            startup = [[verify_ms(bs, w) for w in widths] for bs in GRAPH_BATCH_SIZES]
+            table = TimedCostTable(GRAPH_BATCH_SIZES, widths, startup)
+            self.steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=self.clock)
+            self._propose = self.steps.watch(lambda hidden, k: (self._log_probs, None))
+        self._log_probs = None
+
+    def prefill(self) -> None:
+        """A request's prefill: another batch between two decode steps."""
+        if self.steps is not None:
+            self.steps.interrupt()
+        self.clock.advance(PREFILL_MS)
+
+    def decode(self, running: list[Request]) -> int:
+        """One decode step of the running requests: the tokens it commits."""
+        bs = len(running)
+        width = self.fixed if self.steps is None else self.steps.start(bs)
+        drafted = self.steps is None or not self.steps.skips_draft
+        if self.steps is not None and drafted:
+            self._log_probs = torch.cat([r.log_probs for r in running])
+            self._propose(None, TOP_K)
+        rest, verify = round_ms(bs, width, drafted)
+        self.clock.advance(rest / 2)
+        if self.steps is not None:
+            self.steps.verify_started()
+        self.clock.advance(verify)
+        if self.steps is not None:
+            self.steps.verify_finished()
+        self.clock.advance(rest / 2)
+        draws = self.accept_rng.random(bs)
+        accepted = [int((r.reach[width - 1] > u).sum()) for r, u in zip(running, draws)]
+        if self.steps is not None:
+            self.steps.finish(torch.tensor(accepted))
+        self.width_steps[width] = self.width_steps.get(width, 0) + 1
+        made = 0
+        for request, a in zip(running, accepted):
+            step_tokens = min(a + 1, request.length - request.made)
+            request.made += step_tokens
+            made += step_tokens
+        return made
+
+
+def serve_pass(server: Server, requests: list[Request], concurrency: int) -> int:
+    """A closed loop of ``concurrency`` requests in flight until every request has its tokens."""
+    waiting, running, made = list(requests), [], 0
+    while waiting or running:
+        while waiting and len(running) < concurrency:
+            running.append(waiting.pop(0))
+            server.prefill()
+        made += server.decode(running)
+        running = [r for r in running if r.made < r.length]
+    return made
+
+
+def run_arm(widths, fixed: int | None, concurrency: int, passes: int, seed: int) -> dict:
+    """One arm over ``passes`` passes (the first a warm-up, as the served benchmark runs):
+    its tokens per ms over the timed passes, and its steps per width in all."""
+    server = Server(widths, fixed, seed)
+    tokens = ms = 0.0
+    for index in range(passes):
+        requests = make_requests(max(8, 2 * concurrency), widths, seed + index)
+        began = server.clock.s
+        made = serve_pass(server, requests, concurrency)
+        if index:
+            tokens, ms = tokens + made, ms + (server.clock.s - began) * 1e3
+    result = {"tok_per_ms": tokens / ms, "width_steps": dict(sorted(server.width_steps.items()))}
+    if server.steps is not None:
+        result["probe_steps"] = int(server.steps.cost.probed_steps.sum())
+    return result
+
+
+def run(args) -> dict:
+    widths = candidate_widths(args.budget)
+    arms = ["auto", *args.fixed]
+    results = {"stamp": _stamp.stamp(), "config": vars(args).copy(), "widths": list(widths), "levels": []}
+    for concurrency in args.concurrency:
+        level = {"concurrency": concurrency, "arms": {}}
+        for arm in arms:
+            fixed = None if arm == "auto" else int(arm) + 1  # DDTREE@B verifies B + 1 slots
+            level["arms"][arm] = run_arm(widths, fixed, concurrency, args.passes, args.seed)
+        best = max(args.fixed, key=lambda a: level["arms"][a]["tok_per_ms"])
+        level["best_fixed"] = best
+        level["auto_over_best"] = level["arms"]["auto"]["tok_per_ms"] / level["arms"][best]["tok_per_ms"]
+        results["levels"].append(level)
+        print(
+            f"[online_budget_sim] c={concurrency}: auto / DDTREE@{best} {level['auto_over_best']:.3f}",
+            flush=True,
+        )
+    return results
+
+
+def to_markdown(results: dict) -> str:
+    rows = []
+    for level in results["levels"]:
+        auto = level["arms"]["auto"]
+        steps = sum(auto["width_steps"].values())
+        widest = auto["width_steps"].get(results["widths"][-1], 0)
+        rows.append(
+            [
+                level["concurrency"],
+                auto["tok_per_ms"],
+                f"DDTREE@{level['best_fixed']}",
+                level["arms"][level["best_fixed"]]["tok_per_ms"],
+                f"{level['auto_over_best']:.3f}",
+                f"{auto['probe_steps']} / {steps}",
+                f"{auto['width_steps'].get(1, 0)} / {steps}",
+                f"{widest} / {steps}",
+            ]
+        )
+    config = results["config"]
+    return "\n".join(
+        [
+            "# The online budget's policy on a modelled server (no GPU, no noise)",
+            "",
+            _stamp.stamp_markdown(results["stamp"]),
+            "",
+            f"`auto{config['budget']}` against fixed budgets {', '.join(config['fixed'])} on the model of "
+            f"the trained pair's rounds (the module docstring): {config['passes'] - 1} timed passes after "
+            "a warm-up per arm and concurrency, the same requests in every arm. Tokens per ms are the "
+            "model's; the ratio is what the policy (probes, narrower widths, width 1) gives up or gains.",
+            "",
+            _stamp.md_table(
+                [
+                    "conc",
+                    "auto tok/ms",
+                    "best fixed",
+                    "its tok/ms",
+                    "auto / best",
+                    "probe steps",
+                    "width 1",
+                    "widest",
+                ],
+                rows,
+            ),
+        ]
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budget", type=int, default=64, help="the auto arm's largest budget")
+    p.add_argument("--fixed", nargs="+", default=["16", "32", "64"], help="fixed budgets beside it")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    p.add_argument("--passes", type=int, default=6, help="passes per arm and level, the first a warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    args = p.parse_args(argv)
+    if args.passes < 2:
+        p.error("--passes must be >= 2 (the first warms up)")
+    results = run(args)
+    name = f"online_budget_sim_{_stamp.device_slug(results['stamp'])}"
+    for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
+        print(path)
+    print(to_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
