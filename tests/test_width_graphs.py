@@ -234,6 +234,47 @@ def test_only_widths_that_could_win_at_their_least_cost_are_probed():
     assert probes(could_win=False) == [1, 2, 4, 8, 16, 32, 64]  # the table alone: every width
 
 
+def test_a_narrow_tree_costs_no_less_than_the_rows_rest():
+    """The trained pair at bs 8 (6125f69's priced row: width 1 at 3.14 ms without the drafter,
+    the trees at 5.25, of which ~4.75 ms is the host's work besides the verify). Width 1's cost
+    was the trees' only floor, so width 8 could win at 3.14 ms and was probed; every tree pays
+    the row's rest (its own verify takes no less than no time), and at that floor width 8
+    cannot beat the widest."""
+    widths = (1, 2, 4, 8, 16, 32, 64, 65)
+    startup = [[0.15, 0.32, 0.31, 0.32, 0.32, 0.33, 0.34, 0.36]]
+    accepted = [8 * a for a in (0.0, 0.6, 1.2, 1.7, 2.2, 2.5, 2.74, 2.75)]  # the batch's, at bs 8
+    table = TimedCostTable((8,), widths, startup, probe_after=8, trust_after=4)
+    chooser = WidthChooser(widths, table)
+    for _ in range(8):
+        table.observe(8, 65, 5.25, 0.5)
+    for _ in range(4):
+        table.observe(8, 1, 3.14, 0.16)
+    floors, priced = table.cost_floors(0)
+    assert priced.tolist() == [True] + [False] * 6 + [True]
+    assert floors[1:7] == pytest.approx([4.75] * 6)  # the row's rest, above width 1's 3.14
+    could = chooser.could_win(8, accepted, floors, priced)
+    assert could.tolist() == [False] * 5 + [True] * 3  # not width 8 (nor width 1, priced below the best)
+    assert table.unprobed(8, lambda *f: chooser.could_win(8, accepted, *f)) == 32
+
+
+def test_a_verify_prices_its_cell_when_its_period_is_not_its_own():
+    """A round that followed another width (or another batch) has a period holding the round
+    before it, but its verify's events time its verify alone: it prices its cell and the
+    row's pooled verify, not the rest. Before the row has any rest of that kind (or of the
+    trees, for width 1) it prices nothing: a verify against no rest would undercut every width
+    whose rounds were costed."""
+    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], trust_after=2)
+    table.observe(8, 5, None, 3.0)
+    assert table.cells.rounds[0].tolist() == [0, 0, 0] and table(8, 5) == pytest.approx(0.4)
+    table.observe(8, 5, 10.0, 3.0)  # a round of its own: the trees' rest is 7 ms
+    table.observe(8, 1, None, 0.5)  # width 1's first round, after a tree: the trees' rest bounds it
+    table.observe(8, 3, None, 2.0)
+    assert table.cells.rounds[0].tolist() == [1, 1, 1] and table.rest.rounds[0].tolist() == [1, 0]
+    table.observe(8, 3, None, 2.0)  # trusted on its verifies alone
+    assert table.trusted()[0].tolist() == [False, True, False]
+    assert table(8, 3) == pytest.approx(2.0 + 7.0) and table(8, 1) == pytest.approx(0.5 + 7.0)
+
+
 def test_widths_that_do_the_same_host_work_differ_by_their_verify_alone():
     """The trained pair at e835772, bs 1 (a round bound by the host): width 64's rounds ran in a
     slower phase of the run than width 65's (arrivals: more of the scheduler's work between
@@ -387,9 +428,9 @@ def test_timed_table_probes_each_width_once_the_row_knows_its_rounds():
 def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch):
     """Through ``StepWidths``: the start-up replays make a tree look cheap and width 1's bound
     hides that it is cheaper still (a small target: round work dominates). After
-    ``probe_after`` rounds the step loop runs the width-1 probes without the drafter, then the
-    unmeasured tree width; once measured, width 1 wins where it gives more tokens per ms (a
-    batch of 8, nothing accepted)."""
+    ``probe_after`` rounds the step loop runs the width-1 probes without the drafter; once
+    measured, width 1 wins where it gives more tokens per ms (a batch of 8, nothing accepted),
+    and the unmeasured tree width, which pays the trees' rest, cannot beat it."""
     import math
 
     from sglang_ddtree.adapter import verify_clock
@@ -428,13 +469,21 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     # the replays make the widest tree the best rate; its first round, after a width-1 round,
     # is not costed (under overlap its period is the round before it)
     assert chosen[1:4] == [5, 5, 5]
-    assert chosen[4:7] == [1, 1, 1] and drafted[4:7] == [False] * 3  # the probes, the first not costed
-    assert chosen[7:10] == [3, 3, 3] and drafted[7:10] == [True] * 3  # width 3's probes
-    assert chosen[10:] == [1, 1] and table(8, 1) == pytest.approx(2.0, rel=0.05)
-    assert widths.summary()["probe_steps_by_bs"] == {8: 6}  # the stats line counts the probes' steps
+    # the probes: the first step of each follows another width, so its period is not its own,
+    # but its verify is (the events time it alone): a probe takes trust_after (2) steps
+    assert chosen[4:6] == [1, 1] and drafted[4:6] == [False] * 2
+    # then width 1 at 2 ms: width 3 pays the trees' 7 ms of rest besides its verify, and at that
+    # floor it cannot win; it is never probed, and width 1 serves the rest
+    assert (
+        chosen[6:] == [1] * 6 and drafted[6:] == [False] * 6 and table(8, 1) == pytest.approx(2.0, rel=0.05)
+    )
+    assert widths.summary()["probe_steps_by_bs"] == {8: 2}  # the stats line counts the probes' steps
     # each period split at its verify: the rest is the row's, per kind (trees, width 1)
     assert table.rest.median[0] == pytest.approx([7.0, 1.5], rel=0.05)
-    assert table.cells.median[0] == pytest.approx([0.5 - 0.2, 3.0 - 0.3, 3.0 - 0.4], rel=0.05)
+    assert table.cells.median[0] == pytest.approx([0.5 - 0.2, 0.0, 3.0 - 0.4], rel=0.05)
+    # the rounds before any rest was measured (the drafted width 1, the first width-5 step)
+    # priced nothing: a verify against no rest would have made width 5 cost 3 ms, not 10
+    assert table.cells.rounds[0].tolist() == [8, 0, 2] and table.rest.rounds[0].tolist() == [2, 7]
 
 
 # --- the swap per step ------------------------------------------------------------------------

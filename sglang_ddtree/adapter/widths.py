@@ -336,13 +336,12 @@ class StepWidths:
                 self.calibration.update(measured, predicted[self.widths.index(step.width)])
                 self._per_request = predicted / step.bs
             verify_ms = None if step.verify is None else step.verify.ms()
-            if not (self.measured and step.costs_its_width and step.period_ms is not None):
-                continue
+            own_period = step.period_ms if step.costs_its_width else None  # None: not this kind's
             if isinstance(self.cost, TimedCostTable):
                 if verify_ms is not None:  # a verify that did not end (it raised) prices nothing
-                    self.cost.observe(step.bs, step.width, step.period_ms, verify_ms)
-            else:
-                self.cost.observe(step.bs, step.width, step.period_ms)
+                    self.cost.observe(step.bs, step.width, own_period, verify_ms)  # every verify
+            elif self.measured and own_period is not None:
+                self.cost.observe(step.bs, step.width, own_period)
 
     # --- what the server shows ---------------------------------------------------------
 

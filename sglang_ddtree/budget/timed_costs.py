@@ -51,13 +51,21 @@ stalled periods and, no longer chosen, never measured again (06a9d4f, width 9 at
 ms after three rounds against a 14.0 ms replay). A median over ``window`` rounds outvotes
 stalls that are rare; a cell with fewer than ``trust_after`` rounds borrows.
 
+Which rounds price what. Every round's verify prices its cell and the row's pooled verify,
+also a round whose period is not its own (it followed another width or another batch: under
+overlap its period holds the round before it), since the events time its verify alone; only
+a round whose period is its own adds to the rest. A row with no rest of the round's kind
+measured anywhere (nor the trees', for width 1) prices nothing yet: its verify alone would
+undercut every width whose rounds were costed.
+
 Probes. Rounds measure only the widths the chooser runs, so once a row has served
 ``probe_after`` rounds, :meth:`unprobed` asks for every width whose cell is not trusted yet and
-that could win (at the least it can cost, by the widths already priced), in width order, until
-it is (a probe's first round follows another width and is not costed, so a
-width runs ``trust_after + 1`` steps). A probe that has not been costed after
-``max_probe_steps`` steps (every period broken by another batch) is given up until the cell's
-next re-probe. A trusted cell not measured for ``reprobe_after`` of its row's rounds is
+that could win at the least it can cost (:meth:`cost_floors`: the widths already priced, and
+the row's rest), in width order, until it is: ``trust_after`` steps, the first included. On the
+trained pair, whose rounds the host bounds, the rest floor keeps the narrow trees from being
+probed at all (``bench/online_budget_sim.py``: the modelled pair's probe steps fell by
+about a third). A probe not trusted after ``max_probe_steps`` steps is given up until the
+cell's next re-probe. A trusted cell not measured for ``reprobe_after`` of its row's rounds is
 cleared and probed again: costs move with the context length and the load, and a width
 priced out by rounds that were slow then is measured anew (at 0fc9c47, four stalled tree
 rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the rest of the call).
@@ -103,6 +111,7 @@ class TimedCostTable(RoundCostTable):
         self.rest = _Excesses((rows, 2), window)  # the period less the verify, per row and kind
         self.cell_source = np.full((rows, columns), -1)  # the row a cell reads; -1: pooled
         self.pooled_source = np.repeat(np.arange(rows)[:, None], 2, axis=1)
+        self.rest_source = self.pooled_source.copy()  # likewise for the rest (fewer rounds: costed ones)
         self.row_rounds = np.zeros(rows, dtype=np.int64)
         # The row's count of rounds at each cell's last round (or at its probe's giving up).
         self.last_round = np.zeros((rows, columns), dtype=np.int64)
@@ -120,26 +129,39 @@ class TimedCostTable(RoundCostTable):
         return np.maximum(startup + self._row_excess(row), 0.05 * startup)
 
     def cost_floors(self, row: int) -> tuple[np.ndarray, np.ndarray]:
-        """``([widths] ms, [widths] bool)`` for a row: the least each width can cost, no less
-        than any narrower width its own rounds price (a wider step does all a narrower one
-        does; 0 below the first), and which widths their own rounds price. Not the replays:
-        on a MoE the served tokens can route cheaper than the replays' spread ids."""
+        """``([widths] ms, [widths] bool)`` for a row: the least each width can cost, and which
+        widths their own rounds price. The least: no less than any narrower width its own
+        rounds price (a wider step does all a narrower one does; 0 below the first), nor than
+        the row's own trusted rest of its kind (a width costs its verify plus that rest, and a
+        verify takes no less than no time: on a round bound by the host, such as the trained
+        pair's, a narrow tree saves nothing of the ~4 ms every tree pays). Not the replays: on
+        a MoE the served tokens can route cheaper than the replays' spread ids."""
         priced = self.trusted()[row]
-        return np.maximum.accumulate(np.where(priced, self._cells(row), 0.0)), priced
+        narrower = np.maximum.accumulate(np.where(priced, self._cells(row), 0.0))
+        rest = np.where(self.rest.rounds[row] >= self.trust_after, self.rest.median[row], 0.0)  # [kinds]
+        return np.maximum(narrower, rest[self._kinds]), priced
 
     def _row_excess(self, row: int) -> np.ndarray:
         """``[widths]``: what each width of ``row`` costs over its replay: its verify's excess
         plus the row's shared rest (the module docstring's order)."""
-        pooled, rest = np.empty(2), np.empty(2)
-        for kind in (self._TREE, self._WIDTH1):
-            source = self.pooled_source[row, kind]
-            if kind == self._WIDTH1 and not self.pooled.rounds[source, kind]:
-                pooled[kind], rest[kind] = pooled[self._TREE], rest[self._TREE]  # the trees' bound
-            else:
-                pooled[kind], rest[kind] = self.pooled.median[source, kind], self.rest.median[source, kind]
+        pooled = self._kind_shares(self.pooled, self.pooled_source, row)
+        rest = self._kind_shares(self.rest, self.rest_source, row)
         sources = self.cell_source[row]
         own = self.cells.median[np.maximum(sources, 0), self._columns]
         return np.where(sources >= 0, own, pooled[self._kinds]) + rest[self._kinds]
+
+    def _rest_known(self, row: int, kind: int) -> bool:
+        """Whether ``row`` prices ``kind`` with a rest measured somewhere (width 1: or the trees')."""
+        kinds = (kind, self._TREE) if kind == self._WIDTH1 else (kind,)
+        return any(self.rest.rounds[self.rest_source[row, k], k] for k in kinds)
+
+    def _kind_shares(self, shares: _Excesses, sources: np.ndarray, row: int) -> np.ndarray:
+        """``[kinds]``: a row's pooled share per kind, read from the row ``sources`` names; a
+        width 1 measured nowhere carries the trees' share."""
+        tree = shares.median[sources[row, self._TREE], self._TREE]
+        source = sources[row, self._WIDTH1]
+        width1 = shares.median[source, self._WIDTH1] if shares.rounds[source, self._WIDTH1] else tree
+        return np.array([tree, width1])
 
     def rows_served(self) -> np.ndarray:
         """Per row: whether any round has been measured in it."""
@@ -175,25 +197,30 @@ class TimedCostTable(RoundCostTable):
             self.last_round[row, column] = self.row_rounds[row]
         return self.widths[column]
 
-    def observe(self, bs: int, width: int, ms: float, verify_ms: float) -> None:
-        """One served round: its period ``ms`` and its verify forward's device time
-        ``verify_ms``. A batch past the largest captured size runs eagerly, a cost of another
-        kind than the graph its row times: at ede2f70 the K2.6 rank's bs-16 warm-up rounds
-        (eager, 170-200 ms) entered the bs-8 row as 83-98 ms at widths 1, 2 and 4 (scaled by
-        8 / 16) and priced them out of the graphs they never ran in."""
+    def observe(self, bs: int, width: int, ms: float | None, verify_ms: float) -> None:
+        """One served round: its verify forward's device time ``verify_ms`` and its period
+        ``ms`` (None where the period is not the round's own: it followed another width or
+        another batch; the verify's events time the verify alone either way, so every round
+        prices its cell, and a probe is trusted after ``trust_after`` steps). A batch past the
+        largest captured size runs eagerly, a cost of another kind than the graph its row
+        times: at ede2f70 the K2.6 rank's bs-16 warm-up rounds (eager, 170-200 ms) entered the
+        bs-8 row as 83-98 ms at widths 1, 2 and 4 (scaled by 8 / 16) and priced them out of
+        the graphs they never ran in."""
         if bs > self.batch_sizes[-1] or not (0 <= verify_ms < math.inf):
             return
-        cell = self._cell(bs, width, ms)
-        if cell is None:
+        if ms is not None and not (ms > 0 and math.isfinite(ms)):
             return
-        row, column, ms = cell
+        row, column = self._row(bs), self._column(width)
+        kind = self._kind(width)
+        if ms is None and not self._rest_known(row, kind):
+            return  # a verify priced against no rest at all would undercut every costed width
         excess = verify_ms - self.startup[row, column]
         if self.cells.add(row, column, excess) == self.trust_after:
             self._choose_cell_sources(column)
-        kind = self._kind(width)
-        self.rest.add(row, kind, ms - verify_ms)
+        if ms is not None and self.rest.add(row, kind, ms - verify_ms) == self.trust_after:
+            self._choose_shared_sources(self.rest, self.rest_source, kind)
         if self.pooled.add(row, kind, excess) == self.trust_after:
-            self._choose_pooled_sources(kind)
+            self._choose_shared_sources(self.pooled, self.pooled_source, kind)
         self.row_rounds[row] += 1
         self.last_round[row, column] = self.row_rounds[row]
         self._clear_stale(row)
@@ -218,11 +245,12 @@ class TimedCostTable(RoundCostTable):
         trusted row (the smaller on a tie), else -1 (the pooled excess)."""
         self.cell_source[:, column] = _nearest(self.trusted()[:, column], fallback=-1)
 
-    def _choose_pooled_sources(self, kind: int) -> None:
-        """Like cells: itself once trusted, else the nearest trusted row, else itself (0 before
+    def _choose_shared_sources(self, shares: _Excesses, sources: np.ndarray, kind: int) -> None:
+        """Where each row reads a pooled share of ``kind`` (the verify's excess, or the rest):
+        like cells, itself once trusted, else the nearest trusted row, else itself (0 before
         any round). Recomputed when a row becomes trusted, not per lookup."""
         rows = np.arange(len(self.batch_sizes))
-        self.pooled_source[:, kind] = _nearest(self.pooled.rounds[:, kind] >= self.trust_after, fallback=rows)
+        sources[:, kind] = _nearest(shares.rounds[:, kind] >= self.trust_after, fallback=rows)
 
     def _kind(self, width: int) -> int:
         return self._WIDTH1 if width == 1 else self._TREE
