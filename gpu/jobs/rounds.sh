@@ -9,7 +9,8 @@
 # width-1 fallback): where the host time goes and where the host waits. Five timed passes per arm and level (REPEATS): with three, passes of one level spread
 # 1.1-1.8x and the whole job took 320 s of its 540 (985094f).
 # PROMPTS_PER_LEVEL: requests per pass at a level (8; a pass at c=4 lasts about 0.4 s).
-# PROFILE_ARMS / STACK_PROFILE_ARMS name the profiled arms (none: "-"; an A/B of the arms alone).
+# PROFILE_ARMS / STACK_PROFILE_ARMS name the profiled arms (none: "-"; an A/B of the arms alone);
+# STACK_PROFILE_BS the batch size of the stack profiles (8).
 # PRECOMPILE_K26=1 compiles the K2.6 rank's Marlin MoE kernel beside it (one CPU core of
 # sixteen, in every arm's time alike) so the cache this call brings back holds it.
 # Run through the device command:
@@ -23,7 +24,7 @@ timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT"
   --concurrency ${CONC:-1 8 32 64 4 16} --repeats "${REPEATS:-5}" --graph-max-bs 64 \
   --prompts-per-level "${PROMPTS_PER_LEVEL:-8}" \
   --profile-bs ${PROFILE_BS:-1} --profile-arms "${PROFILE_ARMS:-dflash,ddtree@7}" --profile-export-s 30 \
-  --stack-profile-arms "${STACK_PROFILE_ARMS:-plain,dflash,ddtree@7,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" --stack-profile-bs 8 \
+  --stack-profile-arms "${STACK_PROFILE_ARMS:-plain,dflash,ddtree@7,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" --stack-profile-bs "${STACK_PROFILE_BS:-8}" \
   --deadline-s "${ROUNDS_DEADLINE_S:-540}"
 wait
 tail -2 /tmp/precompile_k26.log 2>/dev/null
