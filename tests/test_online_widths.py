@@ -212,6 +212,23 @@ def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_predictio
     assert widths._per_request[-1].sum() == pytest.approx(chain_expected(0.9, 5))  # refreshed, per request
 
 
+def test_a_prefill_refreshes_the_prediction_the_next_width_one_step_would_keep():
+    """A request the drafter cannot follow (top-1 0.05) leaves a prediction that picks width 1;
+    the next request (top-1 0.95) joins through a prefill, and its first step drafts to
+    predict instead of serving the root alone on the old prediction for ``refresh_every``
+    steps. An idle pass brings no request and refreshes nothing."""
+    table = RoundCostTable((1,), (1, 2, 3, 5), [[1.0, 3.0, 3.0, 3.0]])
+    widths = step_widths(table)
+    for _ in range(4):
+        assert run_step(widths, bs=1, accept_len=0, top1=0.05) == 1
+    assert widths.skips_draft  # the root alone, on the kept prediction
+    widths.interrupt()  # an idle pass
+    assert run_step(widths, bs=1, accept_len=0) == 1 and widths.skips_draft
+    widths.interrupt(prefill=True)  # the next request's prefill
+    assert run_step(widths, bs=1, accept_len=3, top1=0.95) == 1 and not widths.skips_draft
+    assert run_step(widths, bs=1, accept_len=3, top1=0.95) == 5  # its own prediction: the tree
+
+
 def test_only_width_one_rounds_without_a_draft_cost_width_one():
     widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
     run_step(widths, bs=8, accept_len=0)  # width 1 with a draft: nothing predicted yet

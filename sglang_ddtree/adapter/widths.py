@@ -26,9 +26,10 @@ A width-1 step without the drafter predicts nothing: the last prediction is kept
 new about; decaying it toward zero would make width 1 confirm itself), the calibration is not
 touched (the step predicted no depth), and the next choice scales the kept prediction to the
 batch size of that step, so a batch that shrinks brings the tree back through the cost table.
-Two steps draft at width 1 anyway: the first (nothing predicted yet) and one after every
-``refresh_every`` steps without a draft, so the kept prediction follows the requests that
-come and go; neither counts as a width-1 round cost.
+Some steps draft at width 1 anyway: the first (nothing predicted yet), the first after a
+prefill (its requests are new to the kept prediction), and one after every ``refresh_every``
+steps without a draft, so the kept prediction follows the requests that come and go; none
+counts as a width-1 round cost.
 
 The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
 ``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
@@ -229,13 +230,21 @@ class StepWidths:
             return unprobed(bs)
         return unprobed(bs, lambda floors, priced: self.chooser.could_win(bs, accepted, floors, priced))
 
-    def interrupt(self) -> None:
+    def interrupt(self, prefill: bool = False) -> None:
         """Another batch (a prefill, an idle pass) runs between two steps: the last step's
         period would count it, and so would the next step's under overlap (the scheduler waits
         for the other batch's results while the next step is in flight), so neither adds
-        anything to the cost table."""
+        anything to the cost table.
+
+        A prefill brings requests the kept prediction knows nothing of, so the next width-1
+        step drafts (and predicts) instead of serving the root alone on the prediction of the
+        requests before them (a kept prediction holds width 1 for up to ``refresh_every``
+        steps; at 6125f69 the trained pair's server ran 70 width-1 steps without the drafter
+        in its first 1,000, 40 of them in a row in its first requests)."""
         self._end_period(None)
         self._last_kind = None
+        if prefill:
+            self._undrafted_run = self.refresh_every
 
     def _end_period(self, now: float | None) -> None:
         if self._last is not None:

@@ -184,9 +184,10 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         mode = batch.forward_mode
-        if self.widths is not None and (mode.is_extend() or batch.is_extend_in_batch or mode.is_idle()):
-            self.widths.interrupt()  # the last decode step's period must not count this batch
-        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+        prefill = mode.is_extend() or batch.is_extend_in_batch
+        if self.widths is not None and (prefill or mode.is_idle()):
+            self.widths.interrupt(prefill)  # the last decode step's period must not count this batch
+        if prefill:
             self.features.on_prefill(batch)
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle() or len(batch.seq_lens) == 0:

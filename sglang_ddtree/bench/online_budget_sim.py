@@ -111,7 +111,7 @@ class Server:
     def prefill(self) -> None:
         """A request's prefill: another batch between two decode steps."""
         if self.steps is not None:
-            self.steps.interrupt()
+            self.steps.interrupt(prefill=True)
         self.clock.advance(PREFILL_MS)
 
     def decode(self, running: list[Request]) -> int:
