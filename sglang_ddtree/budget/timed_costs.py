@@ -120,13 +120,25 @@ class TimedCostTable(RoundCostTable):
         self.probed_steps = np.zeros(rows, dtype=np.int64)  # steps the row ran a probe's width, in all
         self._columns = np.arange(columns)
         self._kinds = np.array([self._kind(w) for w in self.widths])
+        # A step reads a row's cells up to three times (the probe's floors and rates, the
+        # choice); they change only when a round is observed.
+        self._observed = 0  # rounds observed, a version of every row's cells
+        self._cells_memo: dict[int, tuple[int, np.ndarray]] = {}
+        # Per row, the round before which no cell can be stale (``_clear_stale``'s early return).
+        self._stale_from = np.full(rows, reprobe_after, dtype=np.int64)
 
     def row_costs(self, bs: int) -> np.ndarray:
         return scaled_past_largest(self._cells(self._row(bs)), bs, self.batch_sizes[-1])
 
     def _cells(self, row: int) -> np.ndarray:
+        """``[widths]`` the row's costs (read only: shared until the next observed round)."""
+        memo = self._cells_memo.get(row)
+        if memo is not None and memo[0] == self._observed:
+            return memo[1]
         startup = self.startup[row]
-        return np.maximum(startup + self._row_excess(row), 0.05 * startup)
+        cells = np.maximum(startup + self._row_excess(row), 0.05 * startup)
+        self._cells_memo[row] = (self._observed, cells)
+        return cells
 
     def cost_floors(self, row: int) -> tuple[np.ndarray, np.ndarray]:
         """``([widths] ms, [widths] bool)`` for a row: the least each width can cost, and which
@@ -214,6 +226,7 @@ class TimedCostTable(RoundCostTable):
         kind = self._kind(width)
         if ms is None and not self._rest_known(row, kind):
             return  # a verify priced against no rest at all would undercut every costed width
+        self._observed += 1
         excess = verify_ms - self.startup[row, column]
         if self.cells.add(row, column, excess) == self.trust_after:
             self._choose_cell_sources(column)
@@ -228,17 +241,22 @@ class TimedCostTable(RoundCostTable):
     def _clear_stale(self, row: int) -> None:
         """Trusted cells of ``row`` with no round for ``reprobe_after`` of its rounds, and
         probes given up as long ago: cleared, to be probed again (the module docstring says why).
-        Runs after every observed round: it returns at once while no cell can be stale."""
-        if self.row_rounds[row] - self.last_round[row].min() < self.reprobe_after:
+        Runs after every observed round: it returns at once while no cell can be stale (a cell
+        measured from now on has its last round now or later)."""
+        now = self.row_rounds[row]
+        if now < self._stale_from[row]:
             return
         given_up = self.probe_steps[row] >= self.max_probe_steps
         measured = self.trusted()[row] | given_up
-        stale = measured & (self.row_rounds[row] - self.last_round[row] >= self.reprobe_after)
+        stale = measured & (now - self.last_round[row] >= self.reprobe_after)
         for column in np.flatnonzero(stale):
             self.cells.clear(row, column)
             self.probe_steps[row, column] = 0
             self.reprobes[row] += 1
             self._choose_cell_sources(int(column))
+        kept = measured & ~stale
+        oldest = self.last_round[row][kept].min() if kept.any() else now
+        self._stale_from[row] = oldest + self.reprobe_after
 
     def _choose_cell_sources(self, column: int) -> None:
         """Where each row reads the excess of ``column``: itself once trusted, else the nearest
