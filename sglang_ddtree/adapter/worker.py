@@ -218,8 +218,10 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs = len(batch.seq_lens)
-        with self.phase("width choice"):  # the online budget's host work before the step
-            width = self.width if self.widths is None else self.widths.start(bs)  # this step's verify width
+        width = self.width  # this step's verify width
+        if self.widths is not None:
+            with self.phase("width choice"):  # the online budget's host work before the step
+                width = self.widths.start(bs)
         prefix_lens = batch.seq_lens
         roots = draft_input.bonus_tokens.view(-1)
 
