@@ -174,8 +174,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     @property
     def _uses_custom_mask(self) -> bool:
-        """GPU backends take SGLang's flat custom mask; torch_native takes the
-        dense visibility directly."""
+        """GPU backends take SGLang's flat custom mask; torch_native the dense visibility."""
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         return not isinstance(self.model_runner.attn_backend, TorchNativeAttnBackend)
@@ -183,9 +182,8 @@ class DDTreeWorker(DFlashWorkerV2):
     # --- the round -------------------------------------------------------------------
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
-        mode = batch.forward_mode
-        prefill = mode.is_extend() or batch.is_extend_in_batch
-        if self.widths is not None and (prefill or mode.is_idle()):
+        prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        if self.widths is not None and (prefill or batch.forward_mode.is_idle()):
             self.widths.interrupt(prefill)  # the last decode step's period must not count this batch
         if prefill:
             self.features.on_prefill(batch)
@@ -218,10 +216,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         bs = len(batch.seq_lens)
-        width = self.width  # this step's verify width
-        if self.widths is not None:
-            with self.phase("width choice"):  # the online budget's host work before the step
-                width = self.widths.start(bs)
+        with self.phase("width choice"):  # this step's verify width (the online budget's host work)
+            width = self.width if self.widths is None else self.widths.start(bs)
         prefix_lens = batch.seq_lens
         roots = draft_input.bonus_tokens.view(-1)
 
