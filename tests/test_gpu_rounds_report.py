@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -578,3 +579,37 @@ def test_each_level_reports_the_widths_the_online_budget_chose_in_it(tmp_path):
     section = "\n".join(gpu_rounds_report.online_budget_section(results))
     assert "| ddtree@auto64 | 1 | 55 | 0.909 | 0.091 | 1: 5, 65: 50 |" in section
     assert width_log_env("ddtree@auto64") and not width_log_env("ddtree@64")
+
+
+def test_a_pass_splits_its_time_into_request_starts_and_decode_pace():
+    """With --enable-metrics a request's meta_info carries its TTFT; a pass reports the median
+    TTFT and the decode time per token after the first (latency less TTFT); a server without
+    TTFTs reports NaN, and the report leaves such levels out of the section."""
+    import time
+
+    from sglang_ddtree.bench.gpu_rounds import timed_pass
+
+    class Server:
+        def __init__(self, ttft_s):
+            self.ttft_s = ttft_s
+
+        def generate(self, payload):
+            time.sleep(0.02)
+            meta = {"completion_tokens": 9, "spec_verify_ct": 3}
+            return {"meta_info": meta | ({"first_token_latency": self.ttft_s} if self.ttft_s else {})}
+
+    timed = timed_pass(Server(0.004), [[1], [2]], [9, 9], concurrency=1)
+    assert timed["ttft_ms"] == pytest.approx(4.0)
+    assert timed["itl_ms"] >= (20 - 4) / 8  # each request slept 20 ms; its 8 tokens after the first
+    untimed = timed_pass(Server(None), [[1]], [9], concurrency=1)
+    assert math.isnan(untimed["ttft_ms"]) and math.isnan(untimed["itl_ms"])
+
+    def level(c, ttft, itl):
+        return {"concurrency": c, "tok_per_s": 100.0, "ttft_ms": ttft, "itl_ms": itl}
+
+    levels = {"ddtree@64": {1: level(1, 40.0, 1.5)}, "ddtree@auto64": {1: level(1, 90.0, 1.6)}}
+    section = "\n".join(gpu_rounds_report.start_and_pace_section(levels))
+    assert "| ddtree@auto64 | 1 | 90.0 | 1.6 |" in section
+    assert gpu_rounds_report.start_and_pace_section({"plain": {1: level(1, math.nan, math.nan)}}) == []
+    rows = {r[0]: r for r in gpu_rounds_report.online_budget_targets(levels)}
+    assert rows["ddtree@auto64 decode pace / best fixed (ddtree@64)'s (ITL), c=1"][1] == f"{1.5 / 1.6:.3f}"

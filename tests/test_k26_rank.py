@@ -239,7 +239,7 @@ def test_a_win_inside_the_passes_spread_is_said_to_be_unsettled():
 
 
 def test_inter_token_time_leaves_out_each_requests_ttft():
-    from sglang_ddtree.bench.k26_ab import inter_token_ms
+    from sglang_ddtree.bench.gpu_rounds_profile import inter_token_ms
 
     done = [
         {"latency_s": 1.0, "ttft_s": 0.5, "tokens": 11},  # 0.5 s over 10 tokens after the first

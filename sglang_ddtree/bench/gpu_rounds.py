@@ -14,6 +14,9 @@ graph capture or JIT compile lands in a measurement), then ``--repeats`` timed p
 * round time - wall time per verify round of one request in flight: at concurrency 1,
   wall / rounds; above it, wall x concurrency / rounds (a batch advances all its requests
   in one round);
+* TTFT and ITL - the median request's time to its first token, and the decode time per output
+  token after it (each request's latency less its TTFT): where a level's wall time goes,
+  request starts (prefills, and the rounds waiting on them) or the decode's pace;
 * a torch-profiler trace of ``--profile-steps`` decode steps at the profiled batch sizes
   (SGLang's ``/start_profile``), summarised by :mod:`.round_profile`.
 
@@ -40,7 +43,7 @@ from ..budget import candidate_widths
 from ..config import ENV_ONLINE_BUDGET_LOG_EVERY
 from ..launch import ServerProcess, ServerStartError
 from . import _stamp
-from .gpu_rounds_profile import request_tokens, run_profiles, run_stack_profile, time_left
+from .gpu_rounds_profile import inter_token_ms, request_tokens, run_profiles, run_stack_profile, time_left
 from .gpu_rounds_report import auto_budget
 from .output_lens import add_arguments as add_output_len_arguments
 from .output_lens import output_lens
@@ -60,6 +63,9 @@ COMMON = [
     # Every arm's server stays up through the run: idle schedulers that poll would take
     # the CPU the measured server's host work needs.
     "--sleep-on-idle",
+    # Each request's TTFT in its meta_info (first_token_latency): a level's request starts
+    # and its decode pace apart, in every arm alike.
+    "--enable-metrics",
 ]  # fmt: skip
 
 
@@ -160,11 +166,14 @@ def timed_pass(server: ServerProcess, prompts: list[list[int]], lens: list[int],
         done = list(pool.map(lambda pl: request_tokens(server, *pl), zip(prompts, lens)))
     wall = time.perf_counter() - began
     tokens, rounds = sum(d["tokens"] for d in done), sum(d["rounds"] for d in done)
+    ttfts = [d["ttft_s"] for d in done if d.get("ttft_s") is not None]
     return {
         "wall_s": wall,
         "tok_per_s": tokens / wall,
         "accept_length": tokens / rounds,
         "round_ms": 1e3 * wall * min(concurrency, len(prompts)) / rounds,
+        "ttft_ms": 1e3 * statistics.median(ttfts) if ttfts else float("nan"),
+        "itl_ms": inter_token_ms(done),  # the decode's pace, no request start in it
     }
 
 

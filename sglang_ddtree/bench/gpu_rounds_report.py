@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..budget import candidate_widths
@@ -67,7 +68,7 @@ def online_budget_targets(levels: dict) -> list[list]:
                 measured, met = judge(passes, other_passes, ratio, GOAL)
                 rows.append([f"{auto} tok/s / {name} tok/s, c={c}", measured, f">= {GOAL}", met])
                 # the decode's pace, no prefill in it
-                if level.get("itl_ms") and levels[other][c].get("itl_ms"):
+                if _finite(level.get("itl_ms")) and _finite(levels[other][c].get("itl_ms")):
                     pace = levels[other][c]["itl_ms"] / level["itl_ms"]
                     rows.append(
                         [f"{auto} decode pace / {name}'s (ITL), c={c}", f"{pace:.3f}", "(not a goal)", ""]
@@ -133,12 +134,40 @@ def to_markdown(results: dict) -> str:
         "",
     ]
     lines.append(throughput_table(levels))
+    lines += start_and_pace_section(levels)
     lines += same_arm_section(levels)
     lines += phase_section(results)
     lines += online_budget_section(results)
     lines += host_area_section(results)
     lines += profile_section(results)
     return "\n".join(lines)
+
+
+def _finite(value) -> bool:
+    """A timing that was taken (runs without TTFTs carry NaN or nothing)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def start_and_pace_section(levels: dict) -> list[str]:
+    """Each level's request starts (median TTFT) and decode pace (ITL), where the run has them
+    (servers with ``--enable-metrics``, since the paired judgement)."""
+    rows = [
+        [arm, c, lv["ttft_ms"], lv["itl_ms"]]
+        for arm, by_c in levels.items()
+        for c, lv in sorted(by_c.items())
+        if _finite(lv.get("itl_ms"))
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        "## Request starts and decode pace",
+        "",
+        "Medians over the timed passes: TTFT of the pass's median request, and ITL, the decode time "
+        "per output token after the first (latency less TTFT).",
+        "",
+        _stamp.md_table(["arm", "conc", "TTFT ms", "ITL ms"], rows),
+    ]
 
 
 def same_arm_section(levels: dict) -> list[str]:

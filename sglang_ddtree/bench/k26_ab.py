@@ -36,7 +36,7 @@ from ..launch import ServerProcess, ServerStartError
 from . import _stamp
 from .ab.arms import ABError, ddtree_flags, parse_arm_names
 from .gpu_rounds import injected_cost_table
-from .gpu_rounds_profile import profile_or_error, profile_request_start
+from .gpu_rounds_profile import inter_token_ms, profile_or_error, profile_request_start
 from .k26_ab_report import write_report
 from .k26_ab_same_trees import AGAIN
 from .k26_arms import CHAIN_BUDGET
@@ -152,17 +152,6 @@ def run_batch(server, prompts, output_len, concurrency: int) -> tuple[list[dict]
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         done = list(pool.map(lambda pl: _generate(server, *pl), zip(prompts, lens)))
     return done, time.perf_counter() - began
-
-
-def inter_token_ms(done: list[dict]) -> float:
-    """Decode time per output token after the first, net of each request's TTFT: the round's
-    cost without the prefills that wall-clock tok/s carries (at 96-token prompts and 64 output
-    tokens a request's TTFT was 20-35% of its time on the K2.6 rank)."""
-    timed = [d for d in done if d.get("ttft_s") is not None and d["tokens"] > 1]
-    decode_tokens = sum(d["tokens"] - 1 for d in timed)
-    if not decode_tokens:
-        return float("nan")
-    return 1e3 * sum(d["latency_s"] - d["ttft_s"] for d in timed) / decode_tokens
 
 
 # Output tokens per timed pass at the least (16 requests at the 64-token default: at c=1 a pass
