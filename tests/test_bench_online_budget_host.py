@@ -36,4 +36,7 @@ def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tm
         # (a width-1 probe may take a step); drafted steps predict one in PREDICT_EVERY
         assert 64 // PREDICT_EVERY - 1 <= cell["predicting_steps"] <= 64 // PREDICT_EVERY + 1
         assert cell["finish_us_predicting"] is not None and cell["finish_us_recording"] is not None
-    assert "| budget | widths | bs |" in (tmp_path / "online_budget_host_cpu.md").read_text()
+    assert [(c["budget"], c["rows"]) for c in results["log_line"]] == [(7, 24)]
+    assert results["log_line"][0]["us"] > 0
+    report = (tmp_path / "online_budget_host_cpu.md").read_text()
+    assert "| budget | widths | bs |" in report and "log line (its summary), every row" in report

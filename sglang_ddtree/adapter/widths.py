@@ -383,7 +383,11 @@ class StepWidths:
             table.counts > 0 if probed else table.rows_served()[:, None].repeat(len(table.widths), axis=1)
         )
         return {
-            bs: {w: round(table(bs, w), 2) for w, cell in zip(table.widths, cells) if cell}
+            bs: {
+                w: round(float(ms), 2)
+                for w, ms, cell in zip(table.widths, table.row_costs(bs), cells)
+                if cell
+            }
             for bs, cells in zip(table.batch_sizes, reached)
             if cells.any()
         }

@@ -99,9 +99,25 @@ def summarise(records: list[dict]) -> dict:
     }
 
 
+def log_line_us(budget: int, device: torch.device, calls: int = 20) -> dict:
+    """The median host time of the online budget's log line (``StepWidths.summary``) with every
+    row of the table served, as a run through every batch size leaves it: the round benchmark's
+    ``auto`` arms write it every 50 steps, a stats line every interval."""
+    steps = served_steps(budget)
+    for bs in GRAPH_BATCH_SIZES:
+        run_steps(steps, bs, 30, device)
+    times = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        steps.summary()
+        times.append((time.perf_counter() - began) * 1e6)
+    return {"budget": budget, "rows": len(GRAPH_BATCH_SIZES), "us": statistics.median(times)}
+
+
 def run(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     results = {"stamp": _stamp.stamp(), "config": vars(args).copy(), "device": device.type, "cells": []}
+    results["log_line"] = [log_line_us(budget, device) for budget in args.budgets]
     for budget in args.budgets:
         for bs in args.batch_sizes:
             steps = served_steps(budget)
@@ -153,6 +169,10 @@ def to_markdown(results: dict) -> str:
                 ],
                 rows,
             ),
+            "",
+            "The online budget's log line (its summary), every row of the table served: "
+            + ", ".join(f"budget {c['budget']}: {c['us']:.0f} us" for c in results.get("log_line", []))
+            + ".",
         ]
     )
 
