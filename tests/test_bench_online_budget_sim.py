@@ -4,37 +4,45 @@ step loop on a clock of its own, deterministic, on the CPU."""
 import json
 
 from sglang_ddtree.bench import online_budget_sim
-from sglang_ddtree.bench.online_budget_sim import run_arm
-from sglang_ddtree.budget import candidate_widths
+from sglang_ddtree.bench.online_budget_sim import MODELS, rank_verify_ms, run_arm
+
+PAIR = MODELS["pair"]
 
 
 def test_a_fixed_arm_runs_its_width_and_the_online_budget_serves_the_widest_where_it_wins():
-    widths = candidate_widths(64)
-    fixed = run_arm(widths, 65, concurrency=1, passes=2, seed=0)
-    auto = run_arm(widths, None, concurrency=1, passes=2, seed=0)
+    fixed = run_arm(PAIR, 65, concurrency=1, passes=2, seed=0)
+    auto = run_arm(PAIR, None, concurrency=1, passes=2, seed=0)
     assert list(fixed["width_steps"]) == [65] and "probe_steps" not in fixed
     # alone, with ~4 ms of host work in every round, the widest tree gives the most tokens per ms
     steps = sum(auto["width_steps"].values())
     assert auto["width_steps"][65] > 0.95 * steps and auto["probe_steps"] < 0.05 * steps
     assert 0.95 < auto["tok_per_ms"] / fixed["tok_per_ms"] < 1.02
-    assert run_arm(widths, None, concurrency=1, passes=2, seed=0) == auto  # the same run, the same steps
+    assert run_arm(PAIR, None, concurrency=1, passes=2, seed=0) == auto  # the same run, the same steps
 
 
 def test_the_narrowest_fixed_width_loses_to_the_widest_on_a_host_bound_round():
     """The model's own arithmetic: every round pays ~4.3 ms of host work, so a tree of one node
     (at most 2 tokens a round) makes far fewer tokens per ms than one of 64 (~4 a round)."""
-    widths = candidate_widths(64)
-    narrow = run_arm(widths, 2, concurrency=8, passes=2, seed=1)
-    wide = run_arm(widths, 65, concurrency=8, passes=2, seed=1)
+    narrow = run_arm(PAIR, 2, concurrency=8, passes=2, seed=1)
+    wide = run_arm(PAIR, 65, concurrency=8, passes=2, seed=1)
     assert narrow["tok_per_ms"] < 0.6 * wide["tok_per_ms"]
 
 
 def test_the_benchmark_writes_its_table(tmp_path):
     argv = ["--concurrency", "1", "8", "--passes", "2", "--fixed", "16", "64", "--out", str(tmp_path)]
     assert online_budget_sim.main(argv) == 0
-    results = json.loads((tmp_path / "online_budget_sim_cpu.json").read_text())
+    results = json.loads((tmp_path / "online_budget_sim_pair_cpu.json").read_text())
     assert [level["concurrency"] for level in results["levels"]] == [1, 8]
     for level in results["levels"]:
         assert set(level["arms"]) == {"auto", "16", "64"} and level["best_fixed"] in ("16", "64")
         assert level["auto_over_best"] > 0.9
-    assert "| conc | auto tok/ms | best fixed |" in (tmp_path / "online_budget_sim_cpu.md").read_text()
+    assert "| conc | auto tok/ms | best fixed |" in (tmp_path / "online_budget_sim_pair_cpu.md").read_text()
+
+
+def test_the_rank_model_serves_the_rank_at_the_pace_the_h200_measured():
+    """The K2.6 rank's model: a batch runs in the smallest captured graph that holds it, and
+    alone, at DDTREE@7's width, it makes ~0.23 tokens a ms, as the rank made 230-240 tok/s at
+    c=1 on the H200 (f9eaf01, 40a3f9d)."""
+    assert rank_verify_ms(9, 8) == rank_verify_ms(10, 8) == 15.03 and rank_verify_ms(1, 1) == 6.777
+    alone = run_arm(MODELS["k26-rank"], 8, concurrency=1, passes=6, seed=0)  # the benchmark's passes
+    assert 0.23 * 0.95 < alone["tok_per_ms"] < 0.24 * 1.05

@@ -212,21 +212,33 @@ def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_predictio
     assert widths._per_request[-1].sum() == pytest.approx(chain_expected(0.9, 5))  # refreshed, per request
 
 
-def test_a_prefill_refreshes_the_prediction_the_next_width_one_step_would_keep():
+def test_a_batch_half_new_since_the_prediction_refreshes_it_at_its_next_width_one_step():
     """A request the drafter cannot follow (top-1 0.05) leaves a prediction that picks width 1;
     the next request (top-1 0.95) joins through a prefill, and its first step drafts to
     predict instead of serving the root alone on the old prediction for ``refresh_every``
-    steps. An idle pass brings no request and refreshes nothing."""
-    table = RoundCostTable((1,), (1, 2, 3, 5), [[1.0, 3.0, 3.0, 3.0]])
+    steps. An idle pass brings no request; one request joining a batch of 8 leaves the
+    prediction as it was, until half the batch is new."""
+    table = RoundCostTable((1, 8), (1, 2, 3, 5), [[1.0, 3.0, 3.0, 3.0], [1.0, 3.0, 3.0, 3.0]])
     widths = step_widths(table)
     for _ in range(4):
         assert run_step(widths, bs=1, accept_len=0, top1=0.05) == 1
     assert widths.skips_draft  # the root alone, on the kept prediction
     widths.interrupt()  # an idle pass
     assert run_step(widths, bs=1, accept_len=0) == 1 and widths.skips_draft
-    widths.interrupt(prefill=True)  # the next request's prefill
+    widths.interrupt(joined=1)  # the next request's prefill: the whole batch is new
     assert run_step(widths, bs=1, accept_len=3, top1=0.95) == 1 and not widths.skips_draft
     assert run_step(widths, bs=1, accept_len=3, top1=0.95) == 5  # its own prediction: the tree
+
+    widths = step_widths(table)
+    for _ in range(4):
+        assert run_step(widths, bs=8, accept_len=0, top1=0.05) == 1
+    for _ in range(3):  # one request a prefill: 1, 2, 3 of 8 new
+        widths.interrupt(joined=1)
+        assert run_step(widths, bs=8, accept_len=0, top1=0.05) == 1 and widths.skips_draft
+    widths.interrupt(joined=1)  # 4 of 8
+    assert run_step(widths, bs=8, accept_len=0, top1=0.05) == 1 and not widths.skips_draft
+    widths.interrupt(joined=1)  # the prediction was just made: 1 of 8 again
+    assert run_step(widths, bs=8, accept_len=0, top1=0.05) == 1 and widths.skips_draft
 
 
 def test_only_width_one_rounds_without_a_draft_cost_width_one():

@@ -26,10 +26,10 @@ A width-1 step without the drafter predicts nothing: the last prediction is kept
 new about; decaying it toward zero would make width 1 confirm itself), the calibration is not
 touched (the step predicted no depth), and the next choice scales the kept prediction to the
 batch size of that step, so a batch that shrinks brings the tree back through the cost table.
-Some steps draft at width 1 anyway: the first (nothing predicted yet), the first after a
-prefill (its requests are new to the kept prediction), and one after every ``refresh_every``
-steps without a draft, so the kept prediction follows the requests that come and go; none
-counts as a width-1 round cost.
+Some steps draft at width 1 anyway: the first (nothing predicted yet), the first once half
+the batch joined after the kept prediction was made (requests it knows nothing of), and one
+after every ``refresh_every`` steps without a draft, so the kept prediction follows the
+requests that come and go; none counts as a width-1 round cost.
 
 The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
 ``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
@@ -157,6 +157,7 @@ class StepWidths:
         self.steps_without_draft = 0
         self._predicting = False  # a drafted step's prediction is kept or on its way to the host
         self._undrafted_run = 0  # width-1 steps without a draft since the last step that drafted
+        self._joined = 0  # requests prefilled since the last prediction
         # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
         # and the drafter graph's kept log-probs.
         self.runners = None
@@ -212,7 +213,7 @@ class StepWidths:
         if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
         self._verify = None
-        self.skips_draft = width == 1 and self._predicting and self._undrafted_run < self.refresh_every
+        self.skips_draft = width == 1 and self._predicting and not self._stale_prediction(bs)
         self._undrafted_run = self._undrafted_run + 1 if self.skips_draft else 0
         self.steps_without_draft += self.skips_draft
         self._step = (bs, width, now)
@@ -230,21 +231,24 @@ class StepWidths:
             return unprobed(bs)
         return unprobed(bs, lambda floors, priced: self.chooser.could_win(bs, accepted, floors, priced))
 
-    def interrupt(self, prefill: bool = False) -> None:
-        """Another batch (a prefill, an idle pass) runs between two steps: the last step's
-        period would count it, and so would the next step's under overlap (the scheduler waits
-        for the other batch's results while the next step is in flight), so neither adds
-        anything to the cost table.
-
-        A prefill brings requests the kept prediction knows nothing of, so the next width-1
-        step drafts (and predicts) instead of serving the root alone on the prediction of the
-        requests before them (a kept prediction holds width 1 for up to ``refresh_every``
-        steps; at 6125f69 the trained pair's server ran 70 width-1 steps without the drafter
-        in its first 1,000, 40 of them in a row in its first requests)."""
+    def interrupt(self, joined: int = 0) -> None:
+        """Another batch (a prefill of ``joined`` requests, an idle pass) runs between two
+        steps: the last step's period would count it, and so would the next step's under
+        overlap (the scheduler waits for the other batch's results while the next step is in
+        flight), so neither adds anything to the cost table."""
         self._end_period(None)
         self._last_kind = None
-        if prefill:
-            self._undrafted_run = self.refresh_every
+        self._joined += joined
+
+    def _stale_prediction(self, bs: int) -> bool:
+        """Whether a width-1 step of ``bs`` requests should draft to predict anew: after
+        ``refresh_every`` steps without a draft, or once half the batch joined after the kept
+        prediction was made (requests it knows nothing of: at 6125f69 the trained pair's server
+        ran 70 width-1 steps without the drafter in its first 1,000, 40 in a row in its first
+        requests, on a prediction one request left to the next). One request joining a batch
+        of 64 leaves the prediction as it was: drafting for it at every prefill would cost a
+        drafter forward a few steps apart."""
+        return self._undrafted_run >= self.refresh_every or 2 * self._joined >= bs
 
     def _end_period(self, now: float | None) -> None:
         if self._last is not None:
@@ -307,7 +311,7 @@ class StepWidths:
             return
         self._drafted_unpredicted = 0
         log_probs = log_probs.view(bs, self.depth, -1)
-        self._predicting = True
+        self._predicting, self._joined = True, 0
         max_budget = self.widths[-1] - 1
         predicted = reach_at_widths(reach_by_depth(log_probs, max_budget), self.widths)  # [n_widths, depth]
         measured = reach_counts(accept_lens, self.depth).to(torch.float64)

@@ -184,7 +184,7 @@ class DDTreeWorker(DFlashWorkerV2):
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
         if self.widths is not None and (prefill or batch.forward_mode.is_idle()):
-            self.widths.interrupt(prefill)  # the last decode step's period must not count this batch
+            self.widths.interrupt(len(batch.seq_lens) if prefill else 0)  # not in the step's period
         if prefill:
             self.features.on_prefill(batch)
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
