@@ -46,3 +46,18 @@ def test_the_rank_model_serves_the_rank_at_the_pace_the_h200_measured():
     assert rank_verify_ms(9, 8) == rank_verify_ms(10, 8) == 15.03 and rank_verify_ms(1, 1) == 6.777
     alone = run_arm(MODELS["k26-rank"], 8, concurrency=1, passes=6, seed=0)  # the benchmark's passes
     assert 0.23 * 0.95 < alone["tok_per_ms"] < 0.24 * 1.05
+
+
+def test_noise_stalls_the_share_of_rounds_it_says_and_leaves_a_quiet_model_alone():
+    import numpy as np
+
+    from sglang_ddtree.bench.online_budget_sim import STALL_MS, Noise
+
+    rng = np.random.default_rng(0)
+    assert Noise().apply(4.3, rng) == 4.3
+    assert Noise(stall_share=1.0).apply(4.3, rng) == 4.3 + STALL_MS
+    jittered = [Noise(jitter=0.25).apply(4.3, rng) for _ in range(2000)]
+    assert 4.1 < float(np.median(jittered)) < 4.5 and min(jittered) < 3.0 < 6.0 < max(jittered)
+    quiet = run_arm(PAIR, 65, concurrency=1, passes=2, seed=0)
+    noisy = run_arm(PAIR, 65, concurrency=1, passes=2, seed=0, noise=Noise(jitter=0.25, stall_share=0.02))
+    assert noisy["width_steps"] == quiet["width_steps"] and noisy["tok_per_ms"] < quiet["tok_per_ms"]

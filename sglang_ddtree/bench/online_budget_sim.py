@@ -48,6 +48,7 @@ from .output_lens import output_lens
 
 DEPTH, TOP_K = 7, 64
 PREFILL_MS = 8.0
+STALL_MS = 5.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,22 @@ def make_requests(n: int, widths, seed: int, top_logit: tuple[float, float] = (4
     return requests
 
 
+@dataclass(frozen=True)
+class Noise:
+    """The host's unevenness: each round's rest times a lognormal factor (``jitter``, its
+    sigma), and a share of rounds stalled by ``STALL_MS`` (a collection, a scheduler hiccup)."""
+
+    jitter: float = 0.0
+    stall_share: float = 0.0
+
+    def apply(self, rest_ms: float, rng: np.random.Generator) -> float:
+        if self.jitter:
+            rest_ms *= float(np.exp(rng.normal(0.0, self.jitter)))
+        if self.stall_share and rng.random() < self.stall_share:
+            rest_ms += STALL_MS
+        return rest_ms
+
+
 class Clock:
     def __init__(self):
         self.s = 0.0
@@ -150,10 +167,12 @@ class Clock:
 class Server:
     """One arm: the online budget's step loop (``fixed`` None) or one width at every step."""
 
-    def __init__(self, model: Model, widths, fixed: int | None, seed: int):
+    def __init__(self, model: Model, widths, fixed: int | None, seed: int, noise: Noise | None = None):
         self.model, self.widths, self.fixed = model, tuple(widths), fixed
         self.clock = Clock()
         self.accept_rng = np.random.default_rng(seed)
+        self.noise = noise or Noise()
+        self.noise_rng = np.random.default_rng(seed + 1)
         self.width_steps: dict[int, int] = {}
         self.steps = None
         if fixed is None:
@@ -178,6 +197,7 @@ class Server:
             self._log_probs = torch.cat([r.log_probs for r in running])
             self._propose(None, TOP_K)
         rest, verify = round_ms(self.model, bs, width, drafted)
+        rest = self.noise.apply(rest, self.noise_rng)
         self.clock.advance(rest / 2)
         if self.steps is not None:
             self.steps.verify_started()
@@ -210,11 +230,11 @@ def serve_pass(server: Server, requests: list[Request], concurrency: int) -> int
     return made
 
 
-def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed: int) -> dict:
+def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed: int, noise=None) -> dict:
     """One arm over ``passes`` passes (the first a warm-up, as the served benchmark runs):
     its tokens per ms over the timed passes, and its steps per width in all."""
     widths = candidate_widths(model.budget)
-    server = Server(model, widths, fixed, seed)
+    server = Server(model, widths, fixed, seed, noise)
     tokens = ms = 0.0
     for index in range(passes):
         requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model.top_logit)
@@ -230,6 +250,7 @@ def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed
 
 def run(args) -> dict:
     model = MODELS[args.model]
+    noise = Noise(args.rest_jitter, args.stall_share)
     fixed = args.fixed or list(model.fixed)
     concurrency = args.concurrency or list(model.concurrency)
     config = {**vars(args), "fixed": fixed, "concurrency": concurrency, "budget": model.budget}
@@ -239,7 +260,7 @@ def run(args) -> dict:
         level = {"concurrency": c, "arms": {}}
         for arm in ["auto", *fixed]:
             width = None if arm == "auto" else int(arm) + 1  # DDTREE@B verifies B + 1 slots
-            level["arms"][arm] = run_arm(model, width, c, args.passes, args.seed)
+            level["arms"][arm] = run_arm(model, width, c, args.passes, args.seed, noise)
         best = max(fixed, key=lambda a: level["arms"][a]["tok_per_ms"])
         level["best_fixed"] = best
         level["auto_over_best"] = level["arms"]["auto"]["tok_per_ms"] / level["arms"][best]["tok_per_ms"]
@@ -272,14 +293,20 @@ def to_markdown(results: dict) -> str:
     config = results["config"]
     return "\n".join(
         [
-            "# The online budget's policy on a modelled server (no GPU, no noise)",
+            "# The online budget's policy on a modelled server (no GPU)",
             "",
             _stamp.stamp_markdown(results["stamp"]),
             "",
             f"`auto{config['budget']}` against fixed budgets {', '.join(config['fixed'])} on the model of "
             f"`{config['model']}` (the module docstring): {config['passes'] - 1} timed passes after "
             "a warm-up per arm and concurrency, the same requests in every arm. Tokens per ms are the "
-            "model's; the ratio is what the policy (probes, narrower widths, width 1) gives up or gains.",
+            "model's; the ratio is what the policy (probes, narrower widths, width 1) gives up or gains. "
+            + (
+                f"Each round's rest times a lognormal factor of sigma {config['rest_jitter']:g}; "
+                f"{config['stall_share']:.0%} of rounds stalled {STALL_MS:g} ms."
+                if config["rest_jitter"] or config["stall_share"]
+                else "No noise: every round costs what the model says."
+            ),
             "",
             _stamp.md_table(
                 [
@@ -309,12 +336,17 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="(default: the model's)")
     p.add_argument("--passes", type=int, default=6, help="passes per arm and level, the first a warm-up")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rest-jitter", type=float, default=0.0, help="sigma of each round's lognormal rest factor"
+    )
+    p.add_argument("--stall-share", type=float, default=0.0, help=f"share of rounds stalled {STALL_MS:g} ms")
     p.add_argument("--out", default=None, help="results folder (default: bench_results)")
     args = p.parse_args(argv)
     if args.passes < 2:
         p.error("--passes must be >= 2 (the first warms up)")
     results = run(args)
-    name = f"online_budget_sim_{args.model}_{_stamp.device_slug(results['stamp'])}"
+    noisy = "_noisy" if args.rest_jitter or args.stall_share else ""
+    name = f"online_budget_sim_{args.model}{noisy}_{_stamp.device_slug(results['stamp'])}"
     for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
         print(path)
     print(to_markdown(results))
