@@ -58,3 +58,30 @@ def test_the_report_judges_the_online_budget_by_its_paired_passes():
     # 1.27x plain by the medians, but one repeat's pair made 0.87x: five repeats do not resolve it
     over_plain = rows["ddtree@auto64 tok/s / plain tok/s, c=1"]
     assert over_plain[1].startswith("1.277 [0.873, ") and over_plain[3] == UNRESOLVED
+
+
+def test_committed_runs_are_judged_again_by_their_paired_passes(tmp_path):
+    import json
+
+    from sglang_ddtree.bench import online_budget_judged
+
+    def arm(name, passes):
+        level = {"concurrency": 1, "tok_per_s": sorted(passes)[len(passes) // 2], "tok_per_s_passes": passes}
+        return {"arm": name, "levels": [level]}
+
+    run = {
+        "stamp": {"commit": "6125f69abc"},
+        "arms": [arm("ddtree@64", DDTREE64_C1), arm("ddtree@auto64", AUTO64_C1)],
+    }
+    without_auto = {"stamp": {"commit": "0000000"}, "arms": [arm("ddtree@64", DDTREE64_C1)]}
+    (tmp_path / "a.json").write_text(json.dumps(run))
+    (tmp_path / "b.json").write_text(json.dumps(without_auto))
+    assert (
+        online_budget_judged.main(
+            [str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path)]
+        )
+        == 0
+    )
+    report = (tmp_path / "online_budget_judged_cpu.md").read_text()
+    assert "## `a.json` (6125f69): met 0, missed 0, unresolved 1" in report and "b.json" not in report
+    assert "| ddtree@auto64 tok/s / best fixed (ddtree@64) tok/s, c=1 | 0.868 [0.650, 0.981] |" in report

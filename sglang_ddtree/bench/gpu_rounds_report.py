@@ -14,13 +14,14 @@ GOAL = 0.95  # issue 18: within 5% of the best fixed budget and of plain
 CHAIN_WIDTH_ARM = "ddtree@7"  # verify width 8 = the DFlash chain's block of this drafter
 
 
-def _levels(results: dict) -> dict[str, dict[int, dict]]:
+def levels_by_arm(results: dict) -> dict[str, dict[int, dict]]:
+    """A run's rows: arm -> concurrency -> level."""
     return {a["arm"]: {lv["concurrency"]: lv for lv in a["levels"]} for a in results["arms"]}
 
 
 def targets(results: dict) -> list[list]:
     """The round-cost and speed targets, from numbers of this run."""
-    levels = _levels(results)
+    levels = levels_by_arm(results)
     rows = []
     dflash = levels.get("dflash", {})
     if 1 in dflash and 1 in levels.get(CHAIN_WIDTH_ARM, {}):
@@ -109,7 +110,7 @@ def throughput_table(levels: dict) -> str:
 
 
 def to_markdown(results: dict) -> str:
-    levels = _levels(results)
+    levels = levels_by_arm(results)
     lines = [
         "# DDTREE vs stock DFLASH vs plain, served on the GPU",
         "",
@@ -385,7 +386,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    levels = _levels(results)
+    levels = levels_by_arm(results)
     profiled = [(a["arm"], p) for a in results["arms"] for p in a["profiles"] if "error" not in p]
     panels = 2 + bool(profiled)
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 5), squeeze=False)

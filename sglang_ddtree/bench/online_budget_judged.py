@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from . import _stamp
-from .gpu_rounds_report import _levels, online_budget_targets
+from .gpu_rounds_report import levels_by_arm, online_budget_targets
 from .paired import UNRESOLVED
 
 
@@ -25,7 +25,7 @@ def judged_runs(paths: list[Path]) -> list[dict]:
     runs = []
     for path in paths:
         results = json.loads(path.read_text())
-        rows = [row for row in online_budget_targets(_levels(results)) if row[2] != "(not a goal)"]
+        rows = [row for row in online_budget_targets(levels_by_arm(results)) if row[2] != "(not a goal)"]
         if rows:
             commit = results.get("stamp", {}).get("commit", "")[:7]
             runs.append({"file": path.name, "commit": commit, "rows": rows})
