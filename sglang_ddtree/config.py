@@ -43,6 +43,8 @@ ENV_VERIFY_ATTENTION = (
     "SGLANG_DDTREE_VERIFY_ATTENTION"  # debugging: "sglang" keeps SGLang's MLA verify kernel
 )
 ENV_BUDGET_COST_TABLE = "SGLANG_DDTREE_BUDGET_COST_TABLE"  # tests/debugging: a fixed T(bs, width) JSON file
+# benchmarks/debugging: the online budget does all its work every step, then runs the widest tree
+ENV_ONLINE_BUDGET_PIN_WIDEST = "SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST"
 
 
 class DDTreeConfigError(ValueError):
@@ -122,6 +124,12 @@ def stats_log_interval() -> int:
 
 def eager_tree_step_requested() -> bool:
     return os.environ.get(ENV_EAGER_TREE_STEP, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def online_budget_pinned() -> bool:
+    """Whether the online budget runs the widest tree whatever it chose (what its own work costs
+    beside a fixed budget of that width, apart from what its choices cost)."""
+    return os.environ.get(ENV_ONLINE_BUDGET_PIN_WIDEST, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def eager_draft_kv_requested() -> bool:

@@ -268,6 +268,8 @@ def test_arm_variants_share_flags_and_set_one_variable():
     assert arm_env("ddtree@7+phases", 50) == {"SGLANG_DDTREE_PHASE_TIMES": "50"}
     assert arm_env("ddtree@7+eagerstep", 50) == {"SGLANG_DDTREE_EAGER_TREE_STEP": "1"}
     assert arm_env("ddtree@7", 50) is None
+    assert arm_args("ddtree@auto64+pinned", "D", 32) == arm_args("ddtree@auto64", "D", 32)
+    assert arm_env("ddtree@auto64+pinned", 50) == {"SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST": "1"}
 
 
 def test_the_width1_variant_injects_a_table_where_width_one_always_wins(tmp_path):

@@ -241,6 +241,25 @@ def test_a_batch_half_new_since_the_prediction_refreshes_it_at_its_next_width_on
     assert run_step(widths, bs=8, accept_len=0, top1=0.05) == 1 and widths.skips_draft
 
 
+def test_pinned_the_online_budget_chooses_and_books_but_runs_the_widest_tree(monkeypatch):
+    """``$SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST`` (the round benchmark's ``+pinned``): every
+    step does the online budget's work (the prediction, the choice, the table) and runs the
+    widest tree, so a server's own cost of that work can be set apart from its choices."""
+    from sglang_ddtree.adapter.draft_head import DraftTreeHead
+
+    cheap_root = RoundCostTable((8,), (1, 2, 3, 5), [[1.0, 30.0, 30.0, 30.0]])
+    for pinned, expected in ((False, 1), (True, 5)):
+        widths = step_widths(cheap_root, pinned=pinned)
+        run_step(widths, bs=8, accept_len=0)
+        assert run_step(widths, bs=8, accept_len=0) == expected
+        assert [s.width for s in widths.chooser.last_scores] == [1, 2, 3, 5]  # a choice was made
+        assert not widths.skips_draft or not pinned  # the widest tree drafts
+    head = DraftTreeHead(trees_backend=PythonBackend(), budget=4, width=5, block=5, k=4, last_position=63)
+    assert not StepWidths.like(head, 4, DEPTH).pinned
+    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST", "1")
+    assert StepWidths.like(head, 4, DEPTH).pinned
+
+
 def test_only_width_one_rounds_without_a_draft_cost_width_one():
     widths = step_widths(ProbedCostTable((1, 8), (1, 2, 3, 5), probes=1))
     run_step(widths, bs=8, accept_len=0)  # width 1 with a draft: nothing predicted yet

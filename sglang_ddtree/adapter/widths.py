@@ -72,7 +72,7 @@ from ..budget import (
     candidate_widths,
     reach_counts,
 )
-from ..config import DDTreeConfigError, budget_cost_table
+from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned
 from ..tree.expected_accept import reach_at_widths, reach_by_depth
 from ..tree.types import Trees
 from .verify_clock import VerifyTime
@@ -135,6 +135,7 @@ class StepWidths:
         predict_every: int = PREDICT_EVERY,
         log_every: int = 0,
         clock: Callable[[], float] | None = None,
+        pinned: bool = False,
     ):
         self.widths = tuple(widths)
         self._clock = clock  # the host's clock in seconds (None: ``time.perf_counter``; a simulation's own)
@@ -158,6 +159,7 @@ class StepWidths:
         self._predicting = False  # a drafted step's prediction is kept or on its way to the host
         self._undrafted_run = 0  # width-1 steps without a draft since the last step that drafted
         self._joined = 0  # requests prefilled since the last prediction
+        self.pinned = pinned  # debugging: every step runs the widest tree, whatever was chosen
         # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
         # and the drafter graph's kept log-probs.
         self.runners = None
@@ -187,7 +189,7 @@ class StepWidths:
             )
 
         widths = candidate_widths(max_budget)
-        return cls(widths, cost_table(widths), depth, make_head)
+        return cls(widths, cost_table(widths), depth, make_head, pinned=online_budget_pinned())
 
     @property
     def measured(self) -> bool:
@@ -208,6 +210,8 @@ class StepWidths:
         width = self._probe(bs, accepted)
         if width is None:
             width = self.chooser.choose(bs, accepted)
+        if self.pinned:  # debugging: the choice made and booked, the widest tree run
+            width = self.widths[-1]
         self.history[bs, width] += 1
         self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
         if self.log_every and self.steps % self.log_every == 0:

@@ -89,6 +89,9 @@ VARIANTS = {
     # ddtree@autoB only: every width costs the same, so every step runs the widest tree (the
     # most expected tokens): the online budget's own bookkeeping at the fixed arm's width.
     "+widest": "SGLANG_DDTREE_BUDGET_COST_TABLE",
+    # ddtree@autoB only: the online budget's whole step (timed table, choice, probes, prediction)
+    # with the widest tree run every step: its own work, apart from the widths it would choose.
+    "+pinned": "SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST",
     # The same server started twice: how far two servers of one call differ on their own.
     "+again": None,
 }
