@@ -270,6 +270,8 @@ def test_arm_variants_share_flags_and_set_one_variable():
     assert arm_env("ddtree@7", 50) is None
     assert arm_args("ddtree@auto64+pinned", "D", 32) == arm_args("ddtree@auto64", "D", 32)
     assert arm_env("ddtree@auto64+pinned", 50) == {"SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST": "1"}
+    with pytest.raises(ValueError, match="online-budget arm"):
+        arm_env("ddtree@64+pinned", 50)  # a fixed budget has nothing to pin
 
 
 def test_the_width1_variant_injects_a_table_where_width_one_always_wins(tmp_path):

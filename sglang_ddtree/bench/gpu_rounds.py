@@ -114,6 +114,8 @@ def arm_env(arm: str, phase_times: int, work: Path | None = None) -> dict | None
     if suffix in ("+width1", "+widest"):
         table = injected_cost_table(base, suffix, work or Path(tempfile.gettempdir()))
         return {VARIANTS[suffix]: str(table)}
+    if suffix == "+pinned" and auto_budget(base) is None:
+        raise ValueError(f"{arm}: the variant needs an online-budget arm (ddtree@autoB)")
     return {VARIANTS[suffix]: str(phase_times) if suffix == "+phases" else "1"}
 
 
