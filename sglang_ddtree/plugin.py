@@ -39,9 +39,10 @@ def register() -> None:
     from .adapter.attention import gpu_backends
 
     gpu_backends.install()
-    from .adapter import req_to_token, requests
+    from .adapter import req_to_token, requests, stops
 
     requests.install()
+    stops.install()
     req_to_token.install()
     _install_cli_hooks()
     _install_error_reporting()
@@ -83,8 +84,10 @@ def _install_cli_hooks() -> None:
     def with_ddtree_section(result, server_args_obj, *args, **kwargs):
         algorithm = str(getattr(server_args_obj, "speculative_algorithm", None) or "").upper()
         if algorithm == ALGORITHM_NAME and isinstance(result, dict):
+            # Without a budget flag the launcher's arguments keep the width unset (the
+            # scheduler's copy is resolved): resolve it the same way here.
             result["ddtree"] = server_args.server_info_section(
-                int(server_args_obj.speculative_num_draft_tokens),
+                server_args.resolve_config(server_args_obj).verify_width,
                 cuda_graphs=server_args.serves_cuda_graphs(server_args_obj),
             )
         return result

@@ -34,9 +34,11 @@ def reservation_headroom(num_draft_tokens: int, page_size: int) -> int:
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .requests import serving_ddtree
+
     def extra_context_len(original, *args, **kwargs):
         extra = original(*args, **kwargs)
-        if not _serving_ddtree():
+        if not serving_ddtree():
             return extra
         from sglang.srt.mem_cache.allocation_sizing import get_alloc_page_size
         from sglang.srt.runtime_context import max_speculative_num_draft_tokens
@@ -45,9 +47,3 @@ def install() -> None:
         return max(extra, reservation_headroom(width, get_alloc_page_size()))
 
     HookRegistry.register(TARGET, extra_context_len, HookType.AROUND)
-
-
-def _serving_ddtree() -> bool:
-    from .requests import _serving_ddtree as serving
-
-    return serving()

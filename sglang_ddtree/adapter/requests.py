@@ -67,14 +67,14 @@ def install() -> None:
 
     def validate(original, req, enable_overlap, *args, **kwargs):
         error = original(req, enable_overlap, *args, **kwargs)
-        if error is None and _serving_ddtree():
+        if error is None and serving_ddtree():
             error = ddtree_request_error(req)
         return error
 
     HookRegistry.register("sglang.srt.managers.scheduler.validate_dflash_request", validate, HookType.AROUND)
 
 
-def _serving_ddtree() -> bool:
+def serving_ddtree() -> bool:
     from sglang.srt.runtime_context import get_spec
 
     try:
