@@ -11,6 +11,8 @@ VENV         ?= $(ENV_ROOT)/venv-py311-torch$(TORCH)-sglang$(SGLANG)
 PY           := $(VENV)/bin/python
 STAMP        := $(VENV)/.deps-installed
 CPU_ENV      := SGLANG_USE_CPU_ENGINE=1
+# The lab (benchmarks, model building, the demo) runs from the checkout, beside the package.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 PYTEST_ARGS  ?=
 
 .PHONY: gpu-bundle help venv demo test test-fast test-slow lint format bench-tree bench-moe bench-attention bench-budget ab-smoke \
@@ -44,10 +46,10 @@ $(STAMP):
 venv: $(STAMP)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m sglang_ddtree.cpu install-hook
-	$(PY) -m sglang_ddtree.models.tiny > /dev/null
+	$(PY) -m lab.models.tiny > /dev/null
 
 demo: venv
-	$(CPU_ENV) $(PY) -m sglang_ddtree.demo
+	$(CPU_ENV) $(PY) -m lab.demo
 
 test: venv
 	$(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider --durations=25 -m "not slow" tests $(PYTEST_ARGS)
@@ -60,36 +62,36 @@ test-fast: venv
 	$(PY) -m pytest -q -p no:cacheprovider -m "not server" tests $(PYTEST_ARGS)
 
 lint: venv
-	$(PY) -m ruff check sglang_ddtree tests
-	$(PY) -m ruff format --check sglang_ddtree tests
+	$(PY) -m ruff check sglang_ddtree lab tests
+	$(PY) -m ruff format --check sglang_ddtree lab tests
 
 format: venv
-	$(PY) -m ruff check --fix sglang_ddtree tests
-	$(PY) -m ruff format sglang_ddtree tests
+	$(PY) -m ruff check --fix sglang_ddtree lab tests
+	$(PY) -m ruff format sglang_ddtree lab tests
 
 ab-smoke: venv
-	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.ab --tiny --arms ddtree,plain --concurrency 1 --num-prompts 4 --output-len 24
+	$(CPU_ENV) $(PY) -m lab.ab_tiny --arms ddtree,plain --concurrency 1 --num-prompts 4 --output-len 24
 
 bench-tree: venv
-	$(PY) -m sglang_ddtree.bench.tree_kernels
+	$(PY) -m lab.bench.tree_kernels
 
 bench-moe: venv
-	$(PY) -m sglang_ddtree.bench.moe_verify --bundle .carry/sgl
+	$(PY) -m lab.bench.moe_verify --bundle .carry/sgl
 
 bench-attention: venv
-	$(PY) -m sglang_ddtree.bench.mla_tree_attention
+	$(PY) -m lab.bench.mla_tree_attention
 
 bench-budget: venv
-	$(PY) -m sglang_ddtree.budget_model --out bench_results/budget_tp8_code --png
+	$(PY) -m lab.budget_model --out bench_results/budget_tp8_code --png
 
 pair-eval: venv
-	$(CPU_ENV) $(PY) -m sglang_ddtree.bench.pair_eval
+	$(CPU_ENV) $(PY) -m lab.bench.pair_eval
 
 rank-profile: venv
-	$(PY) -m sglang_ddtree.bench.pair_rank_profile
+	$(PY) -m lab.bench.pair_rank_profile
 
 train-pair: venv
-	$(PY) -m sglang_ddtree.models.train_pair --device cuda --time-limit 2.0
+	$(PY) -m lab.models.train_pair --device cuda --time-limit 2.0
 
 clean-venv:
 	rm -rf $(VENV)

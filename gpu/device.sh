@@ -3,7 +3,7 @@
 #
 #   bash gpu/device.sh <command ...>
 #   bash gpu/device.sh python -m pytest -m gpu_server tests/gpu_server     # the GPU serving suite
-#   bash gpu/device.sh python -m sglang_ddtree.bench.ab ...                 # A/B runs
+#   bash gpu/device.sh python -m sglang_ddtree.ab ...                 # A/B runs
 #
 # Needs in the call's carry: .carry/gpu/site-<version>.tar.xz (from `make gpu-bundle`) and
 # optionally the compile caches an earlier run wrote to $OUT: cache-<version>.tar.xz (JIT and
@@ -46,7 +46,8 @@ for name in cache marlin triton; do  # each once per machine (a warm one keeps /
 done
 
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" \
-  SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_IS_FLASHINFER_AVAILABLE=false SGLANG_DDTREE_GPU_COMPAT=1 \
+  SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 SGLANG_IS_FLASHINFER_AVAILABLE=false \
+  SGLANG_DDTREE_TEST_PLUGIN="lab.gpu_compat${SGLANG_DDTREE_TEST_PLUGIN:+,$SGLANG_DDTREE_TEST_PLUGIN}" \
   SGLANG_JIT_CACHE_DIR="$CACHE/jit" TRITON_CACHE_DIR="$CACHE/triton" CUPY_CACHE_DIR="$CACHE/cupy" \
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \

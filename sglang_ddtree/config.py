@@ -27,10 +27,11 @@ DEFAULT_BLOCK_SIZE = 16
 
 ENV_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"
 ENV_TREE_BACKEND = "SGLANG_DDTREE_TREE_BACKEND"  # auto | cuda | cpp | python
-ENV_TEST_PLUGIN = "SGLANG_DDTREE_TEST_PLUGIN"  # test-only: a module whose install() runs at registration
+ENV_TEST_PLUGIN = (
+    "SGLANG_DDTREE_TEST_PLUGIN"  # tests and the lab: modules whose install() runs at registration
+)
 ENV_LOG_TREE_STATS = "SGLANG_DDTREE_LOG_STATS_EVERY"  # steps between stats log lines
 ENV_MAX_TOPK = "SGLANG_DDTREE_MAX_TOPK"  # siblings per depth (1 = the DFlash chain)
-ENV_GPU_COMPAT = "SGLANG_DDTREE_GPU_COMPAT"  # set by gpu/device.sh: the bundle's older sgl_kernel
 ENV_PHASE_TIMES = "SGLANG_DDTREE_PHASE_TIMES"  # debugging: rounds between host phase-time log lines
 ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tree step out of the draft graph
 ENV_EAGER_DRAFT_KV = "SGLANG_DDTREE_EAGER_DRAFT_KV"  # debugging: the drafter KV append outside CUDA graphs
@@ -64,10 +65,6 @@ def cpu_engine_requested() -> bool:
     return os.environ.get(ENV_CPU_ENGINE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def gpu_compat_requested() -> bool:
-    return os.environ.get(ENV_GPU_COMPAT, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def tp_tree_check_requested() -> bool:
     """Whether every round compares its trees and accepted paths across the TP ranks
     (a collective and a host read per round: for debugging and the TP serving job)."""
@@ -95,10 +92,11 @@ def sglang_verify_attention_requested() -> bool:
     return value == "sglang"
 
 
-def test_plugin_module() -> str | None:
-    """A test-only module that the plugin's ``register`` imports and installs (e.g. the
-    tests' scripted drafter, which overrides the worker's ``_propose``)."""
-    return os.environ.get(ENV_TEST_PLUGIN, "").strip() or None
+def test_plugin_modules() -> list[str]:
+    """Modules of the tests and the lab (a comma list) that the plugin's ``register`` imports
+    and installs: the tests' scripted drafter, the lab's replay drafter, the GPU bundle's
+    compatibility hooks. Never set in a normal launch."""
+    return [name.strip() for name in os.environ.get(ENV_TEST_PLUGIN, "").split(",") if name.strip()]
 
 
 def max_topk_override() -> int | None:

@@ -118,12 +118,13 @@ def wait_group_gone(pgid: int, timeout: float) -> bool:
 class ProcessGroup:
     """A command in its own session (process group), guarded by a watchdog."""
 
-    def __init__(self, cmd: list[str], *, stdout, env: dict[str, str] | None = None):
+    def __init__(self, cmd: list[str], *, stdout, env: dict[str, str] | None = None, cwd=None):
         self.process = subprocess.Popen(
             cmd,
             stdout=stdout,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             start_new_session=True,
             preexec_fn=_parent_death_signal(),
         )
@@ -259,7 +260,10 @@ class ServerProcess:
         log_path: str | Path | None = None,
         start_timeout: float = 240.0,
         name: str = "server",
+        python: str = sys.executable,
+        cwd: str | Path | None = None,
     ):
+        self.python, self.cwd = python, cwd  # the interpreter (its environment), the working folder
         self.port = free_port()
         self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = {**os.environ, **(env or {})}
@@ -285,7 +289,10 @@ class ServerProcess:
         overlap other work); :meth:`wait_until_ready` then waits."""
         with open(self.log_path, "w") as log:
             self.group = ProcessGroup(
-                [sys.executable, "-m", "sglang.launch_server", *self.args], stdout=log, env=self.env
+                [self.python, "-m", "sglang.launch_server", *self.args],
+                stdout=log,
+                env=self.env,
+                cwd=self.cwd,
             )
         self.process = self.group.process
         return self

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .config import DDTreeConfigError, cpu_engine_requested, gpu_compat_requested, test_plugin_module
+from .config import DDTreeConfigError, cpu_engine_requested, test_plugin_modules
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -26,10 +26,6 @@ def register() -> None:
         from .cpu import fallbacks
 
         fallbacks.install()
-    if gpu_compat_requested():
-        from . import gpu_compat
-
-        gpu_compat.install()
     from .adapter.spec import register_algorithm
 
     register_algorithm()
@@ -50,10 +46,9 @@ def register() -> None:
 
 
 def _install_test_plugin() -> None:
-    name = test_plugin_module()
-    if name:
-        import importlib
+    import importlib
 
+    for name in test_plugin_modules():
         importlib.import_module(name).install()
 
 

@@ -23,7 +23,7 @@ from background import BACKGROUND
 from processes import RUN_TAG_ENV, kill_all, wait_none_left
 from serving import SHARED_SERVERS, RunSchedule
 
-from sglang_ddtree.models.tiny import build_tiny_models
+from lab.models.tiny import build_tiny_models
 
 # Long enough for a server killed at the very end to finish dying on a loaded machine.
 LEFTOVER_GRACE_S = 60.0

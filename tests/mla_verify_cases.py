@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_ddtree.bench.mla_tree_attention import ancestor_mask, random_tree_parents
+from lab.bench.mla_tree_attention import ancestor_mask, random_tree_parents
 from sglang_ddtree.kernels.compare import relative_difference
 from sglang_ddtree.tree.layout import flat_custom_mask
 

@@ -14,7 +14,7 @@ RUN_TAG_ENV = "SGLANG_DDTREE_TEST_RUN"
 # detokenizer processes, which SGLang renames "sglang::..."), load generators,
 # the A/B tool and the watchdogs guarding them.
 LOAD_GENERATOR_MARKS = ("sglang.bench_serving", "sglang.benchmark.serving")
-MARKS = ("sglang.launch_server", "sglang::", *LOAD_GENERATOR_MARKS, "sglang_ddtree.bench", WATCHDOG_NAME)
+MARKS = ("sglang.launch_server", "sglang::", *LOAD_GENERATOR_MARKS, "lab.bench", WATCHDOG_NAME)
 
 
 def _read(path: Path) -> bytes:

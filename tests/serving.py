@@ -14,8 +14,8 @@ import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 
+from lab.models.tiny import build_tiny_models
 from sglang_ddtree.launch import ServerProcess, cpu_server_args, http_text
-from sglang_ddtree.models.tiny import build_tiny_models
 
 PROMPTS = [
     "The",
@@ -50,7 +50,10 @@ REFERENCE_OPTIONS = [
 START_TIMEOUT_S = 900.0
 
 
-def ddtree_args(models, budget: int = 16, extra: list[str] | None = None) -> list[str]:
+def ddtree_args(models, budget: int | None = 16, extra: list[str] | None = None) -> list[str]:
+    """A DDTREE server's arguments; ``budget=None`` leaves the budget flag out (the
+    minimal launch: the default budget)."""
+    width = [] if budget is None else ["--speculative-ddtree-budget", str(budget)]
     return cpu_server_args(
         models.target,
         [
@@ -59,8 +62,7 @@ def ddtree_args(models, budget: int = 16, extra: list[str] | None = None) -> lis
             "DDTREE",
             "--speculative-draft-model-path",
             str(models.drafter),
-            "--speculative-ddtree-budget",
-            str(budget),
+            *width,
             *(extra or []),
         ],
     )
@@ -374,15 +376,22 @@ def add_to_script(path: Path, part: str, continuations, overrides=None, ranks=OR
 
 def deterministic_tree_spec() -> ServerSpec:
     """One DDTREE server (overlap on) with deterministic inference (per-request sampling
-    seeds honoured) and custom logit processors allowed, on the tiny models: the request
-    features of test_serving_features.py and the seeded sampling of test_serving_tree.py
-    run on it. Its drafter script (:func:`add_to_script`, ``DETERMINISTIC_TREE_SCRIPT``)
-    holds both modules' requests."""
+    seeds honoured), custom logit processors allowed and metrics on, on the tiny models:
+    the request features of test_serving_features.py, the seeded sampling of
+    test_serving_tree.py and the stop cases of test_serving_stops.py run on it. Its
+    drafter script (:func:`add_to_script`, :func:`deterministic_tree_script`) holds
+    every module's requests."""
     folder = SHARED_SERVERS.folder("shared")
     args = ddtree_args(
         build_tiny_models(),
         budget=24,
-        extra=["--log-level", "info", "--enable-deterministic-inference", "--enable-custom-logit-processor"],
+        extra=[
+            "--log-level",
+            "info",
+            "--enable-deterministic-inference",
+            "--enable-custom-logit-processor",
+            "--enable-metrics",
+        ],
     )
     return server_spec(args, oracle_env(deterministic_tree_script()), "ddtree-deterministic", folder)
 

@@ -1,4 +1,4 @@
-"""The A/B tool (``python -m sglang_ddtree.bench.ab``) end to end on the tiny models:
+"""The A/B tool (``python -m sglang_ddtree.ab``) end to end on the tiny models:
 a two-arm smoke run writes a report with numbers for both arms and leaves no server
 behind; a server that fails to start, and an interrupted run, end with a clear error
 and no process left."""
@@ -19,7 +19,7 @@ from processes import LOAD_GENERATOR_MARKS, RUN_TAG_ENV, kill_all, tagged_proces
 
 from sglang_ddtree.launch import live_group_members
 
-AB = [sys.executable, "-m", "sglang_ddtree.bench.ab", "--tiny"]
+AB = [sys.executable, "-m", "lab.ab_tiny"]
 SMALL = ["--concurrency", "1", "--num-prompts", "4", "--input-len", "32", "--output-len", "16"]
 SMALL += ["--check-prompts", "2", "--check-tokens", "16", "--start-timeout", "900"]
 
@@ -283,7 +283,7 @@ FAKE += ["--concurrency", "1,4", "--num-prompts", "8", "--repeats", "2", "--chec
 
 
 def test_report_winners_and_ratios(tmp_path, monkeypatch):
-    from sglang_ddtree.bench.ab import cli as ab
+    from sglang_ddtree.ab import cli as ab
 
     same = {name: [[1, 2, 3], [4, 5, 6]] for name in ("ddtree", "chain", "plain")}
     monkeypatch.setattr(ab, "run_arm", _fake_run_arm(same))
@@ -303,7 +303,7 @@ def test_report_winners_and_ratios(tmp_path, monkeypatch):
 
 
 def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
-    from sglang_ddtree.bench.ab import cli as ab
+    from sglang_ddtree.ab import cli as ab
 
     outputs = {
         "ddtree": [[1, 2, 3], [4, 5, 7]],
@@ -320,7 +320,7 @@ def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
 
 
 def test_parity_difference_is_explained(tmp_path, monkeypatch):
-    from sglang_ddtree.bench.ab import cli as ab
+    from sglang_ddtree.ab import cli as ab
 
     same = {name: [[1]] for name in ("ddtree", "chain", "plain")}
     readback = {"ddtree": {"disable_overlap_schedule": True}}
@@ -344,7 +344,7 @@ def test_parity_difference_is_explained(tmp_path, monkeypatch):
 
 
 def test_bad_options_are_refused(tmp_path, capsys):
-    from sglang_ddtree.bench.ab import cli as ab
+    from sglang_ddtree.ab import cli as ab
 
     assert ab.main(["--model", "m", "--arms", "ddtree,tree", "--out-dir", str(tmp_path)]) == 2
     assert "unknown arm 'tree'" in capsys.readouterr().err
@@ -360,8 +360,8 @@ def test_online_budget_arms_serve_auto_beside_fixed_budgets():
     ``B`` nodes (``--speculative-num-draft-tokens`` B + 1), in the same run as fixed budgets."""
     from argparse import Namespace
 
+    from sglang_ddtree.ab.arms import ABError, build_arms, parse_arm_names
     from sglang_ddtree.adapter.server_args import parse_budget
-    from sglang_ddtree.bench.ab.arms import ABError, build_arms, parse_arm_names
 
     assert parse_arm_names("ddtree@8,ddtree@auto,ddtree@auto16,plain") == [
         ("ddtree@8", "ddtree", 8),

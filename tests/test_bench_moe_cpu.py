@@ -12,11 +12,11 @@ import textwrap
 import pytest
 import torch
 
-from sglang_ddtree.bench import jit_bundle
-from sglang_ddtree.bench import mla_tree_attention as mla
-from sglang_ddtree.bench import moe_layer as layer
-from sglang_ddtree.bench import moe_report as report
-from sglang_ddtree.bench import moe_verify as mv
+from lab.bench import jit_bundle
+from lab.bench import mla_tree_attention as mla
+from lab.bench import moe_layer as layer
+from lab.bench import moe_report as report
+from lab.bench import moe_verify as mv
 from sglang_ddtree.kernels import mla_tree_attention as kern
 
 # --------------------------------------------------------------------------- MoE bookkeeping
@@ -135,7 +135,7 @@ def test_bundle_names_match_load_jit_names():
 
 
 def test_tp_allreduce_dry_run_two_ranks(tmp_path):
-    from sglang_ddtree.bench import moe_tp_allreduce as tp
+    from lab.bench import moe_tp_allreduce as tp
 
     argv = ["--dry-run", "--world", "2", "--hidden", "128", "--ffn", "64", "--reps", "2", "--ms", "1", "4"]
     assert tp.main(argv + ["--out", str(tmp_path), "--name", "dry"]) == 0
@@ -151,7 +151,7 @@ def test_tp_allreduce_dry_run_two_ranks(tmp_path):
 
 
 def test_tp_summary_takes_slowest_rank_and_baseline_json(tmp_path):
-    from sglang_ddtree.bench import moe_tp_report
+    from lab.bench import moe_tp_report
 
     rows = lambda s: [{"M": 8, "moe_ms": s, "allreduce_ms": 0.02, "total_ms": s + 0.02, "modes": ["g"] * 3}]  # noqa: E731
     raw = {"per_rank": [{"rows": rows(0.2), "env": {}}, {"rows": rows(0.3), "env": {}}]}
@@ -210,7 +210,7 @@ def test_accounting():
 _INTERP = textwrap.dedent(
     """
     import torch
-    from sglang_ddtree.bench import mla_tree_attention as bench
+    from lab.bench import mla_tree_attention as bench
     from sglang_ddtree.kernels import mla_tree_attention as m
     from sglang_ddtree.kernels.compare import relative_difference
     worst = 0.0
@@ -270,7 +270,7 @@ def test_mla_report_renders(tmp_path):
 
 
 def test_configs_are_timed_per_shape_beside_the_served_one():
-    from sglang_ddtree.bench import mla_tree_configs as configs
+    from lab.bench import mla_tree_configs as configs
 
     p = mla.make_problem(2, 64, 9, 8, device="cpu", seed=1)
     timed = []
@@ -289,9 +289,9 @@ def test_configs_are_timed_per_shape_beside_the_served_one():
 
 
 def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):
-    from sglang_ddtree.bench import moe_tp_allreduce as tp
-    from sglang_ddtree.bench import moe_tp_report
-    from sglang_ddtree.budget_model import allreduce_ms
+    from lab.bench import moe_tp_allreduce as tp
+    from lab.bench import moe_tp_report
+    from lab.budget_model import allreduce_ms
 
     ref = {"stamp": {"device": "H200"}, "moe": {
         "ffn2048": {"rows": [{"M": m, "core_combine_graph": 0.1 * m} for m in (1, 64)]},
@@ -311,7 +311,7 @@ def test_tp_model_adds_modelled_allreduce_to_measured_shard(tmp_path):
 
 
 def test_drafter_report_puts_the_decode_path_beside_sglang():
-    from sglang_ddtree.bench.sglang_verify_attention import drafter_markdown
+    from lab.bench.sglang_verify_attention import drafter_markdown
 
     row = {"bs": 1, "prefix": 4096, "block": 8, "heads": 8, "kv_heads": 1, "head_dim": 128,
            "sglang_ms": 0.21, "decode_ms": 0.03, "read_floor_ms": 0.001}  # fmt: skip

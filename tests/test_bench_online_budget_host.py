@@ -1,8 +1,8 @@
 """The online budget's host-time benchmark on the CPU: it runs the served step loop, one
 drafted step in PREDICT_EVERY makes the prediction, and the report says so."""
 
+from lab.bench import online_budget_host
 from sglang_ddtree.adapter.widths import PREDICT_EVERY
-from sglang_ddtree.bench import online_budget_host
 
 
 def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tmp_path):

@@ -3,8 +3,8 @@ step loop on a clock of its own, deterministic, on the CPU."""
 
 import json
 
-from sglang_ddtree.bench import online_budget_sim
-from sglang_ddtree.bench.online_budget_sim import MODELS, rank_verify_ms, run_arm
+from lab.bench import online_budget_sim
+from lab.bench.online_budget_sim import MODELS, rank_verify_ms, run_arm
 
 PAIR = MODELS["pair"]
 
@@ -51,7 +51,7 @@ def test_the_rank_model_serves_the_rank_at_the_pace_the_h200_measured():
 def test_noise_stalls_the_share_of_rounds_it_says_and_leaves_a_quiet_model_alone():
     import numpy as np
 
-    from sglang_ddtree.bench.online_budget_sim import STALL_MS, Noise
+    from lab.bench.online_budget_sim import STALL_MS, Noise
 
     rng = np.random.default_rng(0)
     assert Noise().apply(4.3, rng) == 4.3

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_ddtree.bench import _stamp, tree_kernels_cases, tree_kernels_report
-from sglang_ddtree.bench import tree_kernels as tk
+from lab.bench import _stamp, tree_kernels_cases, tree_kernels_report
+from lab.bench import tree_kernels as tk
 
 
 def _fake_results():
@@ -87,7 +87,7 @@ def test_targets_and_report(tmp_path):
 
 def test_the_sampled_merge_is_forced_only_inside_its_block():
     """``--sampled-merge`` times the sampled merge beside the register merge of the bs-1 plans."""
-    from sglang_ddtree.bench import topk_kernels as tkk
+    from lab.bench import topk_kernels as tkk
     from sglang_ddtree.kernels import topk
 
     assert topk.split_plan(7, tkk.VOCAB, 64).merge_chunk == 0  # bs 1, depth 7: 16 lists in registers
@@ -99,7 +99,7 @@ def test_the_sampled_merge_is_forced_only_inside_its_block():
 
 
 def test_topk_report():
-    from sglang_ddtree.bench import topk_kernels as tkk
+    from lab.bench import topk_kernels as tkk
 
     rows = []
     for block in tkk.BLOCKS:
@@ -211,7 +211,7 @@ def test_plots_draw_beside_the_gpu_bundles_ipython_stand_in(tmp_path):
     code = (
         "import sys, IPython, IPython.display\n"
         "assert 'shims' in IPython.__file__, IPython.__file__\n"
-        "from sglang_ddtree.bench._stamp import plot_lines\n"
+        "from lab.bench._stamp import plot_lines\n"
         "from pathlib import Path\n"
         f"out = plot_lines(Path(r'{tmp_path / 'p.png'}'), {{'a': ([1, 2], [3, 4])}}, title='t', xlabel='x', ylabel='y')\n"
         "assert out is not None and out.stat().st_size > 0\n"

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from sglang_ddtree.budget_model import (
+from lab.budget_model import (
     CostCurve,
     acceptance_from_node_probs,
     allreduce_ms,

@@ -15,8 +15,8 @@ import pytest
 from background import BACKGROUND
 from serving import GREEDY, PROMPTS, generate_batch, reference_server, uses_reference
 
+from lab.models.tiny import build_tiny_models
 from sglang_ddtree.launch import ProcessGroup
-from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 

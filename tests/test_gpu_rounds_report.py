@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sglang_ddtree.bench import gpu_rounds_report
-from sglang_ddtree.bench.gpu_rounds import arm_args, parallel_args
-from sglang_ddtree.bench.round_profile import (
+from lab.bench import gpu_rounds_report
+from lab.bench.gpu_rounds import arm_args, parallel_args
+from lab.bench.round_profile import (
     categorise,
     host_time_by_area,
     request_timeline,
@@ -209,7 +209,7 @@ def test_request_timeline_orders_forwards_and_long_waits_from_the_first_forward(
 
 
 def test_phase_line_of_the_server_log(tmp_path):
-    from sglang_ddtree.bench.gpu_rounds import last_phase_times
+    from lab.bench.gpu_rounds import last_phase_times
 
     log = tmp_path / "server.log"
     log.write_text(
@@ -261,7 +261,7 @@ def test_tp_flags():
 
 
 def test_arm_variants_share_flags_and_set_one_variable():
-    from sglang_ddtree.bench.gpu_rounds import arm_env
+    from lab.bench.gpu_rounds import arm_env
 
     assert arm_args("ddtree@7+phases", "D", 32) == arm_args("ddtree@7", "D", 32)
     assert arm_args("ddtree@7+eagerstep", "D", 32) == arm_args("ddtree@7", "D", 32)
@@ -275,8 +275,8 @@ def test_arm_variants_share_flags_and_set_one_variable():
 
 
 def test_the_width1_variant_injects_a_table_where_width_one_always_wins(tmp_path):
+    from lab.bench.gpu_rounds import arm_env
     from sglang_ddtree.adapter.widths import StepWidths
-    from sglang_ddtree.bench.gpu_rounds import arm_env
     from sglang_ddtree.budget import RoundCostTable, candidate_widths
     from sglang_ddtree.config import budget_cost_table
 
@@ -301,8 +301,8 @@ def test_the_widest_variant_injects_a_table_where_the_widest_tree_always_wins(tm
     """``+widest``: every width costs the same, so the most expected tokens wins: the widest
     tree, the fixed arm's width, with the online budget's bookkeeping around it. ``+again`` is
     the arm itself in a second server (no variable)."""
+    from lab.bench.gpu_rounds import arm_env
     from sglang_ddtree.adapter.widths import StepWidths
-    from sglang_ddtree.bench.gpu_rounds import arm_env
     from sglang_ddtree.budget import RoundCostTable, candidate_widths
 
     table = json.loads(
@@ -475,7 +475,7 @@ def test_levels_interleave_the_arms(tmp_path):
     rotated order: no arm's passes are all early or all late."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.bench.gpu_rounds import measure_level
+    from lab.bench.gpu_rounds import measure_level
 
     log = tmp_path / "server.log"
     log.write_text("")
@@ -506,7 +506,7 @@ def test_levels_interleave_the_arms(tmp_path):
 
 
 def test_the_online_budget_lines_come_from_the_arm_log(tmp_path):
-    from sglang_ddtree.bench.server_log import online_budget_lines
+    from lab.bench.server_log import online_budget_lines
 
     log = tmp_path / "ddtree_auto64.log"
     log.write_text(
@@ -560,7 +560,7 @@ def test_each_level_reports_the_widths_the_online_budget_chose_in_it(tmp_path):
     pass included); the report gives each level's share at the widest width and at width 1."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.bench.gpu_rounds import measure_level, width_log_env
+    from lab.bench.gpu_rounds import measure_level, width_log_env
 
     log = tmp_path / "ddtree_auto64.log"
     log.write_text(
@@ -591,7 +591,7 @@ def test_a_pass_splits_its_time_into_request_starts_and_decode_pace():
     TTFTs reports NaN, and the report leaves such levels out of the section."""
     import time
 
-    from sglang_ddtree.bench.gpu_rounds import timed_pass
+    from lab.bench.gpu_rounds import timed_pass
 
     class Server:
         def __init__(self, ttft_s):

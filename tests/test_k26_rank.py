@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_ddtree.models.k26_rank import K26, TP, drafter_config, rank_config, weight_bytes, write_rank
+from lab.models.k26_rank import K26, TP, drafter_config, rank_config, weight_bytes, write_rank
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +119,7 @@ def test_the_allreduce_model_is_the_committed_tp8_model():
     """The report's all-reduce term is the model of bench_results/moe_tp8_allreduce_model.json."""
     from pathlib import Path
 
-    from sglang_ddtree.bench.k26_ab_report import allreduce_ms
+    from lab.bench.k26_ab_report import allreduce_ms
 
     model = json.loads(
         (Path(__file__).parents[1] / "bench_results" / "moe_tp8_allreduce_model.json").read_text()
@@ -142,7 +142,7 @@ def _cell(c, tok_per_s, accept, round_ms, profile="p", length=96):
 
 
 def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
-    from sglang_ddtree.bench.k26_ab_report import round_allreduce_ms, rows, to_markdown, verdicts
+    from lab.bench.k26_ab_report import round_allreduce_ms, rows, to_markdown, verdicts
 
     results = {
         "stamp": {"device": "test"},
@@ -197,8 +197,8 @@ def test_the_k26_report_says_who_wins_and_where_ddtree_loses():
 
 
 def test_profile_accept_follows_each_arms_tree(monkeypatch):
-    from sglang_ddtree.bench import k26_ab_report
-    from sglang_ddtree.bench.replay_profiles import PROFILES, Profile, chain_accept_length
+    from lab.bench import k26_ab_report
+    from lab.bench.replay_profiles import PROFILES, Profile, chain_accept_length
 
     profile_accept = k26_ab_report.profile_accept
     profile = PROFILES["pycode-4l"]
@@ -220,7 +220,7 @@ def test_profile_accept_follows_each_arms_tree(monkeypatch):
 
 
 def test_a_win_inside_the_passes_spread_is_said_to_be_unsettled():
-    from sglang_ddtree.bench.k26_ab_report import verdicts
+    from lab.bench.k26_ab_report import verdicts
 
     def results(spread):
         return {
@@ -239,7 +239,7 @@ def test_a_win_inside_the_passes_spread_is_said_to_be_unsettled():
 
 
 def test_inter_token_time_leaves_out_each_requests_ttft():
-    from sglang_ddtree.bench.gpu_rounds_profile import inter_token_ms
+    from lab.bench.gpu_rounds_profile import inter_token_ms
 
     done = [
         {"latency_s": 1.0, "ttft_s": 0.5, "tokens": 11},  # 0.5 s over 10 tokens after the first
@@ -251,7 +251,7 @@ def test_inter_token_time_leaves_out_each_requests_ttft():
 
 
 def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
-    from sglang_ddtree.bench.k26_ab import COMMON, arm_args
+    from lab.bench.k26_ab import COMMON, arm_args
 
     plain, chain = arm_args("plain", "D", 16), arm_args("chain", "D", 16)
     fixed, auto = arm_args("ddtree@32", "D", 16), arm_args("ddtree@auto64", "D", 16)
@@ -270,8 +270,8 @@ def test_k26_arms_share_the_graph_flags_and_name_their_speculation():
 
 
 def test_k26_sglang_verify_suffix_keeps_the_arm_and_sets_the_kernel_switch():
-    from sglang_ddtree.bench.k26_ab import base_arm
-    from sglang_ddtree.bench.k26_ab_report import verify_width
+    from lab.bench.k26_ab import base_arm
+    from lab.bench.k26_ab_report import verify_width
     from sglang_ddtree.config import ENV_VERIFY_ATTENTION
 
     assert base_arm("ddtree@16+sglang-verify") == ("ddtree@16", {ENV_VERIFY_ATTENTION: "sglang"})
@@ -280,7 +280,7 @@ def test_k26_sglang_verify_suffix_keeps_the_arm_and_sets_the_kernel_switch():
 
 
 def test_k26_width1_suffix_injects_a_table_where_only_width_1_pays(tmp_path):
-    from sglang_ddtree.bench.k26_ab import base_arm
+    from lab.bench.k26_ab import base_arm
     from sglang_ddtree.config import ENV_BUDGET_COST_TABLE
 
     name, env = base_arm("ddtree@auto64+width1", tmp_path)
@@ -292,7 +292,7 @@ def test_k26_width1_suffix_injects_a_table_where_only_width_1_pays(tmp_path):
 
 
 def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):
-    from sglang_ddtree.bench import k26_ab_merge
+    from lab.bench import k26_ab_merge
 
     def call(plain_tok_s, tree_tok_s, variant_tok_s):
         return {
@@ -329,7 +329,7 @@ def test_merged_k26_report_takes_every_ratio_inside_its_call(tmp_path):
 
 
 def test_k26_arms_past_the_deadline_are_reported_as_not_started(tmp_path):
-    from sglang_ddtree.bench import k26_ab
+    from lab.bench import k26_ab
 
     argv = ["--model", "unused", "--drafter", "unused", "--arms", "plain,chain", "--deadline-s", "0"]
     assert k26_ab.main([*argv, "--out", str(tmp_path), "--label", "cut"]) == 0
@@ -341,7 +341,7 @@ def test_k26_arms_past_the_deadline_are_reported_as_not_started(tmp_path):
 
 def test_verdicts_give_the_decode_speed_beside_tok_s():
     """A tree that loses in tok/s through a slower prefill but decodes faster says both."""
-    from sglang_ddtree.bench.k26_ab_report import verdicts
+    from lab.bench.k26_ab_report import verdicts
 
     results = {
         "args": {"profiles": ["p"]},
@@ -361,7 +361,7 @@ def test_verdicts_give_the_decode_speed_beside_tok_s():
 def test_a_pass_has_two_requests_a_slot_and_a_thousand_output_tokens():
     """64-token requests: 16 a pass at c=1, as before; 256-token requests (decode-bound) need
     only 4 at c=1; from c=8 on two per slot decide."""
-    from sglang_ddtree.bench.k26_ab import requests_per_pass
+    from lab.bench.k26_ab import requests_per_pass
 
     assert requests_per_pass(1, 64) == 16
     assert requests_per_pass(1, 256) == 4
@@ -372,8 +372,8 @@ def test_a_pass_has_two_requests_a_slot_and_a_thousand_output_tokens():
 
 def test_the_online_budgets_widths_are_reported_per_cell(tmp_path):
     """Each cell's widths are the difference of the cumulative lines logged around it."""
-    from sglang_ddtree.bench.k26_ab_report import widths_by_cell
-    from sglang_ddtree.bench.server_log import steps_between, width_summary
+    from lab.bench.k26_ab_report import widths_by_cell
+    from lab.bench.server_log import steps_between, width_summary
 
     log = tmp_path / "server.log"
     log.write_text(
@@ -407,7 +407,7 @@ def test_the_online_budget_log_interval_is_checked(monkeypatch):
 
 def test_the_online_budgets_goals_are_checked_against_the_same_call():
     """auto over the best fixed budget and over plain, per prompt set and concurrency."""
-    from sglang_ddtree.bench.k26_ab_report import online_budget_goals
+    from lab.bench.k26_ab_report import online_budget_goals
 
     def arm(name, profile, rates, itl=None):
         cells = [
@@ -451,7 +451,7 @@ def test_the_online_budgets_goals_are_checked_against_the_same_call():
 
 
 def test_the_report_shows_each_profiled_request_start():
-    from sglang_ddtree.bench.k26_ab_report import to_markdown
+    from lab.bench.k26_ab_report import to_markdown
 
     timeline = [
         {
@@ -495,7 +495,7 @@ def test_a_loaded_request_start_runs_beside_prompts_it_does_not_profile(monkeypa
     profiled request uses (a profiled prompt in the load would reach its prefill cached)."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.bench import k26_ab
+    from lab.bench import k26_ab
 
     calls = []
     monkeypatch.setattr(k26_ab, "_generate", lambda server, prompt, n: None)
@@ -527,8 +527,8 @@ def test_each_cell_reports_how_its_requests_were_batched_into_prefills(tmp_path)
     """From SGLang 0.5.23's prefill lines (as the auto16 server logged them at 0fc9c47): a pass
     at c=8 whose first request was prefilled alone and the other seven together, then one
     prefill a request as earlier ones finished."""
-    from sglang_ddtree.bench.k26_ab_report import prefills_by_cell
-    from sglang_ddtree.bench.server_log import prefill_batches, prefill_summary
+    from lab.bench.k26_ab_report import prefills_by_cell
+    from lab.bench.server_log import prefill_batches, prefill_summary
 
     def line(seqs, new, cached):
         return (

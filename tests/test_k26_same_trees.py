@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_ddtree.bench.k26_ab_report import to_markdown, verdicts
-from sglang_ddtree.bench.k26_ab_same_trees import aa_spread, same_tree_pairs
+from lab.bench.k26_ab_report import to_markdown, verdicts
+from lab.bench.k26_ab_same_trees import aa_spread, same_tree_pairs
 
 
 def _cell(c, tok_per_s, accept, length=4096, ttft=100.0, itl=2.0):
@@ -125,7 +125,7 @@ def test_host_load_counts_the_processes_that_name_the_marker():
     import time
     import uuid
 
-    from sglang_ddtree.bench._stamp import host_load
+    from lab.bench._stamp import host_load
 
     marker = f"host-load-test-{uuid.uuid4().hex}"
     key = f"{marker}_processes"
@@ -144,7 +144,7 @@ def test_host_load_counts_the_processes_that_name_the_marker():
 
 
 def test_an_arm_named_again_is_the_same_arm_in_a_server_of_its_own():
-    from sglang_ddtree.bench.k26_ab import arm_args, base_arm
+    from lab.bench.k26_ab import arm_args, base_arm
 
     assert base_arm("chain+again") == ("chain", {})
     assert base_arm("ddtree@7+again") == ("ddtree@7", {})
@@ -171,7 +171,7 @@ def test_an_arm_named_again_is_the_same_arm_in_a_server_of_its_own():
     [("plain,chain,chain", "lists an arm twice"), ("plain,plain+again", "only a speculative arm repeats")],
 )
 def test_the_call_refuses_its_arms_before_starting_a_server(tmp_path, arms, error, monkeypatch):
-    from sglang_ddtree.bench import k26_ab
+    from lab.bench import k26_ab
 
     monkeypatch.setattr(k26_ab, "start", lambda *a, **k: pytest.fail("a server was started"))
     with pytest.raises(ValueError, match=error):

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from sglang_ddtree.bench.output_lens import longest, output_lens
+from lab.bench.output_lens import longest, output_lens
 
 
 def test_the_same_arguments_draw_the_same_lengths():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_ddtree.bench import pair_eval_report as report
-from sglang_ddtree.bench import pair_eval_serving as serving
+from lab.bench import pair_eval_report as report
+from lab.bench import pair_eval_serving as serving
 
 
 def _stats_line(rounds: int, accepted_per_round: float, non_argmax: float, nodes: float) -> str:

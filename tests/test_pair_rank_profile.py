@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_ddtree.bench import pair_rank_profile as prp
-from sglang_ddtree.bench.replay_profiles import PROFILES, chain_accept_length, expected_accept_length
+from lab.bench import pair_rank_profile as prp
+from lab.bench.replay_profiles import PROFILES, chain_accept_length, expected_accept_length
 
 
 def test_pool_adjacent_violators_gives_the_closest_non_increasing_row():
@@ -92,7 +92,7 @@ def test_the_tool_writes_a_profile_the_replay_can_serve(tmp_path):
 
 
 def test_the_replay_serves_the_measured_profile_sorted_and_as_measured():
-    from sglang_ddtree.bench.replay_profiles import RankSampler
+    from lab.bench.replay_profiles import RankSampler
 
     profile = PROFILES["pycode-4l-ranks"]
     k = 16

@@ -3,8 +3,8 @@ only where the repeats' paired ratios resolve it."""
 
 import pytest
 
-from sglang_ddtree.bench import gpu_rounds_report
-from sglang_ddtree.bench.paired import UNRESOLVED, judge, median_interval, paired_ratios
+from lab.bench import gpu_rounds_report
+from lab.bench.paired import UNRESOLVED, judge, median_interval, paired_ratios
 
 # the trained pair at 6125f69, c=1: each repeat's pass of `auto64` and of DDTREE@64 (tok/s)
 AUTO64_C1 = [549.8, 612.8, 682.6, 642.3, 562.0]
@@ -63,7 +63,7 @@ def test_the_report_judges_the_online_budget_by_its_paired_passes():
 def test_committed_runs_are_judged_again_by_their_paired_passes(tmp_path):
     import json
 
-    from sglang_ddtree.bench import online_budget_judged
+    from lab.bench import online_budget_judged
 
     def arm(name, passes):
         level = {"concurrency": 1, "tok_per_s": sorted(passes)[len(passes) // 2], "tok_per_s_passes": passes}

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 from background import BACKGROUND
 
+from lab.models.tiny import build_tiny_models
 from sglang_ddtree.adapter import server_args as ddtree_args
 from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError
-from sglang_ddtree.models.tiny import build_tiny_models
 
 
 def test_ddtree_resolves_after_load_plugins():
@@ -347,7 +347,7 @@ def test_launcher_fails_fast_with_one_line(case):
 
 
 def test_mla_target_refuses_backends_without_tree_mask(tiny):
-    from sglang_ddtree.models.tiny import TinySpec, build_tiny_models
+    from lab.models.tiny import TinySpec, build_tiny_models
 
     mla = build_tiny_models(TinySpec(arch="deepseek_v3"))
     assert ddtree_args.target_uses_mla(str(mla.target)) and not ddtree_args.target_uses_mla(str(tiny.target))

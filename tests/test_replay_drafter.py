@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from sglang_ddtree.bench.replay_drafter import Recording, draw_keys, recorded_row
-from sglang_ddtree.bench.replay_profiles import (
+from lab.bench.replay_drafter import Recording, draw_keys, recorded_row
+from lab.bench.replay_profiles import (
     PROFILES,
     RankSampler,
     chain_accept_length,
@@ -100,8 +100,8 @@ def test_replay_ddtree_identical_to_plain_at_the_profiled_acceptance(tmp_path):
     from serving import COMMON, GREEDY, PROMPTS, output_ids, run_all, token_requests
     from transformers import AutoTokenizer
 
+    from lab.models.tiny import build_tiny_models
     from sglang_ddtree.launch import ServerProcess, cpu_server_args
-    from sglang_ddtree.models.tiny import build_tiny_models
 
     models = build_tiny_models()
     tokenizer = AutoTokenizer.from_pretrained(models.target)
@@ -122,7 +122,7 @@ def test_replay_ddtree_identical_to_plain_at_the_profiled_acceptance(tmp_path):
         "--speculative-ddtree-budget", str(budget),
     ])  # fmt: skip
     env = {
-        "SGLANG_DDTREE_TEST_PLUGIN": "sglang_ddtree.bench.replay_drafter",
+        "SGLANG_DDTREE_TEST_PLUGIN": "lab.bench.replay_drafter",
         "SGLANG_DDTREE_REPLAY_TOKENS": str(recording),
         "SGLANG_DDTREE_REPLAY_PROFILE": profile,
     }
@@ -142,8 +142,8 @@ def test_a_short_prompt_finds_its_own_recording_when_a_longer_one_begins_with_it
     """k26_ab tiles its 96- and 4096-token prompts from the same text, so each long prompt
     begins with a short one; the short prompt's recording is the shortest that extends it
     (the first K2.6 rank A/B reported 0 identical for every short prompt from this)."""
-    from sglang_ddtree.bench.k26_ab import prompt_sets
-    from sglang_ddtree.bench.k26_recording import same_share
+    from lab.bench.k26_ab import prompt_sets
+    from lab.bench.k26_recording import same_share
 
     sets = prompt_sets([[5, 6, 7], [8, 9]], [4, 12], ["a"], count=2)
     short, long = sets[(4, "a")], sets[(12, "a")]
@@ -164,7 +164,7 @@ def test_replacement_reads_the_batch_from_the_device_tables_the_host_fills_once(
     on their recording, the drafter's own candidates for the others."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.bench.replay_drafter import ReplayDrafter
+    from lab.bench.replay_drafter import ReplayDrafter
 
     recording = Recording([[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15, 16]], device="cpu")
     drafter = ReplayDrafter(recording, "dflash-k25-code", pool_rows=6)
@@ -220,7 +220,7 @@ def test_an_earlier_calls_recording_is_used_only_when_it_holds_every_prompts_con
     is refused before any server starts."""
     import json
 
-    from sglang_ddtree.bench.k26_recording import load_recording
+    from lab.bench.k26_recording import load_recording
 
     sets = {(4, "p"): [[1, 2, 3, 4], [5, 6, 7, 8]]}
     path = tmp_path / "recording.json"

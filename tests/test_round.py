@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from lab.bench.pair_eval_replay import greedy_posterior
 from sglang_ddtree.adapter.draft_head import draft_topk
-from sglang_ddtree.bench.pair_eval_replay import greedy_posterior
 from sglang_ddtree.kernels import backend
 from sglang_ddtree.tree.build import build_tree_from_topk, topk_log_probs
 from sglang_ddtree.tree.layout import flat_custom_mask

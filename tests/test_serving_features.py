@@ -39,7 +39,7 @@ from serving import (
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from transformers import AutoTokenizer
 
-from sglang_ddtree.models.tiny import build_tiny_models
+from lab.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 

@@ -44,8 +44,8 @@ from serving import (
 )
 from transformers import AutoTokenizer
 
+from lab.models.tiny import build_tiny_models
 from sglang_ddtree.launch import http_json
-from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 

@@ -24,7 +24,7 @@ from serving import (
     server_spec,
 )
 
-from sglang_ddtree.models.tiny import TinySpec, build_tiny_models
+from lab.models.tiny import TinySpec, build_tiny_models
 
 pytestmark = pytest.mark.server
 

@@ -39,9 +39,9 @@ from serving import (
     write_json,
 )
 
-from sglang_ddtree.bench.gpu_rounds_profile import profile_request_start
+from lab.bench.gpu_rounds_profile import profile_request_start
+from lab.models.tiny import build_tiny_models
 from sglang_ddtree.budget import candidate_widths
-from sglang_ddtree.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 

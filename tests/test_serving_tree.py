@@ -33,7 +33,7 @@ from serving import (
     uses_reference,
 )
 
-from sglang_ddtree.models.tiny import build_tiny_models
+from lab.models.tiny import build_tiny_models
 
 pytestmark = pytest.mark.server
 

@@ -15,8 +15,8 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils.hf_transformers.tokenizer import get_tokenizer
 
+from lab.models.tiny import build_tiny_models
 from sglang_ddtree.adapter import stops
-from sglang_ddtree.models.tiny import build_tiny_models
 
 TEXT = "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n"
 

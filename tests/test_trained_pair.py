@@ -1,4 +1,4 @@
-"""The committed trained pair (``sglang_ddtree/models/pairs/pycode-4l``) through the
+"""The committed trained pair (``lab/models/pairs/pycode-4l``) through the
 real server (CPU mode): DDTREE loads it, its greedy output is token-identical to
 the non-speculative server's, and the drafter's proposals are accepted.
 
@@ -15,7 +15,7 @@ import json
 import pytest
 from serving import SHARED_SERVERS, ServerSpec, server_spec
 
-from sglang_ddtree.bench.pair_eval import DEFAULT_PAIR, load_pair
+from lab.bench.pair_eval import DEFAULT_PAIR, load_pair
 from sglang_ddtree.launch import cpu_server_args
 
 PROMPTS = 4

@@ -9,9 +9,9 @@
 # $OUT: tree_kernels_h200_quick.{json,md,png}, topk_kernels_h200.{json,md}, bench_split.log.
 set -o pipefail
 {
-  timeout 300 python -m sglang_ddtree.bench.tree_kernels --quick --out "$OUT"
+  timeout 300 python -m lab.bench.tree_kernels --quick --out "$OUT"
   echo "tree_kernels exited with $?"
-  timeout 120 python -m sglang_ddtree.bench.tree_kernels --topk-only --batch-sizes 1 64 --ks 16 64 --out "$OUT"
+  timeout 120 python -m lab.bench.tree_kernels --topk-only --batch-sizes 1 64 --ks 16 64 --out "$OUT"
   echo "topk_kernels exited with $?"
 } 2>&1 | tee "$OUT/bench_split.log" | tail -40
 exit 0

@@ -10,10 +10,9 @@ import json
 import sys
 from pathlib import Path
 
-import sglang_ddtree
 from sglang_ddtree.launch import ServerProcess
 
-PAIR = Path(sglang_ddtree.__file__).parent / "models" / "pairs" / "pycode-4l"
+PAIR = Path(__file__).resolve().parents[2] / "lab" / "models" / "pairs" / "pycode-4l"
 budget = sys.argv[1] if len(sys.argv) > 1 else "16"
 common = ["--model-path", str(PAIR / "target"), "--attention-backend", "triton", "--sampling-backend", "pytorch",
           "--max-total-tokens", "65536", "--mem-fraction-static", "0.05", "--speculative-algorithm", "DDTREE",

@@ -18,8 +18,8 @@
 set -o pipefail
 LABEL="${LABEL:-k26_rank_ab_h200}"
 MODEL="${K26_MODEL_DIR:-/tmp/k26-rank}"
-python -m sglang_ddtree.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
-timeout "${JOB_S:-540}" python -m sglang_ddtree.bench.k26_ab --model "$MODEL/target" --drafter "$MODEL/drafter" \
+python -m lab.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
+timeout "${JOB_S:-540}" python -m lab.bench.k26_ab --model "$MODEL/target" --drafter "$MODEL/drafter" \
   --out "$OUT" --label "$LABEL" --deadline-s "${DEADLINE_S:-480}" \
   --arms "${ARMS:-plain,chain,ddtree@32,ddtree@16,ddtree@64,ddtree@8}" \
   --profiles dflash-k25-code,pycode-4l-ranks --prompt-lens 96 4096 --concurrency 1 8 32 4 16 2 \

@@ -19,7 +19,7 @@ if [ "${SUITE:-1}" = 1 ]; then (
   timeout 330 python -m pytest -m gpu_server tests/gpu_server -p no:cacheprovider -v -rA > "$OUT/gpu_server.log" 2>&1
   touch "$DONE"
 ) & else touch "$DONE"; fi
-timeout "${ROUNDS_S:-570}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
+timeout "${ROUNDS_S:-570}" python -m lab.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
   --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+eagerstep,ddtree@7+phases,ddtree@32,ddtree@16,ddtree@64}" \
   --concurrency ${CONC:-1 4 8 16 32} --profile-bs ${PROFILE_BS:-1 8 32} \
   --profile-arms dflash,ddtree@7 --phase-times 50 --profile-export-s 40 \

@@ -19,7 +19,7 @@ set -o pipefail
 LABEL=${LABEL:-gpu_rounds_pycode-4l_h200}
 source gpu/jobs/precompile_k26.sh
 [ "${PRECOMPILE_K26:-0}" = 1 ] && precompile_k26 480
-timeout "${ROUNDS_S:-560}" python -m sglang_ddtree.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
+timeout "${ROUNDS_S:-560}" python -m lab.bench.gpu_rounds --out "$OUT" --label "$LABEL" \
   --arms "${ARMS:-plain,dflash,ddtree@7,ddtree@7+eagerkv,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,ddtree@auto64+width1}" \
   --concurrency ${CONC:-1 8 32 64 4 16} --repeats "${REPEATS:-5}" --graph-max-bs 64 \
   --prompts-per-level "${PROMPTS_PER_LEVEL:-8}" \

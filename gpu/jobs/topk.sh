@@ -29,12 +29,12 @@ if [ "${TOPK_TESTS:-1}" != 0 ]; then
   timeout 120 python -m pytest -q -p no:cacheprovider tests/test_cuda_compile.py >> "$OUT/topk_tests.log" 2>&1  # nvcc: spills
   tail -1 "$OUT/topk_tests.log"
 fi
-timeout 240 python -m sglang_ddtree.bench.tree_kernels --topk-only ${TOPK_ARGS:---batch-sizes 1 8 32 64 --ks 8 16 32 64} \
+timeout 240 python -m lab.bench.tree_kernels --topk-only ${TOPK_ARGS:---batch-sizes 1 8 32 64 --ks 8 16 32 64} \
   --phases --out "$OUT" 2>&1 | tee /tmp/topk.log | tail -30
 # The split count swept at bs 1 and 64 (the automatic 16 for k >= 16 and 32 below came from a
 # 16-vs-32 run at bs 1; at bs 64 the one-wave rule gives 1, which the 5ba7f73 sweep measured
 # fastest at every k): $OUT/splits/topk_kernels_h200.{json,md}
-[ "${TOPK_SPLITS:-1}" != 0 ] && timeout 150 python -m sglang_ddtree.bench.tree_kernels --topk-only \
+[ "${TOPK_SPLITS:-1}" != 0 ] && timeout 150 python -m lab.bench.tree_kernels --topk-only \
   --batch-sizes 1 64 --ks 8 16 32 64 --splits 0 1 2 8 12 16 24 32 --out "$OUT/splits" 2>&1 | tail -40
 source gpu/jobs/kernel_tests.sh
 [ "${KERNEL_TESTS:-0}" = 1 ] && kernel_tests 330 "$OUT/gpu_kernel_tests.log"  # after the timings

@@ -33,7 +33,7 @@ SUITE_TESTS="(ddtree_fp32_graphs and not page16) or bf16 or tree_kernels or tp_r
 ( GPU_SERVER_TP=2 GPU_SERVER_ONE_WAVE=1 GPU_SERVER_ARMS=$SUITE_ARMS GPU_SERVER_NCCL_PORT_BASE=24100 \
     timeout -s INT -k 30 "${SUITE_S:-360}" python -m pytest -m gpu_server tests/gpu_server -k "$SUITE_TESTS" \
     -p no:cacheprovider -v -rA > "$OUT/gpu_server_tp2.log" 2>&1; touch "$DONE" ) &
-timeout -s INT -k 30 "${ROUNDS_S:-465}" python -m sglang_ddtree.bench.gpu_rounds --tp 2 --nccl-port-base 24200 \
+timeout -s INT -k 30 "${ROUNDS_S:-465}" python -m lab.bench.gpu_rounds --tp 2 --nccl-port-base 24200 \
   --out "$OUT" --label "$LABEL" --arms plain,dflash,ddtree@32,ddtree@7 --concurrency 1 8 \
   --profile-arms dflash,ddtree@32 --profile-bs 1 8 --profile-steps 10 --profile-export-s 30 \
   --start-timeout 330 --deadline-s "${ROUNDS_DEADLINE_S:-425}" --wait-file "$DONE"
@@ -43,7 +43,7 @@ say "suite done"
 
 [ -f "$OUT/gpu_server.json" ] && mv "$OUT/gpu_server.json" "$OUT/gpu_server_tp2.json"
 if [ -f "$OUT/$LABEL.json" ] && [ ! -f "$OUT/$LABEL.md" ]; then  # interrupted: report what it measured
-  python -c "import json, sys; from pathlib import Path; from sglang_ddtree.bench.gpu_rounds_report import write_report; write_report(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]), sys.argv[3])" \
+  python -c "import json, sys; from pathlib import Path; from lab.bench.gpu_rounds_report import write_report; write_report(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]), sys.argv[3])" \
     "$OUT/$LABEL.json" "$OUT" "$LABEL"
 fi
 [ -f "$OUT/gpu_server_logs.tar.gz" ] && mv "$OUT/gpu_server_logs.tar.gz" "$LOGS/"

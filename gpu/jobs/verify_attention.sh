@@ -15,7 +15,7 @@ NAME=${NAME:-verify_attention_sglang_h200}
 source gpu/jobs/precompile_k26.sh
 source gpu/jobs/kernel_tests.sh
 [ "${PRECOMPILE_K26:-0}" = 1 ] && precompile_k26 500
-timeout "${JOB_S:-200}" python -m sglang_ddtree.bench.mla_tree_attention --out "$OUT" --name "$NAME" --sglang \
+timeout "${JOB_S:-200}" python -m lab.bench.mla_tree_attention --out "$OUT" --name "$NAME" --sglang \
   --heads 8 --budgets ${BUDGETS:-7 8 16} --bs ${BS:-1 8 32} --prefix ${PREFIX:-96 4096 16384} \
   ${CONFIGS:+--configs $CONFIGS} \
   --drafter-shape 8 8 1 128  # the K2.6 DFlash drafter rank: block 8, 8 heads, 1 KV head, dim 128

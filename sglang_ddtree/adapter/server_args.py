@@ -27,7 +27,7 @@ from ..config import (
     max_topk_override,
     online_budget_requested,
     stats_log_interval,
-    test_plugin_module,
+    test_plugin_modules,
     tree_backend_override,
 )
 from .attention.gpu_backends import supported_backends
@@ -307,12 +307,11 @@ def _check_environment(cfg) -> None:
         _fail(str(error))
     if backend == "cuda" and str(getattr(cfg, "device", None) or "") == "cpu":
         _fail("SGLANG_DDTREE_TREE_BACKEND=cuda needs a GPU; with --device cpu use auto, cpp or python.")
-    plugin = test_plugin_module()
-    if plugin:
-        import importlib.util
+    import importlib.util
 
+    for plugin in test_plugin_modules():
         if importlib.util.find_spec(plugin) is None:
-            _fail(f"{ENV_TEST_PLUGIN}={plugin!r}: no such module on the Python path.")
+            _fail(f"{ENV_TEST_PLUGIN}: {plugin!r}: no such module on the Python path.")
 
 
 def target_uses_mla(model_path: str | None) -> bool:

@@ -14,7 +14,7 @@ sees the whole committed prefix plus its own ancestors in the tree (itself inclu
 
 Shapes: ``bs`` requests, ``W`` (= ``n_nodes``) tree nodes each, ``H`` heads, ``L`` prefix
 tokens per request, ``rows = W x H`` query rows per request (node-major). The benchmark is
-``python -m sglang_ddtree.bench.mla_tree_attention``. Importing this module needs no GPU and
+``python -m lab.bench.mla_tree_attention``. Importing this module needs no GPU and
 no Triton (the reference and the split choices still work without it).
 """
 

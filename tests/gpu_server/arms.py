@@ -1,4 +1,4 @@
-"""Server arms of the GPU serving suite, on the trained pair (sglang_ddtree/models/pairs).
+"""Server arms of the GPU serving suite, on the trained pair (lab/models/pairs).
 
 float32 arms check exact greedy identity with the plain server; bf16 arms are checked
 margin-aware against a plain bf16 server's own full forward (:func:`margin_violations`).
@@ -15,10 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import sglang_ddtree
 from sglang_ddtree.launch import ServerProcess, ServerStartError
 
-PAIR = Path(sglang_ddtree.__file__).parent / "models" / "pairs" / "pycode-4l"
+PAIR = Path(__file__).resolve().parents[2] / "lab" / "models" / "pairs" / "pycode-4l"
 BUDGET = 32
 GRAPH_MAX_BS = 16
 
@@ -63,6 +62,8 @@ def write_neox_drafter() -> Path:
 
 
 PAGE16_CHUNKED = ["--page-size", "16", "--chunked-prefill-size", "64"]
+# Lets a request carry a custom logit processor; a server's other requests are served as without it.
+CUSTOM_LOGITS = ["--enable-custom-logit-processor"]
 ONLINE_BUDGET = (
     ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(PAIR / "drafter")]
     + ["--speculative-ddtree-budget", "auto", "--speculative-num-draft-tokens", str(BUDGET + 1)]
@@ -74,7 +75,11 @@ ARMS: dict[str, list[str]] = {
     # Chunked prefill changes the prefill's float32 rounding: the DDTREE arm with it is
     # compared with a plain server that chunks the same way.
     "plain_fp32_page16_chunked": FP32 + EAGER + PAGE16_CHUNKED,
-    "ddtree_fp32_graphs": FP32 + GRAPHS + DDTREE,
+    # The request features' reference (test_gpu_features.py): without overlap, SGLang 0.5.23's
+    # plain server counts penalties as plain decoding does (docs/features.md); custom logit
+    # processors allowed, here and on the DDTREE arm they are compared with.
+    "plain_fp32_sync": FP32 + EAGER + ["--disable-overlap-schedule"] + CUSTOM_LOGITS,
+    "ddtree_fp32_graphs": FP32 + GRAPHS + DDTREE + CUSTOM_LOGITS,
     "ddtree_fp32_graphs_page16_no_overlap_chunked": FP32
     + GRAPHS
     + DDTREE

@@ -1,0 +1,198 @@
+"""Host time of the online budget's own work per decode step (``adapter/widths.py``).
+
+Per step the worker calls ``StepWidths.start`` (the probe check and the width choice) and
+``StepWidths.finish`` (the step's record; one drafted step in ``PREDICT_EVERY`` also makes the
+expected-accept prediction and starts its copy to the host), and around the verify forward
+``verify_started`` / ``verify_finished`` (the verify's device time, two CUDA events). This times both on a timed cost
+table in its served state (every cell priced), at the candidate widths of a budget, for a few
+batch sizes. A host-bound round pays this at every step (the trained pair on the H200 runs
+rounds of ~4.5 ms, docs/online-budget.md).
+
+On a machine without a GPU the prediction's tensor operations run as CPU arithmetic, not as
+kernel launches: the `finish` columns there are the host's Python and dispatch plus that
+arithmetic, not what the same step costs beside a GPU. `start` is host work either way.
+
+    python -m lab.bench.online_budget_host   # -> bench_results/online_budget_host_<device>.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from lab.bench import _stamp
+from sglang_ddtree.adapter.widths import PREDICT_EVERY, StepWidths
+from sglang_ddtree.budget import TimedCostTable, candidate_widths
+
+# SGLang's captured decode batch sizes up to 64 (the online budget's timed rows)
+GRAPH_BATCH_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 40, 48, 56, 64)
+DEPTH, TOP_K = 7, 64
+CONFIDENT_LOGIT = 6.0  # over 63 standard-normal logits: the top token's share ~0.75
+
+
+def served_steps(budget: int) -> StepWidths:
+    """A ``StepWidths`` whose timed table has a replay time for every cell (growing with the
+    batch size and the width), as the start-up leaves it."""
+    widths = candidate_widths(budget)
+    startup = [[0.3 + 0.004 * bs + 0.002 * w for w in widths] for bs in GRAPH_BATCH_SIZES]
+    table = TimedCostTable(GRAPH_BATCH_SIZES, widths, startup)
+    return StepWidths(widths, table, DEPTH, make_head=lambda width: width)
+
+
+def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[dict]:
+    """``n`` steps at batch size ``bs``: per step the host microseconds of ``start`` and
+    ``finish`` and whether the step made the prediction."""
+    gen = torch.Generator(device=device).manual_seed(bs)
+    # a confident drafter (its top token ~0.75 at every depth) and accept lengths like it: the
+    # trees' expected tokens per round (~4.5) outweigh any host-time difference between a tree
+    # step and a width-1 step, so the chooser serves trees (and predicts) however loaded the
+    # host is. A drafter of uniform noise made trees and width 1 a coin flip on host time.
+    logits = torch.randn(bs * DEPTH, TOP_K, generator=gen, device=device)
+    logits[:, 0] += CONFIDENT_LOGIT
+    log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
+    accept_lens = torch.randint(DEPTH // 2, DEPTH + 1, (bs,), generator=gen, device=device)
+    # the drafter's proposals as the worker hands them over (``watch``)
+    propose = steps.watch(lambda hidden, k: (log_probs, None))
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        steps.start(bs)
+        t1 = time.perf_counter()
+        if not steps.skips_draft:
+            propose(None, TOP_K)
+        t2 = time.perf_counter()
+        steps.verify_started()  # the verify forward would run between these two
+        steps.verify_finished()
+        t3 = time.perf_counter()
+        steps.finish(accept_lens)
+        t4 = time.perf_counter()
+        predicted = steps._pending[-1].values is not None if steps._pending else False
+        out.append(
+            {
+                "start_us": (t1 - t0) * 1e6,
+                "verify_clock_us": (t3 - t2) * 1e6,
+                "finish_us": (t4 - t3) * 1e6,
+                "predicted": predicted,
+            }
+        )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def summarise(records: list[dict]) -> dict:
+    predicting = [r["finish_us"] for r in records if r["predicted"]]
+    recording = [r["finish_us"] for r in records if not r["predicted"]]
+    return {
+        "steps": len(records),
+        "predicting_steps": len(predicting),
+        "start_us": statistics.median(r["start_us"] for r in records),
+        "verify_clock_us": statistics.median(r["verify_clock_us"] for r in records),
+        "finish_us_recording": statistics.median(recording) if recording else None,
+        "finish_us_predicting": statistics.median(predicting) if predicting else None,
+        "mean_us_per_step": statistics.fmean(
+            r["start_us"] + r["verify_clock_us"] + r["finish_us"] for r in records
+        ),
+    }
+
+
+def log_line_us(budget: int, device: torch.device, calls: int = 20) -> dict:
+    """The median host time of the online budget's log line (``StepWidths.summary``) with every
+    row of the table served, as a run through every batch size leaves it: the round benchmark's
+    ``auto`` arms write it every 50 steps, a stats line every interval."""
+    steps = served_steps(budget)
+    for bs in GRAPH_BATCH_SIZES:
+        run_steps(steps, bs, 30, device)
+    times = []
+    for _ in range(calls):
+        began = time.perf_counter()
+        steps.summary()
+        times.append((time.perf_counter() - began) * 1e6)
+    return {"budget": budget, "rows": len(GRAPH_BATCH_SIZES), "us": statistics.median(times)}
+
+
+def run(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    results = {"stamp": _stamp.stamp(), "config": vars(args).copy(), "device": device.type, "cells": []}
+    results["log_line"] = [log_line_us(budget, device) for budget in args.budgets]
+    for budget in args.budgets:
+        for bs in args.batch_sizes:
+            steps = served_steps(budget)
+            run_steps(steps, bs, args.warmup, device)  # prices the row's cells, fills the probes
+            cell = summarise(run_steps(steps, bs, args.steps, device))
+            priced = steps.summary()["own_cost_widths_by_bs"].get(bs, [])  # bs: a row of the table
+            cell.update(budget=budget, bs=bs, widths=len(steps.widths), priced_widths=len(priced))
+            results["cells"].append(cell)
+    return results
+
+
+def to_markdown(results: dict) -> str:
+    rows = [
+        [
+            c["budget"],
+            c["widths"],
+            c["bs"],
+            c["start_us"],
+            c["verify_clock_us"],
+            c["finish_us_recording"],
+            c["finish_us_predicting"],
+            c["mean_us_per_step"],
+            f"{c['predicting_steps']} / {c['steps']}",
+        ]
+        for c in results["cells"]
+    ]
+    return "\n".join(
+        [
+            "# The online budget's host time per decode step",
+            "",
+            _stamp.stamp_markdown(results["stamp"]),
+            "",
+            f"Tensors on `{results['device']}`; medians over {results['config']['steps']} steps after "
+            f"{results['config']['warmup']} warm-up steps per cell (us). The prediction is made on one "
+            f"drafted step in {PREDICT_EVERY}. On a CPU the prediction's tensor operations are CPU "
+            "arithmetic, not kernel launches (the module docstring).",
+            "",
+            _stamp.md_table(
+                [
+                    "budget",
+                    "widths",
+                    "bs",
+                    "start",
+                    "verify clock",
+                    "finish (record)",
+                    "finish (predict)",
+                    "mean per step",
+                    "predicting steps",
+                ],
+                rows,
+            ),
+            "",
+            "The online budget's log line (its summary), every row of the table served: "
+            + ", ".join(f"budget {c['budget']}: {c['us']:.0f} us" for c in results.get("log_line", []))
+            + ".",
+        ]
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--budgets", type=int, nargs="+", default=[7, 64])
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=400)
+    p.add_argument("--cpu", action="store_true", help="host tensors even where a GPU is present")
+    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    args = p.parse_args(argv)
+    results = run(args)
+    name = f"online_budget_host_{_stamp.device_slug(results['stamp'])}"
+    for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
+        print(path)
+    print(to_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

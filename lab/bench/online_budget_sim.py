@@ -1,0 +1,357 @@
+"""The online budget's choices on a modelled server: what its policy (probes, narrower widths,
+width 1) gives up against fixed widths, with no GPU and no noise.
+
+    python -m lab.bench.online_budget_sim --model pair       # or k26-rank
+    # -> bench_results/online_budget_sim_<model>_<device>.{json,md}
+
+The served benchmark on the H200 (:mod:`.gpu_rounds`) cannot resolve 5% on the trained pair
+(its passes spread 1.15-2.75x, ``bench/paired.py``). This runs the real
+:class:`~sglang_ddtree.adapter.widths.StepWidths` (the timed cost table, the chooser, the
+calibration, the probes) on a clock of its own, against a model of a pair's rounds:
+
+* a round costs ``rest(bs, kind) + verify(bs, width)`` ms. ``pair``, the trained pair (bound
+  by the host): ~4.3 ms of host work a tree round, 1 ms less for width 1 without the drafter
+  (the rows its server priced at 6125f69), plus a fit of its start-up replays. ``k26-rank``,
+  one TP-8 rank of Kimi K2.6 (bound by the device): its start-up replays at f9eaf01, plus ~1 ms
+  a tree round and ~0.3 ms a width-1 round (what that server priced over them). The replays
+  are also the table's start-up costs;
+* every request drafts from a context of its own (a drafter whose top token takes 0.5-0.85 of
+  the mass on the pair, 0.35-0.7 on the rank, drawn per request), and accepts what the tree
+  the step ran reaches, drawn from the same per-depth reach the prediction computes (the
+  prediction is right: the calibration has nothing to correct);
+* a closed loop of ``c`` requests in flight, as :mod:`.gpu_rounds` runs a level: each pass
+  serves ``max(8, 2c)`` requests of 256 tokens +-50%; each admitted request's prefill is
+  another batch between two steps (``interrupt``) that costs ``PREFILL_MS``.
+
+Every arm serves the same requests and contexts; the fixed arms run one width at every step.
+What this cannot show: the host work of the online budget itself (``online_budget_host``), and
+any cost the model leaves out (the overlap scheduler; on a MoE, served tokens that route
+otherwise than the replays' spread ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lab.bench import _stamp
+from lab.bench.online_budget_host import GRAPH_BATCH_SIZES
+from lab.bench.output_lens import output_lens
+from sglang_ddtree.adapter.widths import StepWidths
+from sglang_ddtree.budget import TimedCostTable, candidate_widths
+from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth
+
+DEPTH, TOP_K = 7, 64
+PREFILL_MS = 8.0
+STALL_MS = 5.0
+
+
+@dataclass(frozen=True)
+class Model:
+    """A served pair's rounds, and its drafter's confidence."""
+
+    name: str
+    batch_sizes: tuple[int, ...]  # the captured graph sizes: the timed table's rows
+    verify_ms: Callable[[int, int], float]  # (bs, width) -> the verify's device time
+    rest_ms: Callable[[int, bool], float]  # (bs, drafted) -> the rest of the round
+    top_logit: tuple[float, float]  # the range of a request's top-token logit over 63 N(0, 1)
+    budget: int  # the auto arm's largest budget
+    fixed: tuple[str, ...]  # the fixed budgets beside it
+    concurrency: tuple[int, ...]
+
+
+def pair_verify_ms(bs: int, width: int) -> float:
+    """A fit of the trained pair's start-up replays at 6125f69."""
+    if width == 1:
+        return 0.13 + 0.0005 * bs
+    return 0.29 + 0.001 * bs + 0.0000535 * bs * width
+
+
+def pair_rest_ms(bs: int, drafted: bool) -> float:
+    """The host's share of a tree round (the rows 6125f69's server priced); width 1 skips the drafter."""
+    return 4.3 + 0.01 * bs - (0.0 if drafted else 1.0)
+
+
+# The K2.6 rank's start-up replays at f9eaf01 (bs -> ms at widths 1, 2, 4, 8; auto7's log).
+RANK_REPLAYS = {
+    1: (6.777, 8.182, 8.362, 8.832), 2: (6.87, 8.338, 8.724, 10.05), 3: (6.904, 8.661, 9.694, 11.087),
+    4: (7.211, 8.916, 10.278, 11.917), 5: (7.506, 9.701, 10.831, 12.463), 6: (7.52, 9.804, 10.842, 13.222),
+    7: (7.63, 9.919, 11.31, 13.32), 8: (7.487, 10.04, 11.369, 13.925), 10: (8.308, 10.652, 12.05, 15.03),
+    12: (8.406, 10.709, 12.745, 15.994), 14: (8.52, 11.123, 12.801, 16.882), 16: (8.588, 11.181, 13.455, 18.146),
+    18: (9.322, 12.032, 14.5, 19.944), 20: (9.412, 12.148, 14.977, 21.076), 22: (9.225, 12.39, 15.191, 21.633),
+    24: (9.423, 12.799, 15.933, 22.889), 26: (9.809, 12.92, 16.443, 24.154), 28: (9.838, 13.01, 16.831, 25.424),
+    30: (9.844, 13.643, 17.783, 26.304), 32: (9.893, 13.717, 18.17, 27.438),
+}  # fmt: skip
+
+
+def rank_verify_ms(bs: int, width: int) -> float:
+    """The replay of the graph a batch of ``bs`` runs in (the smallest captured size holding it)."""
+    row = min(size for size in RANK_REPLAYS if size >= bs)
+    return RANK_REPLAYS[row][(1, 2, 4, 8).index(width)]
+
+
+def rank_rest_ms(bs: int, drafted: bool) -> float:
+    """What f9eaf01's server priced over the replays: ~1 ms a tree round (the drafter, the host
+    between rounds), ~0.3 ms a width-1 round."""
+    return 1.0 if drafted else 0.3
+
+
+MODELS = {
+    "pair": Model("pair", GRAPH_BATCH_SIZES, pair_verify_ms, pair_rest_ms, (4.2, 6.6), 64, ("16", "32", "64"),
+                  (1, 4, 8, 16, 32, 64)),
+    # the drafter less sure (top token ~0.35-0.7: 2.4-2.7 tokens a round, as pycode-4l-ranks)
+    "k26-rank": Model("k26-rank", tuple(RANK_REPLAYS), rank_verify_ms, rank_rest_ms, (4.0, 5.6), 7, ("1", "3", "7"),
+                      (1, 4, 8, 16, 32)),
+}  # fmt: skip
+
+
+def round_ms(model: Model, bs: int, width: int, drafted: bool) -> tuple[float, float]:
+    """(the rest of the round, its verify) in ms."""
+    return model.rest_ms(bs, drafted), model.verify_ms(bs, width)
+
+
+@dataclass
+class Request:
+    length: int
+    log_probs: torch.Tensor  # [depth, k] its drafter's proposals (one context a request)
+    reach: np.ndarray  # [widest, depth]: row w - 1, P(accepted >= d) at the tree of verify width w
+    made: int = 0
+
+
+def make_requests(n: int, widths, seed: int, top_logit: tuple[float, float] = (4.2, 6.6)) -> list[Request]:
+    rng = torch.Generator().manual_seed(seed)
+    confidence = random.Random(seed)
+    requests = []
+    for length in output_lens(n, 256, 0.5, seed):
+        logits = torch.randn(DEPTH, TOP_K, generator=rng)
+        logits[:, 0] += confidence.uniform(*top_logit)  # (4.2, 6.6): the top token's share ~0.5-0.85
+        log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
+        every_width = range(1, widths[-1] + 1)
+        reach = reach_at_widths(reach_by_depth(log_probs[None], widths[-1] - 1), every_width).numpy()
+        requests.append(Request(length, log_probs, reach))
+    return requests
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The host's unevenness: each round's rest times a lognormal factor (``jitter``, its
+    sigma), and a share of rounds stalled by ``STALL_MS`` (a collection, a scheduler hiccup)."""
+
+    jitter: float = 0.0
+    stall_share: float = 0.0
+
+    def apply(self, rest_ms: float, rng: np.random.Generator) -> float:
+        if self.jitter:
+            rest_ms *= float(np.exp(rng.normal(0.0, self.jitter)))
+        if self.stall_share and rng.random() < self.stall_share:
+            rest_ms += STALL_MS
+        return rest_ms
+
+
+class Clock:
+    def __init__(self):
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+    def advance(self, ms: float) -> None:
+        self.s += ms / 1e3
+
+
+class Server:
+    """One arm: the online budget's step loop (``fixed`` None) or one width at every step."""
+
+    def __init__(self, model: Model, widths, fixed: int | None, seed: int, noise: Noise | None = None):
+        self.model, self.widths, self.fixed = model, tuple(widths), fixed
+        self.clock = Clock()
+        self.accept_rng = np.random.default_rng(seed)
+        self.noise = noise or Noise()
+        self.noise_rng = np.random.default_rng(seed + 1)
+        self.width_steps: dict[int, int] = {}
+        self.steps = None
+        if fixed is None:
+            startup = [[model.verify_ms(bs, w) for w in widths] for bs in model.batch_sizes]
+            table = TimedCostTable(model.batch_sizes, widths, startup)
+            self.steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=self.clock)
+            self._propose = self.steps.watch(lambda hidden, k: (self._log_probs, None))
+        self._log_probs = None
+
+    def prefill(self) -> None:
+        """A request's prefill: another batch between two decode steps."""
+        if self.steps is not None:
+            self.steps.interrupt(joined=1)
+        self.clock.advance(PREFILL_MS)
+
+    def decode(self, running: list[Request]) -> int:
+        """One decode step of the running requests: the tokens it commits."""
+        bs = len(running)
+        width = self.fixed if self.steps is None else self.steps.start(bs)
+        drafted = self.steps is None or not self.steps.skips_draft
+        if self.steps is not None and drafted:
+            self._log_probs = torch.cat([r.log_probs for r in running])
+            self._propose(None, TOP_K)
+        rest, verify = round_ms(self.model, bs, width, drafted)
+        rest = self.noise.apply(rest, self.noise_rng)
+        self.clock.advance(rest / 2)
+        if self.steps is not None:
+            self.steps.verify_started()
+        self.clock.advance(verify)
+        if self.steps is not None:
+            self.steps.verify_finished()
+        self.clock.advance(rest / 2)
+        draws = self.accept_rng.random(bs)
+        accepted = [int((r.reach[width - 1] > u).sum()) for r, u in zip(running, draws)]
+        if self.steps is not None:
+            self.steps.finish(torch.tensor(accepted))
+        self.width_steps[width] = self.width_steps.get(width, 0) + 1
+        made = 0
+        for request, a in zip(running, accepted):
+            step_tokens = min(a + 1, request.length - request.made)
+            request.made += step_tokens
+            made += step_tokens
+        return made
+
+
+def serve_pass(server: Server, requests: list[Request], concurrency: int) -> int:
+    """A closed loop of ``concurrency`` requests in flight until every request has its tokens."""
+    waiting, running, made = list(requests), [], 0
+    while waiting or running:
+        while waiting and len(running) < concurrency:
+            running.append(waiting.pop(0))
+            server.prefill()
+        made += server.decode(running)
+        running = [r for r in running if r.made < r.length]
+    return made
+
+
+def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed: int, noise=None) -> dict:
+    """One arm over ``passes`` passes (the first a warm-up, as the served benchmark runs):
+    its tokens per ms over the timed passes, and its steps per width in all."""
+    widths = candidate_widths(model.budget)
+    server = Server(model, widths, fixed, seed, noise)
+    tokens = ms = 0.0
+    for index in range(passes):
+        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model.top_logit)
+        began = server.clock.s
+        made = serve_pass(server, requests, concurrency)
+        if index:
+            tokens, ms = tokens + made, ms + (server.clock.s - began) * 1e3
+    result = {"tok_per_ms": tokens / ms, "width_steps": dict(sorted(server.width_steps.items()))}
+    if server.steps is not None:
+        result["probe_steps"] = int(server.steps.cost.probed_steps.sum())
+    return result
+
+
+def run(args) -> dict:
+    model = MODELS[args.model]
+    noise = Noise(args.rest_jitter, args.stall_share)
+    fixed = args.fixed or list(model.fixed)
+    concurrency = args.concurrency or list(model.concurrency)
+    config = {**vars(args), "fixed": fixed, "concurrency": concurrency, "budget": model.budget}
+    widths = candidate_widths(model.budget)
+    results = {"stamp": _stamp.stamp(), "config": config, "widths": list(widths), "levels": []}
+    for c in concurrency:
+        level = {"concurrency": c, "arms": {}}
+        for arm in ["auto", *fixed]:
+            width = None if arm == "auto" else int(arm) + 1  # DDTREE@B verifies B + 1 slots
+            level["arms"][arm] = run_arm(model, width, c, args.passes, args.seed, noise)
+        best = max(fixed, key=lambda a: level["arms"][a]["tok_per_ms"])
+        level["best_fixed"] = best
+        level["auto_over_best"] = level["arms"]["auto"]["tok_per_ms"] / level["arms"][best]["tok_per_ms"]
+        results["levels"].append(level)
+        print(
+            f"[online_budget_sim] {model.name} c={c}: auto / DDTREE@{best} {level['auto_over_best']:.3f}",
+            flush=True,
+        )
+    return results
+
+
+def to_markdown(results: dict) -> str:
+    rows = []
+    for level in results["levels"]:
+        auto = level["arms"]["auto"]
+        steps = sum(auto["width_steps"].values())
+        widest = auto["width_steps"].get(results["widths"][-1], 0)
+        rows.append(
+            [
+                level["concurrency"],
+                auto["tok_per_ms"],
+                f"DDTREE@{level['best_fixed']}",
+                level["arms"][level["best_fixed"]]["tok_per_ms"],
+                f"{level['auto_over_best']:.3f}",
+                f"{auto['probe_steps']} / {steps}",
+                f"{auto['width_steps'].get(1, 0)} / {steps}",
+                f"{widest} / {steps}",
+            ]
+        )
+    config = results["config"]
+    return "\n".join(
+        [
+            "# The online budget's policy on a modelled server (no GPU)",
+            "",
+            _stamp.stamp_markdown(results["stamp"]),
+            "",
+            f"`auto{config['budget']}` against fixed budgets {', '.join(config['fixed'])} on the model of "
+            f"`{config['model']}` (the module docstring): {config['passes'] - 1} timed passes after "
+            "a warm-up per arm and concurrency, the same requests in every arm. Tokens per ms are the "
+            "model's; the ratio is what the policy (probes, narrower widths, width 1) gives up or gains. "
+            + (
+                f"Each round's rest times a lognormal factor of sigma {config['rest_jitter']:g}; "
+                f"{config['stall_share']:.0%} of rounds stalled {STALL_MS:g} ms."
+                if config["rest_jitter"] or config["stall_share"]
+                else "No noise: every round costs what the model says."
+            ),
+            "",
+            _stamp.md_table(
+                [
+                    "conc",
+                    "auto tok/ms",
+                    "best fixed",
+                    "its tok/ms",
+                    "auto / best",
+                    "probe steps",
+                    "width 1",
+                    "widest",
+                ],
+                rows,
+            ),
+        ]
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model", choices=sorted(MODELS), default="pair", help="whose rounds (the module docstring)"
+    )
+    p.add_argument(
+        "--fixed", nargs="+", default=None, help="fixed budgets beside auto (default: the model's)"
+    )
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, help="(default: the model's)")
+    p.add_argument("--passes", type=int, default=6, help="passes per arm and level, the first a warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rest-jitter", type=float, default=0.0, help="sigma of each round's lognormal rest factor"
+    )
+    p.add_argument("--stall-share", type=float, default=0.0, help=f"share of rounds stalled {STALL_MS:g} ms")
+    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    args = p.parse_args(argv)
+    if args.passes < 2:
+        p.error("--passes must be >= 2 (the first warms up)")
+    results = run(args)
+    noisy = "_noisy" if args.rest_jitter or args.stall_share else ""
+    name = f"online_budget_sim_{args.model}{noisy}_{_stamp.device_slug(results['stamp'])}"
+    for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
+        print(path)
+    print(to_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,5 @@
+"""A/B against stock SGLang (``python -m sglang_ddtree.ab``; docs/ab.md).
+
+``arms`` says what each arm serves, ``run`` runs one arm (server, greedy check, load),
+``report`` analyses the runs and ``render`` writes them out; ``cli`` ties them together.
+"""

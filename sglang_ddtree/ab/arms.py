@@ -1,0 +1,325 @@
+"""The A/B tool's arms: what each one serves (``build_arms``), and the ``/server_info`` keys
+every arm is compared on (read by ``run.py``, which runs the arms, and ``report.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ARM_KINDS = ("ddtree", "chain", "plain")
+
+
+DEFAULT_ARMS = "ddtree,chain,plain"
+
+
+CPU_MAX_TOTAL_TOKENS = 8192
+
+
+# Greedy side-check prompts: short, varied, fixed.
+CHECK_PROMPTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return",
+    "Speculative decoding drafts tokens cheaply and verifies them with the target model",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10",
+    "for i in range(10):\n    print(i, i * i)\n",
+    "A draft tree holds many candidate continuations; the target checks all of them at once.",
+    "Letters: a b c d e f g h i j k l m n o p.",
+    "Question: what is 17 times 23? Answer:",
+]
+
+
+# Read back from /server_info. Parity keys must be equal in every arm for a fair A/B;
+# context keys are reported when they differ.
+PARITY_KEYS = (
+    "disable_overlap_schedule",
+    "disable_cuda_graph",
+    "disable_decode_cuda_graph",
+    "disable_prefill_cuda_graph",
+    "cuda_graph_config.decode.backend",
+    "cuda_graph_config.decode.max_bs",
+    "cuda_graph_config.prefill.backend",
+    "enable_torch_compile",
+    "enable_two_batch_overlap",
+    # DDTREE may pick a tree-capable backend where SGLang would pick another for the other arms.
+    "attention_backend",
+    "decode_attention_backend",
+    "prefill_attention_backend",
+)
+
+
+# The flags that set each parity key, to tell a setting given here from one SGLang chose.
+PARITY_FLAGS = {
+    "disable_overlap_schedule": ("--disable-overlap-schedule",),
+    "disable_cuda_graph": ("--disable-cuda-graph",),
+    "disable_decode_cuda_graph": ("--disable-decode-cuda-graph", "--disable-cuda-graph"),
+    "disable_prefill_cuda_graph": ("--disable-prefill-cuda-graph", "--disable-cuda-graph"),
+    "cuda_graph_config.decode.backend": (
+        "--cuda-graph-backend-decode",
+        "--disable-decode-cuda-graph",
+        "--disable-cuda-graph",
+        "--cuda-graph-config",
+    ),
+    "cuda_graph_config.decode.max_bs": (
+        "--cuda-graph-max-bs-decode",
+        "--cuda-graph-bs-decode",
+        "--cuda-graph-config",
+    ),
+    "cuda_graph_config.prefill.backend": (
+        "--cuda-graph-backend-prefill",
+        "--disable-prefill-cuda-graph",
+        "--disable-cuda-graph",
+        "--cuda-graph-config",
+    ),
+    "enable_torch_compile": ("--enable-torch-compile",),
+    "enable_two_batch_overlap": ("--enable-two-batch-overlap",),
+    "attention_backend": ("--attention-backend",),
+    "decode_attention_backend": ("--decode-attention-backend", "--attention-backend"),
+    "prefill_attention_backend": ("--prefill-attention-backend", "--attention-backend"),
+}
+
+
+CONTEXT_KEYS = (
+    "device",
+    "dtype",
+    "tp_size",
+    "dp_size",
+    "ep_size",
+    "page_size",
+    "kv_cache_dtype",
+    "quantization",
+    "max_running_requests",
+    "chunked_prefill_size",
+    "max_total_tokens",
+    "mem_fraction_static",
+    "disable_radix_cache",
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "speculative_dflash_block_size",
+    "speculative_draft_model_path",
+    "effective_max_running_requests_per_dp",
+)
+
+
+SPEC_KEYS = (
+    "speculative_algorithm",
+    "speculative_num_draft_tokens",
+    "speculative_dflash_block_size",
+    "speculative_draft_model_path",
+)
+
+
+BENCH_FIELDS = (
+    "completed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "total_throughput",
+    "median_tpot_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "median_ttft_ms",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "median_itl_ms",
+    "median_e2e_latency_ms",
+    "concurrency",
+    "max_concurrent_requests",
+    "accept_length",
+)
+
+
+class ABError(RuntimeError):
+    """A run that cannot go on; the message says why (and ends with a log tail when there is one)."""
+
+
+@dataclass
+class Arm:
+    name: str
+    kind: str  # ddtree | chain | plain
+    description: str
+    server_args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    # Filled while the arm runs.
+    port: int | None = None
+    pid: int | None = None
+    log: str | None = None
+    start_seconds: float | None = None
+    check_seconds: float | None = None
+    stop_seconds: float | None = None
+    readback: dict = field(default_factory=dict)
+    greedy: list[list[int]] | None = None
+    runs: list[dict] = field(default_factory=list)
+    stopped: bool | None = None
+    error: str | None = None
+
+    def command(self) -> list[str]:
+        return ["python", "-m", "sglang.launch_server", *self.server_args]
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "description": self.description,
+            "launch_command": shlex.join(self.command()),
+            "server_args": self.server_args,
+            "env": self.env,
+            "port": self.port,
+            "pid": self.pid,
+            "log": self.log,
+            "start_seconds": self.start_seconds,
+            "check_seconds": self.check_seconds,
+            "stop_seconds": self.stop_seconds,
+            "server_info_readback": self.readback,
+            "greedy_output_ids": self.greedy,
+            "runs": self.runs,
+            "stopped": self.stopped,
+            "error": self.error,
+        }
+
+
+def has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def flag_value(args: list[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def is_cpu_run(server_args: list[str]) -> bool:
+    return flag_value(server_args, "--device") == "cpu"
+
+
+def drafter_block_size(drafter: str) -> int:
+    """Block size from the drafter's config.json (a local folder, or a hub id if it can be fetched)."""
+    from ..adapter.server_args import drafter_block_size as from_config
+
+    path = Path(drafter) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(drafter, "config.json"))
+        except Exception as error:  # noqa: BLE001 - any failure means: ask for --block-size
+            raise ABError(
+                f"cannot read the drafter's block size from {drafter!r} ({error}); pass --block-size."
+            ) from error
+    return from_config(json.loads(path.read_text()))
+
+
+def parse_arm_names(text: str) -> list[tuple[str, str, int | str | None]]:
+    """``ddtree,ddtree@64,ddtree@auto32,chain,plain`` -> [(name, kind, budget)]; the online
+    budget's arms (``ddtree@auto``, ``ddtree@autoN``) carry the budget ``"auto"`` / ``"autoN"``."""
+    arms = []
+    for raw in [t.strip() for t in text.split(",") if t.strip()]:
+        match = re.fullmatch(r"(ddtree|chain|plain)(?:@(\d+|auto\d*))?", raw)
+        if not match:
+            raise ABError(
+                f"--arms: unknown arm {raw!r}; expected ddtree, ddtree@BUDGET, ddtree@auto[BUDGET], chain or plain."
+            )
+        kind, budget = match.group(1), match.group(2)
+        if budget is not None and kind != "ddtree":
+            raise ABError(f"--arms: {raw!r}: only ddtree takes a budget (ddtree@BUDGET).")
+        arms.append((raw, kind, budget if budget is None or budget.startswith("auto") else int(budget)))
+    names = [a[0] for a in arms]
+    if len(set(names)) != len(names):
+        raise ABError(f"--arms lists an arm twice: {text!r}.")
+    if not arms:
+        raise ABError("--arms is empty.")
+    return arms
+
+
+def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bool) -> list[Arm]:
+    per_arm = _parse_arm_args(opts.arm_args)
+    chain_impl = opts.chain_impl
+    if chain_impl == "auto":
+        chain_impl = "ddtree-topk1" if cpu else "dflash"
+    # DDTree variables in this environment reach every server: show them in the report.
+    inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SGLANG_DDTREE_")}
+    arms = []
+    for name, kind, budget in parse_arm_names(opts.arms):
+        if kind != "plain" and not drafter:
+            raise ABError(
+                f"arm {name!r} needs a drafter: pass --drafter (a DFlash drafter folder or hub id)."
+            )
+        spec, description = _arm_spec(opts, kind, budget, drafter, chain_impl)
+        args = [*common, *spec, *per_arm.pop(name, [])]
+        if not has_flag(args, "--decode-log-interval"):
+            args += ["--decode-log-interval", "1"]  # the accept-length statistics update every N steps
+        env: dict[str, str] = dict(inherited)
+        if cpu:
+            env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        arms.append(
+            Arm(
+                name=name,
+                kind=kind,
+                description=description,
+                server_args=["--model-path", model, *args],
+                env=env,
+            )
+        )
+    if per_arm:
+        raise ABError(f"--arm-args names arms that are not run: {', '.join(sorted(per_arm))}.")
+    return arms
+
+
+def _arm_spec(
+    opts, kind: str, budget: int | str | None, drafter: str | None, chain_impl: str
+) -> tuple[list[str], str]:
+    """The speculative flags of one arm, and a sentence saying what it serves."""
+    if kind == "ddtree" and isinstance(budget, str):  # the online budget: a width per step
+        largest = int(budget.removeprefix("auto") or opts.budget)
+        spec = ddtree_flags(drafter, f"auto{largest}")
+        return spec, f"DDTREE, online budget (a verify width per step, trees of up to {largest} nodes)"
+    if kind == "ddtree":
+        budget = budget or opts.budget
+        return ddtree_flags(drafter, budget), f"DDTREE, tree budget {budget}"
+    if kind == "chain" and chain_impl == "dflash":
+        spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
+        return spec, "stock SGLang DFLASH (the DFlash chain), same drafter"
+    if kind == "chain":
+        block = opts.block_size or drafter_block_size(drafter)
+        spec = [*ddtree_flags(drafter, block - 1), "--speculative-ddtree-max-topk", "1"]
+        description = (
+            f"the DFlash chain as DDTREE with --speculative-ddtree-max-topk 1 and budget {block - 1} "
+            f"(block {block} - 1): one candidate per depth (SGLang refuses DFLASH on this platform)"
+        )
+        return spec, description
+    return [], "no speculation"
+
+
+def ddtree_flags(drafter: str, budget: int | str) -> list[str]:
+    """DDTREE's server flags at a tree budget of ``budget`` nodes, or at ``"autoN"``: the online
+    budget with trees of up to N nodes (its verify window: N + 1 slots)."""
+    from ..adapter.server_args import AUTO_BUDGET
+
+    flags = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter]
+    if isinstance(budget, str) and budget.startswith(AUTO_BUDGET):
+        largest = int(budget.removeprefix(AUTO_BUDGET))
+        return flags + [
+            "--speculative-ddtree-budget",
+            AUTO_BUDGET,
+            "--speculative-num-draft-tokens",
+            str(largest + 1),
+        ]
+    return flags + ["--speculative-ddtree-budget", str(budget)]
+
+
+def _parse_arm_args(items: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items or []:
+        name, sep, rest = item.partition("=")
+        if not sep or not name.strip():
+            raise ABError(f"--arm-args {item!r}: expected NAME='--flag value ...'.")
+        out.setdefault(name.strip(), []).extend(shlex.split(rest))
+    return out

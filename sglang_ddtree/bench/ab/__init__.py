@@ -1,5 +1,0 @@
-"""A/B against stock SGLang (``python -m sglang_ddtree.bench.ab``; docs/ab.md).
-
-``arms`` says what each arm serves, ``run`` runs one arm (server, greedy check, load),
-``report`` analyses the runs and ``render`` writes them out; ``cli`` ties them together.
-"""
