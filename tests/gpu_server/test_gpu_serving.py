@@ -271,8 +271,8 @@ def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, re
     """``--speculative-ddtree-budget auto``, eager and with a verify graph set per width:
     token-identical to plain at bs 1 and in the suite's batches whatever width each step ran;
     the stats line shows the widths chosen per batch size, the calibration and the round costs
-    (under graphs timed at start-up, then refined). Width-1 steps run no drafter (but the
-    first and one refresh in every 65); with the injected table of ``..._width1`` every
+    (under graphs timed at start-up, then refined). Width-1 steps mostly run no drafter (the
+    prediction's refreshes draft); with the injected table of ``..._width1`` every
     batched step is one, in width 1's verify graphs, and the tree comes back at bs 1 after."""
     if arm not in fleet.servers:
         pytest.skip(f"opt-in arm: GPU_SERVER_ARMS=plain_fp32,{arm} (gpu/jobs/online_budget.sh)")
@@ -290,8 +290,10 @@ def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, re
     results[f"{arm}/widths"] = {**stats, "accept_length": server.accept_length()}
     assert not failures, f"(batch, request, first differing token): {failures}"
     assert len(stats["width_steps"]) > 1  # the first step runs the root alone, later ones trees
-    width1 = stats["width_steps"].get(1, 0)
-    assert width1 - 1 - width1 // 65 <= stats["width1_steps_without_draft"] < max(width1, 1), stats
+    # Most width-1 steps skip the drafter, but not all: the first, one in every 65 and one after
+    # half the batch has joined since the last prediction draft to refresh it (widths.py).
+    width1, skipped = stats["width_steps"].get(1, 0), stats["width1_steps_without_draft"]
+    assert width1 // 2 <= skipped < width1, stats
     if arm == "ddtree_fp32_graphs_auto_width1":
         _check_width1_steps(server, prompts[0], plain_outputs(arm)[1][0], stats, lambda: fleet.log_text(arm))
     if arm == "ddtree_fp32_graphs_auto":
