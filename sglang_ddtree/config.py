@@ -37,7 +37,7 @@ ENV_EAGER_TREE_STEP = "SGLANG_DDTREE_EAGER_TREE_STEP"  # debugging: keep the tre
 ENV_EAGER_DRAFT_KV = "SGLANG_DDTREE_EAGER_DRAFT_KV"  # debugging: the drafter KV append outside CUDA graphs
 ENV_CHECK_TP_TREES = "SGLANG_DDTREE_CHECK_TP_TREES"  # debugging: every round, ranks compare trees and paths
 ENV_CACHE_DIR = "SGLANG_DDTREE_CACHE_DIR"  # root of every cache: ext/, tiny-models/, pair-data/
-ENV_ONLINE_BUDGET = "SGLANG_DDTREE_ONLINE_BUDGET"  # set from --speculative-ddtree-budget auto
+ENV_ONLINE_BUDGET = "SGLANG_DDTREE_ONLINE_BUDGET"  # tests/debugging: auto where no flag was parsed
 # benchmarks/debugging: steps between the online budget's own log lines (its widths per cell)
 ENV_ONLINE_BUDGET_LOG_EVERY = "SGLANG_DDTREE_ONLINE_BUDGET_LOG_EVERY"
 ENV_VERIFY_ATTENTION = (
@@ -59,6 +59,11 @@ def cache_root() -> Path:
     if root:
         return Path(root)
     return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "sglang-ddtree"
+
+
+def compiler_override() -> str | None:
+    """The C++ compiler the build's convention names (``$CXX``) for the C++ tree builder."""
+    return os.environ.get("CXX") or None
 
 
 def cpu_engine_requested() -> bool:
@@ -147,9 +152,35 @@ def online_budget_log_every(default: int) -> int:
 
 
 def online_budget_requested() -> bool:
-    """Whether the verify width is chosen every step (``--speculative-ddtree-budget auto``,
-    handed to the scheduler processes through the environment)."""
+    """Whether the environment asks for the online budget (tests, ``sglang.Engine``)."""
     return os.environ.get(ENV_ONLINE_BUDGET, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the user chose with the ``--speculative-ddtree-*`` flags, parsed and validated
+    once in the launcher (``adapter/server_args.py``) and carried to every scheduler process
+    on SGLang's server arguments (:func:`settings_of`). Where no flag was parsed (an
+    ``sglang.Engine(...)`` built in code) the debugging variables stand in."""
+
+    online_budget: bool = False  # --speculative-ddtree-budget auto
+    max_topk: int | None = None  # --speculative-ddtree-max-topk
+    stats_interval: int = 0  # --speculative-ddtree-stats-interval
+
+    @classmethod
+    def from_environment(cls) -> Settings:
+        return cls(online_budget_requested(), max_topk_override(), stats_log_interval())
+
+
+# Where the launcher leaves the settings on SGLang's ServerArgs: an underscore attribute is
+# the record's bookkeeping, which pickling hands to the scheduler processes with it.
+SETTINGS_ATTR = "_ddtree_settings"
+
+
+def settings_of(server_args) -> Settings:
+    """The settings a launch carries (:class:`Settings`), else the environment's."""
+    settings = getattr(server_args, SETTINGS_ATTR, None)
+    return settings if isinstance(settings, Settings) else Settings.from_environment()
 
 
 def budget_cost_table() -> dict | None:
@@ -191,8 +222,10 @@ class DDTreeConfig:
         return draft_k(self.budget, vocab, self.max_topk)
 
     @classmethod
-    def from_spec_fields(cls, num_draft_tokens: int, block_size: int) -> DDTreeConfig:
-        return cls(budget=int(num_draft_tokens) - 1, block_size=int(block_size), max_topk=max_topk_override())
+    def from_spec_fields(
+        cls, num_draft_tokens: int, block_size: int, max_topk: int | None = None
+    ) -> DDTreeConfig:
+        return cls(budget=int(num_draft_tokens) - 1, block_size=int(block_size), max_topk=max_topk)
 
     def validate(self) -> None:
         if self.block_size < 2:

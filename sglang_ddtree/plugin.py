@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from .config import DDTreeConfigError, cpu_engine_requested, test_plugin_modules
+from .config import SETTINGS_ATTR, DDTreeConfigError, cpu_engine_requested, settings_of, test_plugin_modules
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -67,7 +67,10 @@ def _install_cli_hooks() -> None:
     def from_cli_args(original, *args, **kwargs):
         namespace = args[-1] if args else kwargs["args"]
         server_args.check_cli_namespace(namespace)
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        # The settings travel to every scheduler process on the record itself.
+        setattr(result, SETTINGS_ATTR, server_args.settings_from_flags(namespace))
+        return result
 
     def resolve_algorithm_alias(original, algorithm, draft_path, *args, **kwargs):
         # SGLang reads the drafter's config here, before any validator runs; a
@@ -83,6 +86,7 @@ def _install_cli_hooks() -> None:
             # scheduler's copy is resolved): resolve it the same way here.
             result["ddtree"] = server_args.server_info_section(
                 server_args.resolve_config(server_args_obj).verify_width,
+                settings_of(server_args_obj),
                 cuda_graphs=server_args.serves_cuda_graphs(server_args_obj),
             )
         return result

@@ -150,3 +150,49 @@ def test_the_wheel_serves_ddtree_in_a_fresh_environment(wheel, tmp_path, servers
         assert generate_sequential(server, PROMPTS[:3], GREEDY) == expected
         assert server.server_info()["ddtree"]["budget"] == 8
     assert "DDTREE worker ready" in server.log_path.read_text()
+
+
+# Modules that touch the environment for another reason than reading a setting, and why.
+ENVIRONMENT_ELSEWHERE = {
+    "sglang_ddtree/launch.py": "hands the caller's environment to the processes it starts",
+    "sglang_ddtree/cpu/hook.py": "the start-up hook's line is text written to a .pth file",
+    # a client, not the plugin: it starts servers with environments of their own, reports the
+    # DDTREE variables they inherit, and stamps $BENCH_COMMIT for copies without .git
+    "sglang_ddtree/ab/": "the A/B tool",
+}
+
+
+def _environment_uses(path: Path) -> tuple[list[int], list[int]]:
+    """Lines of ``path`` that read the environment, and lines that write it."""
+    reads, writes = [], []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "unsetenv"):
+            if isinstance(node.value, ast.Name) and node.value.id == "os":
+                (writes if node.attr in ("putenv", "unsetenv") else reads).append(node.lineno)
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        for target in targets:
+            if isinstance(target, ast.Subscript) and "environ" in ast.unparse(target.value):
+                writes.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if "environ" in ast.unparse(node.func.value) and node.func.attr in (
+                "update",
+                "setdefault",
+                "pop",
+            ):
+                writes.append(node.lineno)
+    return reads, writes
+
+
+def test_the_package_reads_its_environment_in_one_module_and_writes_none(tmp_path):
+    """Settings are parsed once and passed by argument (config.Settings); the debugging and
+    test variables are read in config.py alone; nothing writes the environment."""
+    found = {str(p.relative_to(ROOT)): _environment_uses(p) for p in PACKAGE.rglob("*.py")}
+    assert {path: writes for path, (_, writes) in found.items() if writes} == {}
+    readers = {path for path, (reads, _) in found.items() if reads}
+    elsewhere = {path for path in readers if any(path.startswith(place) for place in ENVIRONMENT_ELSEWHERE)}
+    assert readers - elsewhere == {"sglang_ddtree/config.py"}
+    # the scan sees a write where there is one
+    (sample := tmp_path / "environment_sample.py").write_text(
+        "import os\nos.environ['X'] = '1'\nos.environ.setdefault('Y', '2')\n"
+    )
+    assert _environment_uses(sample)[1] == [2, 3]

@@ -17,7 +17,7 @@ from background import BACKGROUND
 
 from lab.models.tiny import build_tiny_models
 from sglang_ddtree.adapter import server_args as ddtree_args
-from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError
+from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError, Settings
 
 
 def test_ddtree_resolves_after_load_plugins():
@@ -102,10 +102,10 @@ def _auto_args(**overrides):
 
 def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
     """``auto`` keeps the largest tree as the verify width (the flag's default unless
-    --speculative-num-draft-tokens says otherwise) and reaches the scheduler processes through
-    the environment; tensor parallelism is refused, and with CUDA graphs what cannot swap the
+    --speculative-num-draft-tokens says otherwise) and becomes the server's settings (carried
+    to the scheduler processes on the ServerArgs); tensor parallelism is refused, and with CUDA graphs what cannot swap the
     target's backend per step (SGLang's own list for EAGLE's adaptive mode), one line each."""
-    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET", "")  # teardown removes what the flag writes
+    monkeypatch.delenv("SGLANG_DDTREE_ONLINE_BUDGET", raising=False)
     monkeypatch.delenv("SGLANG_DDTREE_BUDGET_COST_TABLE", raising=False)
     for refused, message in (
         ({"device": "cuda", "disable_cuda_graph": True, "tp_size": 2}, "needs --tp-size 1"),
@@ -118,16 +118,16 @@ def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
         args = _auto_args(**refused)
         with pytest.raises(DDTreeConfigError, match=message):
             ddtree_args.apply_budget_flag(args)
-        assert os.environ["SGLANG_DDTREE_ONLINE_BUDGET"] == ""
     args = _auto_args()
     ddtree_args.apply_budget_flag(args)
-    assert args.speculative_num_draft_tokens == 33 and os.environ["SGLANG_DDTREE_ONLINE_BUDGET"] == "1"
+    assert args.speculative_num_draft_tokens == 33 and ddtree_args.settings_from_flags(args).online_budget
+    assert "SGLANG_DDTREE_ONLINE_BUDGET" not in os.environ  # nothing written to the environment
     # two-batch overlap does not matter where nothing is swapped (eager)
     args = _auto_args(device="cuda", disable_cuda_graph=True, enable_two_batch_overlap=True)
     args.speculative_num_draft_tokens = 17
     ddtree_args.apply_budget_flag(args)
     assert args.speculative_num_draft_tokens == 17 and not ddtree_args.serves_cuda_graphs(args)
-    info = ddtree_args.server_info_section(17)
+    info = ddtree_args.server_info_section(17, ddtree_args.settings_from_flags(args))
     assert info["budget"] == "auto"
     assert info["online_budget"] == {
         "max_budget": 16,
@@ -141,9 +141,12 @@ def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
     assert not ddtree_args.serves_cuda_graphs(
         SimpleNamespace(device="cuda", cuda_graph_backend_decode="disabled")
     )
-    info = ddtree_args.server_info_section(17, cuda_graphs=True)["online_budget"]
+    info = ddtree_args.server_info_section(17, Settings(online_budget=True), cuda_graphs=True)[
+        "online_budget"
+    ]
     assert info["verify_graphs"] == "per width" and info["cost_table"].startswith("timed at start-up")
     # a fixed budget next to the variable set by hand is a contradiction
+    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET", "1")
     with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_ONLINE_BUDGET"):
         ddtree_args.apply_budget_flag(
             SimpleNamespace(speculative_ddtree_budget=8, speculative_num_draft_tokens=None)
@@ -165,7 +168,8 @@ def test_budget_auto_checks_an_injected_cost_table(monkeypatch, tmp_path):
         ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
     table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 2, 4, 8, 9], "ms": [[1.0, 2, 3, 4, 5]]}))
     ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
-    assert ddtree_args.server_info_section(9)["online_budget"]["cost_table"] == "fixed"
+    section = ddtree_args.server_info_section(9, Settings(online_budget=True))
+    assert section["online_budget"]["cost_table"] == "fixed"
 
 
 def _cfg(tiny, **overrides):
@@ -445,23 +449,31 @@ def test_option_flags_are_validated(argv, message, monkeypatch):
 
 
 def test_option_flags_reach_the_configuration(monkeypatch):
-    """The flags travel to the scheduler processes in their environment and become the
-    configuration; a contradicting variable set by hand is refused."""
+    """The flags become the server's settings, which travel on the ServerArgs record (also
+    through pickling, as to a spawned scheduler process) and make the configuration; a
+    contradicting variable set by hand is refused."""
     import argparse
+    import pickle
 
-    from sglang_ddtree.config import DDTreeConfig
+    from sglang.srt.server_args import ServerArgs
 
-    # apply_option_flags writes os.environ itself; setenv makes the teardown remove what it wrote
-    monkeypatch.setenv("SGLANG_DDTREE_MAX_TOPK", "")
-    monkeypatch.setenv("SGLANG_DDTREE_LOG_STATS_EVERY", "")
+    from sglang_ddtree.config import SETTINGS_ATTR, DDTreeConfig, settings_of
+
+    monkeypatch.delenv("SGLANG_DDTREE_MAX_TOPK", raising=False)
+    monkeypatch.delenv("SGLANG_DDTREE_LOG_STATS_EVERY", raising=False)
     parser = argparse.ArgumentParser()
     ddtree_args.add_cli_args(parser)
     namespace = parser.parse_args(
         ["--speculative-ddtree-max-topk", "2", "--speculative-ddtree-stats-interval", "5"]
     )
     ddtree_args.apply_option_flags(namespace)
-    assert DDTreeConfig.from_spec_fields(17, 8).max_topk == 2
-    assert ddtree_args.server_info_section(17)["stats_interval"] == 5
+    record = ServerArgs(model_path="unused")
+    setattr(record, SETTINGS_ATTR, ddtree_args.settings_from_flags(namespace))
+    settings = settings_of(pickle.loads(pickle.dumps(record)))
+    assert settings == Settings(online_budget=False, max_topk=2, stats_interval=5)
+    assert DDTreeConfig.from_spec_fields(17, 8, settings.max_topk).max_topk == 2
+    assert ddtree_args.server_info_section(17, settings)["stats_interval"] == 5
+    assert settings_of(ServerArgs(model_path="unused")) == Settings()  # no flags, no variables
     monkeypatch.setenv("SGLANG_DDTREE_MAX_TOPK", "3")
     with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_MAX_TOPK=3"):
         ddtree_args.apply_option_flags(namespace)

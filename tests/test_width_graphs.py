@@ -530,7 +530,7 @@ def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
         log_probs[:, 0] = math.log(0.9)
         return log_probs, torch.arange(k).repeat(hidden.shape[0], 1)
 
-    kept = steps.keep_log_probs(max_bs=8, device="cpu").keeping(propose)  # what the drafter's graph runs
+    kept = steps.graph_proposal(lambda: propose, max_bs=8, device="cpu")()  # what the drafter's graph runs
     lp, ids, roots, prefix = _inputs(0, 8, depth, 50, 4, k, "none")
     widest = _backend_build(PythonBackend())(lp, ids, roots, prefix, 4, 5)
     seen = []

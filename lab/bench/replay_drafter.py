@@ -185,7 +185,7 @@ def install() -> None:
             recording = Recording(spec["sequences"], worker.device, spec.get("profiles"))
             pool_rows = int(worker.model_runner.req_to_token_pool.req_to_token.shape[0])
             drafter = ReplayDrafter(recording, default, pool_rows)
-            for head in [worker.head, *(worker.widths.heads.values() if worker.widths else [])]:
+            for head in worker.widths.heads.values():  # every head keeps the server head's k
                 drafter.sampler(worker.block_size - 1, head.k)  # device tables before any capture
             state["drafter"] = drafter
         return state["drafter"]

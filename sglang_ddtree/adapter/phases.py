@@ -14,6 +14,7 @@ Off (the default), a phase is a shared no-op context: nothing is timed or record
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections import defaultdict
@@ -25,6 +26,20 @@ logger = logging.getLogger("sglang_ddtree")
 _OFF = contextlib.nullcontext()
 BETWEEN = "between rounds"
 IDLE_GAP_S = 0.05  # a longer gap between rounds is the server idling, not the scheduler's cost
+
+
+def timed(name: str):
+    """A worker method timed as phase ``name`` of its round (the worker's ``phase``)."""
+
+    def wrap(step):
+        @functools.wraps(step)
+        def timed_step(worker, *args, **kwargs):
+            with worker.phase(name):
+                return step(worker, *args, **kwargs)
+
+        return timed_step
+
+    return wrap
 
 
 class _Phase:

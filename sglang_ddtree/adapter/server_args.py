@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
+import os.path
 
 from ..config import (
     DEFAULT_BLOCK_SIZE,
@@ -22,10 +22,12 @@ from ..config import (
     ENV_TEST_PLUGIN,
     DDTreeConfig,
     DDTreeConfigError,
+    Settings,
     budget_cost_table,
     cpu_engine_requested,
     max_topk_override,
     online_budget_requested,
+    settings_of,
     stats_log_interval,
     test_plugin_modules,
     tree_backend_override,
@@ -97,22 +99,41 @@ def _add_option_flags(parser) -> None:
 
 
 def apply_option_flags(args) -> None:
-    """Validate the option flags and hand them to every process of the server: they are
-    no ServerArgs fields, so they travel in the environment that the scheduler processes
-    inherit (config.py reads it; a variable set by hand to another value is an error)."""
-    for flag, attr, env, lowest in (
-        (MAX_TOPK_FLAG, "speculative_ddtree_max_topk", ENV_MAX_TOPK, 1),
-        (STATS_FLAG, "speculative_ddtree_stats_interval", ENV_LOG_TREE_STATS, 0),
+    """Validate the option flags (a debugging variable set by hand to another value is an
+    error); :func:`settings_from_flags` makes them the server's settings."""
+    from_environment = Settings.from_environment()
+    for flag, attr, env, lowest, given in (
+        (MAX_TOPK_FLAG, "speculative_ddtree_max_topk", ENV_MAX_TOPK, 1, from_environment.max_topk),
+        (
+            STATS_FLAG,
+            "speculative_ddtree_stats_interval",
+            ENV_LOG_TREE_STATS,
+            0,
+            from_environment.stats_interval,
+        ),
     ):
         value = getattr(args, attr, None)
         if value is None:
             continue
         if value < lowest:
             _fail(f"{flag} must be >= {lowest}, got {value}.")
-        given = os.environ.get(env, "").strip()
-        if given and given != str(value):
+        if given and given != value:
             _fail(f"{flag} {value} contradicts {env}={given}; pass only the flag.")
-        os.environ[env] = str(value)
+
+
+def settings_from_flags(args) -> Settings:
+    """The server's settings from its parsed command line: each flag given, else the
+    debugging variable, else the default. Handed to every process on the ServerArgs
+    (plugin.py), read back with ``config.settings_of``."""
+    from_environment = Settings.from_environment()
+    max_topk = getattr(args, "speculative_ddtree_max_topk", None)
+    stats = getattr(args, "speculative_ddtree_stats_interval", None)
+    return Settings(
+        online_budget=getattr(args, "speculative_ddtree_budget", None) == AUTO_BUDGET
+        or from_environment.online_budget,
+        max_topk=from_environment.max_topk if max_topk is None else max_topk,
+        stats_interval=from_environment.stats_interval if stats is None else stats,
+    )
 
 
 def check_cli_namespace(args) -> None:
@@ -167,7 +188,6 @@ def apply_online_budget(args) -> None:
     if width < 2:
         _fail(f"{BUDGET_FLAG} {AUTO_BUDGET} needs --speculative-num-draft-tokens >= 2, got {width}.")
     args.speculative_num_draft_tokens = width
-    os.environ[ENV_ONLINE_BUDGET] = "1"
     _check_cost_table(width - 1)
 
 
@@ -352,7 +372,7 @@ def resolve_config(cfg) -> DDTreeConfig:
     draft_config = read_drafter_config(cfg.speculative_draft_model_path)
     block = cfg.speculative_dflash_block_size or drafter_block_size(draft_config)
     width = cfg.speculative_num_draft_tokens or DEFAULT_BUDGET + 1
-    config = DDTreeConfig.from_spec_fields(width, block)
+    config = DDTreeConfig.from_spec_fields(width, block, settings_of(cfg).max_topk)
     try:
         config.validate()
     except DDTreeConfigError as error:
@@ -384,7 +404,7 @@ def serves_cuda_graphs(cfg) -> bool:
     return str(getattr(cfg, "cuda_graph_backend_decode", None) or "").lower() != "disabled"
 
 
-def server_info_section(verify_width: int, cuda_graphs: bool = False) -> dict:
+def server_info_section(verify_width: int, settings: Settings, cuda_graphs: bool = False) -> dict:
     """DDTREE's settings as ``/server_info`` shows them (key ``ddtree``). With the online
     budget: its candidate widths, whether each runs in its own verify graphs, and where its
     round costs come from (the per-step choices live in the scheduler process; its stats log
@@ -392,11 +412,11 @@ def server_info_section(verify_width: int, cuda_graphs: bool = False) -> dict:
     section = {
         "budget": int(verify_width) - 1,
         "budget_flag": BUDGET_FLAG,
-        "max_topk": max_topk_override(),
-        "stats_interval": stats_log_interval(),
+        "max_topk": settings.max_topk,
+        "stats_interval": settings.stats_interval,
         "tree_backend": tree_backend_override(),
     }
-    if online_budget_requested():
+    if settings.online_budget:
         from ..budget import candidate_widths
 
         section["budget"] = AUTO_BUDGET

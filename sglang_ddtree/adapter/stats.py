@@ -14,16 +14,16 @@ import logging
 
 import torch
 
-from ..config import DDTreeConfig, stats_log_interval
+from ..config import DDTreeConfig
 
 logger = logging.getLogger("sglang_ddtree")
 
 
 class TreeStats:
-    def __init__(self, config: DDTreeConfig, is_logging_rank: bool):
+    def __init__(self, config: DDTreeConfig, interval: int, is_logging_rank: bool):
         self.config = config
         self.is_logging_rank = is_logging_rank
-        self.interval = stats_log_interval()
+        self.interval = interval  # rounds between log lines (0: never)
         self.rounds = 0
         self._totals: torch.Tensor | None = None  # [requests, accepted, non_argmax, tree_nodes]
         self.extra = dict  # more entries for the log line (the online budget's widths)

@@ -280,13 +280,25 @@ class StepWidths:
 
         return watched
 
-    def keep_log_probs(self, max_bs: int, device):
-        """The buffer the drafter's graph keeps the log-probs the choice reads in (its
-        ``keeping(propose)`` wraps the graph's proposals)."""
+    def head_for(self, width: int):
+        """The tree head that builds trees of ``width`` (eager steps)."""
+        return self.heads[width]
+
+    def graph_proposal(self, proposal, max_bs: int, device):
+        """``proposal`` (one batch's ``propose(hidden, k)`` maker) for the drafter's graph, which
+        builds the widest tree: it also keeps the log-probs the choice reads in a buffer."""
         from .width_graphs import KeptLogProbs
 
         self.kept = KeptLogProbs(max_bs, self.depth, self.heads[self.widths[-1]].k, device)
-        return self.kept
+        return lambda *batch_rows: self.kept.keeping(proposal(*batch_rows))
+
+    def install_graphs(self, target_runner, draft_runner) -> list:
+        """After the server's graph capture: one verify graph set per width (CUDA graphs only);
+        returns their attention backends."""
+        from .width_graphs import install
+
+        install(self, target_runner, draft_runner)
+        return [backend for backend, _ in getattr(self.runners, "pairs", {}).values()]
 
     def from_graph(self, replayed, width: int):
         """The drafter graph's widest trees (and top-1 ids) cut to this step's ``width``; the

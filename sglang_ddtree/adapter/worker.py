@@ -45,8 +45,8 @@ from ..config import (
     DDTreeConfigError,
     eager_tree_step_requested,
     online_budget_log_every,
-    online_budget_requested,
     phase_times_interval,
+    settings_of,
     tree_backend_override,
 )
 from ..kernels.backend import get_tree_backend
@@ -54,13 +54,14 @@ from .draft_block import draft_forward_batch
 from .draft_head import DraftTreeHead, draft_topk
 from .draft_kv_graphs import committed_rows
 from .draft_kv_graphs import install as install_draft_kv_graphs
-from .phases import RoundPhases
+from .phases import RoundPhases, timed
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .stats import TreeStats
 from .tp_check import tp_tree_check
 from .verify_graph_memory import release_decode_scratch
 from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
+from .width_policy import FixedWidth
 from .widths import LOG_EVERY, StepWidths
 
 logger = logging.getLogger("sglang_ddtree")
@@ -69,9 +70,9 @@ logger = logging.getLogger("sglang_ddtree")
 class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
-        spec = get_spec()
+        spec, settings = get_spec(), settings_of(server_args)
         self.ddtree = DDTreeConfig.from_spec_fields(
-            spec.speculative_num_draft_tokens, spec.speculative_dflash_block_size
+            spec.speculative_num_draft_tokens, spec.speculative_dflash_block_size, settings.max_topk
         )
         self.ddtree.validate()
         self._refuse_unsupported_drafter()
@@ -98,15 +99,14 @@ class DDTreeWorker(DFlashWorkerV2):
             block=self.block_size,
             k=self.ddtree.topk(int(self.model_runner.model_config.vocab_size)),
         )
-        self.widths = self._online_widths() if online_budget_requested() else None
         self.draft_kv_graphs = None  # captured with the CUDA graphs (init_cuda_graphs)
         self.check_tp_round = tp_tree_check(get_dp_tp_group())  # a no-op unless debugging
-        self.stats = TreeStats(self.ddtree, is_logging_rank=get_parallel().tp_rank == 0)
-        if self.widths is not None:
-            self.stats.extra = self.widths.summary
-            # Without a stats line the online budget logs its widths itself (host values only).
-            logs = get_parallel().tp_rank == 0 and not self.stats.interval
-            self.widths.log_every = online_budget_log_every(LOG_EVERY) if logs else 0
+        self.stats = TreeStats(
+            self.ddtree, settings.stats_interval, is_logging_rank=get_parallel().tp_rank == 0
+        )
+        # The width policy each round asks (width_policy.py): fixed, or the online budget's.
+        self.widths = self._online_widths() if settings.online_budget else FixedWidth(self.head)
+        self.stats.extra = self.widths.summary
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.
@@ -129,6 +129,9 @@ class DDTreeWorker(DFlashWorkerV2):
     def _online_widths(self) -> StepWidths:
         """The per-step width of ``--speculative-ddtree-budget auto``."""
         widths = StepWidths.like(self.head, self.ddtree.budget, self.ddtree.depth)
+        # Without a stats line the online budget logs its widths itself (host values only).
+        logs = get_parallel().tp_rank == 0 and not self.stats.interval
+        widths.log_every = online_budget_log_every(LOG_EVERY) if logs else 0
         if get_parallel().tp_rank == 0:
             logger.info("DDTREE online budget: verify widths %s chosen per step", list(widths.widths))
         return widths
@@ -149,10 +152,8 @@ class DDTreeWorker(DFlashWorkerV2):
             and not eager_tree_step_requested()
         ):
             max_bs = max(get_exec().graph.cuda_graph_config.decode.bs)
-            proposal = self._device_proposal
-            if self.widths is not None:  # the graph builds the widest tree; a step takes its width
-                kept = self.widths.keep_log_probs(max_bs, self.device)
-                proposal = lambda *batch_rows: kept.keeping(self._device_proposal(*batch_rows))  # noqa: E731
+            # The graph builds the server's widest tree; a step of the online budget takes its width.
+            proposal = self.widths.graph_proposal(self._device_proposal, max_bs, self.device)
             self.head.fold_into_graph(self.draft_model_runner, proposal, max_bs=max_bs, device=self.device)
         elif get_parallel().tp_rank == 0:
             logger.info(
@@ -163,14 +164,9 @@ class DDTreeWorker(DFlashWorkerV2):
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
         backends = [self.model_runner.attn_backend]
-        if self.widths is not None:
-            from .width_graphs import install
-
-            install(self.widths, self.model_runner, self.draft_model_runner)
-            backends += [backend for backend, _ in getattr(self.widths.runners, "pairs", {}).values()]
+        backends += self.widths.install_graphs(self.model_runner, self.draft_model_runner)
         release_decode_scratch(self.model_runner, backends)
-        widths = self.widths.widths if self.widths else [self.width]
-        self.draft_kv_graphs = install_draft_kv_graphs(self, widths)
+        self.draft_kv_graphs = install_draft_kv_graphs(self, self.widths.widths)
 
     @property
     def _uses_custom_mask(self) -> bool:
@@ -183,7 +179,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
-        if self.widths is not None and (prefill or batch.forward_mode.is_idle()):
+        if prefill or batch.forward_mode.is_idle():
             self.widths.interrupt(len(batch.seq_lens) if prefill else 0)  # not in the step's period
         if prefill:
             self.features.on_prefill(batch)
@@ -206,6 +202,41 @@ class DDTreeWorker(DFlashWorkerV2):
         )  # fmt: skip
 
     def _tree_round(self, batch, on_publish, grammar_barrier=None):
+        """Draft, build, verify, accept, commit (the module docstring): one decode step."""
+        draft_input = self._round_input(batch)
+        bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
+        width = self._choose_width(bs)
+        window, plan = self._verify_window(batch, draft_input)  # [bs * width] slots
+        trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan, width)  # and build
+        features = self._start_features(batch, trees)
+        logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
+        self._apply_features(batch, features, logits_output, trees, grammar_barrier)
+        posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
+        acceptance = self._accept(trees, posterior, prefix_lens)
+        self._finish_features(batch, features, trees, acceptance)
+        new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)  # no-op for SGLang's int64 lengths
+        if batch.return_logprob:
+            self._spec_logprobs(batch, logits_output, posterior, acceptance.path)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        self._commit_target_kv(plan, acceptance.sources, bs)  # sources: [bs, width]
+        self._commit_draft_kv(plan, logits_output, acceptance.sources, prefix_lens, acceptance.emitted, bs)
+        logits_output.hidden_states = None
+        self._record_stats(acceptance, trees, draft_top1)
+        self._record_width(acceptance)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=acceptance.out_tokens.reshape(-1),
+            accept_lens=acceptance.emitted,
+            can_run_cuda_graph=can_run_graph,
+            next_draft_input=make_draft_input_v2(bonus_tokens=acceptance.bonus, new_seq_lens=new_seq_lens),
+            speculative_num_draft_tokens=width,
+            new_seq_lens=new_seq_lens,
+        )
+
+    # --- steps (each timed as a phase of its round: phases.py) ---------------------------
+
+    def _round_input(self, batch) -> DFlashDraftInputV2:
         if not self._backend_checked:
             from .attention.gpu_backends import check_live_backend
 
@@ -215,79 +246,19 @@ class DDTreeWorker(DFlashWorkerV2):
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
-        bs = len(batch.seq_lens)
-        with self.phase("width choice"):  # this step's verify width (the online budget's host work)
-            width = self.width if self.widths is None else self.widths.start(bs)
-        prefix_lens = batch.seq_lens
-        roots = draft_input.bonus_tokens.view(-1)
+        return draft_input
 
-        with self.phase("window"):
-            window = self._verify_window(batch, prefix_lens)  # [bs * width] slots
-            plan = self.model_runner.kv_index_translator.plan(
-                req_pool_indices=batch.req_pool_indices,
-                seq_lens=prefix_lens,
-                seq_lens_cpu=batch.seq_lens_cpu
-                if batch.seq_lens_cpu is not None
-                else draft_input.nxt_kv_lens_cpu,
-                write_virtual=window,
-                read_extent=self.width,
-            )
-        trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan, width)
+    @timed("width choice")
+    def _choose_width(self, bs: int) -> int:
+        """This step's verify width (with the online budget, its host work)."""
+        return self.widths.start(bs)
 
-        with self.phase("features"):
-            features = self.features.start_round(batch, trees)
-        logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
-        with self.phase("features"):
-            self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
-        with self.phase("posterior"):
-            posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
-        with self.phase("accept"):
-            acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
-        self.check_tp_round(trees, acceptance)
-        with self.phase("features"):
-            self.features.finish_round(batch, features, trees, acceptance)
-        commit_lens = acceptance.emitted
-        new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)  # no-op for SGLang's int64 lengths
-
-        if batch.return_logprob:
-            accept_rows = torch.where(
-                acceptance.path >= 0,
-                acceptance.path + width * torch.arange(bs, device=self.device)[:, None],
-                -1,
-            )
-            compute_spec_logprobs(batch, logits_output, posterior.reshape(-1), accept_index=accept_rows)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-
-        sources = acceptance.sources  # [bs, width]
-        with self.phase("target kv commit"):
-            self._commit_target_kv(plan, sources, bs)
-        with self.phase("draft kv commit"):
-            self._commit_draft_kv(plan, logits_output, sources, prefix_lens, commit_lens, bs)
-        logits_output.hidden_states = None
-
-        with self.phase("stats"):
-            self.stats.record(acceptance, trees, draft_top1, self.trees.non_argmax_accepted)
-        if self.widths is not None:
-            with self.phase("width record"):  # and after it (one drafted step in 8 also predicts)
-                self.widths.finish(acceptance.accept_lens)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=acceptance.out_tokens.reshape(-1),
-            accept_lens=commit_lens,
-            can_run_cuda_graph=can_run_graph,
-            next_draft_input=make_draft_input_v2(bonus_tokens=acceptance.bonus, new_seq_lens=new_seq_lens),
-            speculative_num_draft_tokens=width,
-            new_seq_lens=new_seq_lens,
-        )
-
-    # --- steps -----------------------------------------------------------------------
-
-    def _verify_window(self, batch, prefix_lens):
-        """The ``width`` KV slots reserved for this round, per request in position
-        order, read from ``req_to_token`` once at the start of the round."""
-        bs, width = len(prefix_lens), self.width
-        return assign_extend_cache_locs_func(
+    @timed("window")
+    def _verify_window(self, batch, draft_input):
+        """The ``width`` KV slots reserved for this round, per request in position order, read
+        from ``req_to_token`` once at the start of the round, and their KV location plan."""
+        prefix_lens, bs, width = batch.seq_lens, len(batch.seq_lens), self.width
+        window = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=self.model_runner.req_to_token_pool.req_to_token,
             start_offset=prefix_lens,
@@ -296,12 +267,55 @@ class DDTreeWorker(DFlashWorkerV2):
             draft_token_num=width,
             device=self.device,
         )
+        plan = self.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=batch.seq_lens_cpu
+            if batch.seq_lens_cpu is not None
+            else draft_input.nxt_kv_lens_cpu,
+            write_virtual=window,
+            read_extent=width,
+        )
+        return window, plan
+
+    @timed("features")
+    def _start_features(self, batch, trees):
+        return self.features.start_round(batch, trees)
+
+    @timed("features")
+    def _apply_features(self, batch, features, logits_output, trees, grammar_barrier):
+        self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
+
+    @timed("features")
+    def _finish_features(self, batch, features, trees, acceptance):
+        self.features.finish_round(batch, features, trees, acceptance)
+
+    @timed("accept")
+    def _accept(self, trees, posterior, prefix_lens):
+        acceptance = self.trees.accept(trees, posterior, prefix_lens, self.ddtree.depth)
+        self.check_tp_round(trees, acceptance)
+        return acceptance
+
+    def _spec_logprobs(self, batch, logits_output, posterior, path):
+        bs, width = posterior.shape  # the accepted path's nodes, as rows of the flat verify
+        rows = torch.where(path >= 0, path + width * torch.arange(bs, device=self.device)[:, None], -1)
+        compute_spec_logprobs(batch, logits_output, posterior.reshape(-1), accept_index=rows)
+
+    @timed("stats")
+    def _record_stats(self, acceptance, trees, draft_top1):
+        self.stats.record(acceptance, trees, draft_top1, self.trees.non_argmax_accepted)
+
+    @timed("width record")
+    def _record_width(self, acceptance):
+        """What the width policy keeps of the step (the online budget: one drafted step in 8
+        also predicts)."""
+        self.widths.finish(acceptance.accept_lens)
 
     def _draft(self, batch, draft_input, roots, prefix_lens, plan, width):
         """One drafter block and the tree step for a verify ``width``: (:class:`Trees`, the
         drafter's top-1 per depth ``[bs, depth]``). On a graph replay the tree step ran
         inside the graph. An online-budget step at width 1 runs neither (root-only trees)."""
-        if self.widths is not None and self.widths.skips_draft:
+        if self.widths.skips_draft:
             return self.widths.root_only(roots, prefix_lens, self._last_position)
         with self.phase("draft prepare"):
             forward_batch = draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan)
@@ -309,16 +323,13 @@ class DDTreeWorker(DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
         with self.phase("tree step"):
             if out.can_run_graph and self.head.in_graph:
-                replayed = self.head.replayed(len(prefix_lens))
-                return replayed if self.widths is None else self.widths.from_graph(replayed, width)
+                return self.widths.from_graph(self.head.replayed(len(prefix_lens)), width)
             if DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD:
                 propose = self._device_proposal(roots, prefix_lens, batch.req_pool_indices)
             else:  # a scripted test drafter
                 propose = lambda hidden, k: self._propose(batch, hidden, prefix_lens, k)  # noqa: E731
-            if self.widths is None:
-                return self.head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
-            head = self.widths.heads[width]
-            return head.run(out.logits_output.hidden_states, roots, prefix_lens, self.widths.watch(propose))
+            head, propose = self.widths.head_for(width), self.widths.watch(propose)
+            return head.run(out.logits_output.hidden_states, roots, prefix_lens, propose)
 
     def _propose(self, batch, hidden, prefix_lens, k):
         """The drafter's hidden states ``[bs * depth, hidden]`` to top-k log-probs and ids
@@ -357,13 +368,11 @@ class DDTreeWorker(DFlashWorkerV2):
         with self.phase("verify prepare"):
             forward_batch = self._verify_forward_batch(batch, draft_input, trees, window, plan, mask)
         with self.phase("verify forward"):
-            if self.widths is not None:
-                self.widths.verify_started()  # the online budget prices a width by its verify's time
+            self.widths.verify_started()  # the online budget prices a width by its verify's time
             out = self.target_worker.forward_batch_generation(
                 batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
             )
-            if self.widths is not None:
-                self.widths.verify_finished()
+            self.widths.verify_finished()
         logits_output = out.logits_output
         target_lp = self._target_logits_processor
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
@@ -396,6 +405,7 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
         return forward_batch
 
+    @timed("posterior")
     def _posterior(self, batch, logits_output, positions, bs):
         posterior = tree_posterior(
             logits_output.next_token_logits,
@@ -413,6 +423,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._tp_sync.sync(site, posterior)
         return posterior
 
+    @timed("target kv commit")
     def _commit_target_kv(self, plan, sources, bs):
         """Move each accepted node's target KV to the slot of its final position."""
         slots = plan.write_ids(self.model_runner.kv_index_translator).view(bs, self.width)
@@ -421,6 +432,7 @@ class DDTreeWorker(DFlashWorkerV2):
         pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
         pool.move_kv_cache(slots.reshape(-1), src)
 
+    @timed("draft kv commit")
     def _commit_draft_kv(self, plan, logits_output, sources, prefix_lens, commit_lens, bs):
         """The drafter's context KV for the committed tokens, from the target's hidden features
         of the accepted nodes at their final positions (replayed from a CUDA graph if captured)."""

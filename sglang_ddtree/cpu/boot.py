@@ -15,15 +15,10 @@ closed by :mod:`sglang_ddtree.cpu.fallbacks` once SGLang is imported.
 from __future__ import annotations
 
 import importlib.abc
-import os
 import sys
 import types
 
-ENV_FLAG = "SGLANG_USE_CPU_ENGINE"
-
-
-def cpu_mode_requested() -> bool:
-    return os.environ.get(ENV_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
+from ..config import cpu_engine_requested
 
 
 def _stub_load_utils() -> types.ModuleType:
@@ -37,7 +32,7 @@ def _stub_load_utils() -> types.ModuleType:
 
 def activate() -> None:
     """Install the CPU-mode import hooks (idempotent; no-op unless requested)."""
-    if not cpu_mode_requested() or "sglang_ddtree.cpu.boot:active" in sys.modules:
+    if not cpu_engine_requested() or "sglang_ddtree.cpu.boot:active" in sys.modules:
         return
     sys.modules["sglang_ddtree.cpu.boot:active"] = types.ModuleType("marker")
     if "sgl_kernel" not in sys.modules:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import compiler_override
+
 CSRC_DIR = Path(__file__).resolve().parents[1] / "csrc"
 CXX_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden")
 
@@ -46,7 +48,7 @@ def cache_dir() -> Path:
 
 
 def find_compiler() -> str:
-    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+    for cand in (compiler_override(), "g++", "c++", "clang++"):
         if cand and shutil.which(cand):
             return shutil.which(cand)  # type: ignore[return-value]
     raise CompilerMissingError(
