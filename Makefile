@@ -82,7 +82,7 @@ bench-attention: venv
 	$(PY) -m lab.bench.mla_tree_attention
 
 bench-budget: venv
-	$(PY) -m lab.budget_model --out bench_results/budget_tp8_code --png
+	$(PY) -m lab.budget_model --out results/kimi-k2.6_h200_budget_code --png
 
 pair-eval: venv
 	$(CPU_ENV) $(PY) -m lab.bench.pair_eval

@@ -12,7 +12,7 @@ path probability never exceeds its parent's).
 The step throughput is ``streams * tau(b) / step_ms(streams, b)``; ``best_budget`` returns the
 budget that maximises it.  Everything here is pure Python (no torch, no GPU).
 
-    python -m lab.budget_model --moe-json bench_results/moe_verify.json
+    python -m lab.budget_model --moe-json results/kimi-k2.6_h200_moe_verify.json
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def plot(choices: Sequence[BudgetChoice], path: Path, title: str) -> Path | None
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Budget that maximises accepted tokens per unit verify time")
-    ap.add_argument("--moe-json", default="bench_results/moe_verify.json")
+    ap.add_argument("--moe-json", default="results/kimi-k2.6_h200_moe_verify.json")
     ap.add_argument("--mla-json", default=None, help="add tree-verify attention from this JSON")
     ap.add_argument("--prefix", type=int, default=4096, help="prefix length for the attention term")
     ap.add_argument("--tp", type=int, default=8)

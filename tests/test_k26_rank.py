@@ -116,13 +116,13 @@ def test_rank_weight_budget_fits_one_h200():
 
 
 def test_the_allreduce_model_is_the_committed_tp8_model():
-    """The report's all-reduce term is the model of bench_results/moe_tp8_allreduce_model.json."""
+    """The report's all-reduce term is the model of results/kimi-k2.6_h200_tp8_allreduce_model.json."""
     from pathlib import Path
 
     from lab.bench.k26_ab_report import allreduce_ms
 
     model = json.loads(
-        (Path(__file__).parents[1] / "bench_results" / "moe_tp8_allreduce_model.json").read_text()
+        (Path(__file__).parents[1] / "results" / "kimi-k2.6_h200_tp8_allreduce_model.json").read_text()
     )
     for row in model["rows"]:
         assert allreduce_ms(row["M"]) == pytest.approx(row["allreduce_ms_max"], rel=0.02), row["M"]

@@ -55,9 +55,7 @@ def test_the_committed_profile_stands_in_for_the_pair():
     assert profile.depth == 7
     for row in profile.probs:
         assert all(a >= b for a, b in zip(row, row[1:])) and sum(row) <= 1 + 1e-9
-    report = json.loads(
-        (prp._stamp.REPO_ROOT / "bench_results" / "pair_rank_profile_pycode-4l.json").read_text()
-    )
+    report = json.loads((prp._stamp.REPO_ROOT / "results" / "pycode-4l_cpu_rank_profile.json").read_text())
     assert report["probs"] == [list(row) for row in profile.probs]  # the report is of the served profile
     assert chain_accept_length(profile) == pytest.approx(report["exact"]["chain"], rel=0.02)
     for budget in prp.BUDGETS:

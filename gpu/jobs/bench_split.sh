@@ -2,7 +2,7 @@
 # GPU job (one H200, about 5 minutes): the tree-kernel and top-k benchmarks after their split
 # into sweep / inputs / report modules. The quick sweep checks every configuration against the
 # reference before timing it (a mismatch stops it), so a run that writes its report shows the
-# split kept the benchmark whole; the times can be read against bench_results/tree_kernels_h200*.
+# split kept the benchmark whole; the times can be read against results/kimi-k2.6_h200_tree_kernels.md.
 #
 #   bash gpu/device.sh bash gpu/jobs/bench_split.sh
 #

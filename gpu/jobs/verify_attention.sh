@@ -3,7 +3,7 @@
 # beside SGLang's own target-verify path (extend_attention_fwd, which walks each request's
 # prefix serially: one program per request, head and query tile), both checked against the
 # float32 reference first. Why: the K2.6 rank's speculative rounds cost 71 ms at 4096-token
-# prompts against 18 ms at 96 (bench_results/k26_rank_ab_4k_h200_e967973.md).
+# prompts against 18 ms at 96 (bench_results/k26_rank_ab_4k_h200_e967973.md at the tag bench-results-archive).
 # CONFIGS="M64N64w8s2 M32N64w4s2" times the prefix pass under each tile config in every row
 # (budget 8, W 9 = 72 query rows at 8 heads: two tiles of 64 or three of 32, each reading the prefix).
 # PRECOMPILE_K26=1 compiles the K2.6 rank's Marlin MoE kernels beside it (a session's first

@@ -140,7 +140,7 @@ def _summary(times_ms: Sequence[float]) -> dict:
 
 
 def results_dir(path: str | os.PathLike | None = None) -> Path:
-    out = Path(path) if path else REPO_ROOT / "bench_results"
+    out = Path(path) if path else REPO_ROOT / "results"
     out.mkdir(parents=True, exist_ok=True)
     return out
 

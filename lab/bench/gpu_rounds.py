@@ -1,6 +1,6 @@
 """Round cost and throughput of DDTREE against stock DFLASH and plain decoding, served.
 
-    python -m lab.bench.gpu_rounds --out bench_results --label pycode-4l-h200
+    python -m lab.bench.gpu_rounds --out results --label pycode-4l-h200
 
 Every arm is a real SGLang server on the same target, drafter and flags (only the
 speculative flags differ). The servers start together (start-up is mostly compilation);
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
         default=None,
         help="arm i rendezvous on this + i (default: SGLang picks)",
     )
-    p.add_argument("--out", default="bench_results")
+    p.add_argument("--out", default="results")
     p.add_argument("--label", default="gpu_rounds")
     args = p.parse_args(argv)
     args.t0 = time.monotonic()

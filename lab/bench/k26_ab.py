@@ -331,7 +331,7 @@ def parse_args(argv=None):
         help="comma list of server flags appended to --common (the later flag wins), e.g. "
         "--mem-fraction-static=0.12,--max-total-tokens=20000 for a short rank beside other servers",
     )
-    p.add_argument("--out", default="bench_results")
+    p.add_argument("--out", default="results")
     p.add_argument("--label", default="k26_rank_ab")
     p.add_argument(
         "--torch-profile-arms", default="", help="comma list: arms profiled per round (torch profiler)"

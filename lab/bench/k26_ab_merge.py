@@ -8,8 +8,8 @@ arm against the plain and chain arms served in the same call (plain's own tok/s 
 concurrency, each call's best DDTREE arm with those ratios; the greedy-identity checks of every
 call follow, then each call's own report.
 
-    python -m lab.bench.k26_ab_merge bench_results/k26_rank_ab_4k_h200_<c>.json \\
-        bench_results/k26_rank_ab_auto_h200_<c>.json --label k26_rank_h200_<c>
+    python -m lab.bench.k26_ab_merge results/k26_rank_ab_4k_h200.json \\
+        results/k26_rank_ab_auto_h200.json --label k26-rank_h200_ab_calls
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def plot(calls: list[tuple[str, dict]], path: Path) -> Path | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", help="k26_ab JSON files, one per call")
-    p.add_argument("--out", default="bench_results")
+    p.add_argument("--out", default="results")
     p.add_argument("--label", required=True)
     args = p.parse_args(argv)
     calls = [(Path(f).stem, json.loads(Path(f).read_text())) for f in args.results]

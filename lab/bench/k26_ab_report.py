@@ -24,14 +24,14 @@ NOTES = [
     "on that hardware (no-speculation numbers from another harness): "
     + ", ".join(f"{r:.2f}x at c{c}" for c, r in LIVE_RATIOS.items())
     + ".",
-    "All-reduce (modelled, not measured; the model of bench_results/moe_tp8_allreduce_model.md): "
+    "All-reduce (modelled, not measured; the model of results/kimi-k2.6_h200_tp8_allreduce_model.md): "
     "two per layer (attention output and MoE) over [tokens, 7168] bf16, t = 15 us + 2 x 7/8 x "
     "bytes / 370 GB/s, for the target's 61 layers at each forward's tokens (concurrency x verify "
     "width) and the drafter's 6 layers at concurrency x 8. `AR share` is that time over the "
     "measured round plus it; `tok/s +AR` the measured tok/s scaled by round / (round + AR).",
 ]
 
-# The all-reduce model of bench_results/moe_tp8_allreduce_model.md (NCCL ring busBW on 8 GPUs
+# The all-reduce model of results/kimi-k2.6_h200_tp8_allreduce_model.md (NCCL ring busBW on 8 GPUs
 # over NVLink without SHARP; the latency term is an assumption).
 AR_LATENCY_MS, AR_BUS_GB_S, TP, HIDDEN, TARGET_LAYERS, DRAFTER_LAYERS, DRAFT_BLOCK = (
     0.015,

@@ -9,7 +9,8 @@ replay drafter draws its ranks from the request and position alone). The two arm
 should then be equal, and what separates them is the servers and the minutes they ran in. On
 the H200 that A/A moved from 0.79x in one call to 1.15-1.34x in the next at 4096-token prompts,
 all of it in the eager, host-bound prefill (TTFT) while the decode pace at c=1 stayed 1.00x
-(bench_results/k26_rank_ab_k25_4k_h200_e5be95d.md, k26_rank_ab_k25_order_h200_0c04d91.md). A
+(bench_results/k26_rank_ab_k25_4k_h200_e5be95d.md at the tag bench-results-archive,
+results/k26-rank_h200_ab_k25_profile.md). A
 margin between arms no larger than the call's A/A spread is not settled by that call. An arm
 named again with :data:`AGAIN` is the same trees by construction, at any profile.
 """

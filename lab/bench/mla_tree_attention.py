@@ -10,7 +10,7 @@ Both are checked against a float32 reference on awkward sizes before anything is
 Reported per shape: time, bytes / time against the copy bandwidth measured in the same run,
 FLOP / time against the measured bf16 matmul rate, and which of the two bounds the prefix.
 
-    python -m lab.bench.mla_tree_attention          # -> bench_results/mla_tree_attention.*
+    python -m lab.bench.mla_tree_attention          # -> results/mla_tree_attention.*
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=HIDDEN)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--bundle", default=None, help="folder from moe_verify --make-bundle")
-    ap.add_argument("--baseline-json", default="bench_results/moe_verify.json")
+    ap.add_argument("--baseline-json", default="results/kimi-k2.6_h200_moe_verify.json")
     ap.add_argument("--no-measure-baseline", dest="measure_baseline", action="store_false")
     ap.add_argument(
         "--dry-run", action="store_true", help="CPU + gloo with a stand-in MoE (tests the orchestration)"

@@ -13,7 +13,7 @@ around one call, host launch gaps included: how the anchors were measured) and C
 replay (what a served model sees).  Bandwidth is compared with a device-to-device copy
 measured in the same run.
 
-    python -m lab.bench.moe_verify                 # full sweep -> bench_results/
+    python -m lab.bench.moe_verify                 # full sweep -> results/
     python -m lab.bench.moe_verify --make-bundle .carry/sgl   # on a CPU host
 
 ``--make-bundle`` prepares what a GPU host without SGLang needs: the JIT kernels compiled for
@@ -283,7 +283,7 @@ def sweep_dense(hidden: int, ffn: int, ms: Sequence[int], copy_gbs: float, reps:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="results folder (default: bench_results/)")
+    ap.add_argument("--out", default=None, help="results folder (default: results/)")
     ap.add_argument("--name", default="moe_verify")
     ap.add_argument("--ms", type=int, nargs="+", default=list(M_SWEEP))
     ap.add_argument("--ffn", type=int, nargs="+", default=[2048, 256], help="per-rank expert FFN sizes")

@@ -12,7 +12,7 @@ On a machine without a GPU the prediction's tensor operations run as CPU arithme
 kernel launches: the `finish` columns there are the host's Python and dispatch plus that
 arithmetic, not what the same step costs beside a GPU. `start` is host work either way.
 
-    python -m lab.bench.online_budget_host   # -> bench_results/online_budget_host_<device>.{json,md}
+    python -m lab.bench.online_budget_host   # -> results/online_budget_host_<device>.{json,md}
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=400)
     p.add_argument("--cpu", action="store_true", help="host tensors even where a GPU is present")
-    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    p.add_argument("--out", default=None, help="results folder (default: results)")
     args = p.parse_args(argv)
     results = run(args)
     name = f"online_budget_host_{_stamp.device_slug(results['stamp'])}"

@@ -1,8 +1,8 @@
 """Issue 18's goals judged again on the round benchmark's committed results, by their paired
 passes (``paired.py``): which cells a run resolved, and which it could not.
 
-    python -m lab.bench.online_budget_judged bench_results/gpu_rounds_*.json
-    # -> bench_results/online_budget_judged_<device>.{json,md}
+    python -m lab.bench.online_budget_judged results/pycode-4l_h200_rounds*.json
+    # -> results/online_budget_judged_<device>.{json,md}
 
 Each file is one :mod:`.gpu_rounds` run; its ``ddtree@auto`` arms are judged against the
 best fixed budget and plain of the same run, as its own report does since the paired
@@ -60,7 +60,7 @@ def to_markdown(stamp: dict, runs: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", type=Path, help="gpu_rounds result files (.json)")
-    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    p.add_argument("--out", default=None, help="results folder (default: results)")
     args = p.parse_args(argv)
     runs = judged_runs(args.results)
     stamp = _stamp.stamp()

@@ -2,7 +2,7 @@
 width 1) gives up against fixed widths, with no GPU and no noise.
 
     python -m lab.bench.online_budget_sim --model pair       # or k26-rank
-    # -> bench_results/online_budget_sim_<model>_<device>.{json,md}
+    # -> results/online_budget_sim_<model>_<device>.{json,md}
 
 The served benchmark on the H200 (:mod:`.gpu_rounds`) cannot resolve 5% on the trained pair
 (its passes spread 1.15-2.75x, ``bench/paired.py``). This runs the real
@@ -340,7 +340,7 @@ def main(argv=None) -> int:
         "--rest-jitter", type=float, default=0.0, help="sigma of each round's lognormal rest factor"
     )
     p.add_argument("--stall-share", type=float, default=0.0, help=f"share of rounds stalled {STALL_MS:g} ms")
-    p.add_argument("--out", default=None, help="results folder (default: bench_results)")
+    p.add_argument("--out", default=None, help="results folder (default: results)")
     args = p.parse_args(argv)
     if args.passes < 2:
         p.error("--passes must be >= 2 (the first warms up)")

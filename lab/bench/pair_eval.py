@@ -22,7 +22,7 @@ trained would show up as a gap.
 
     SGLANG_USE_CPU_ENGINE=1 python -m lab.bench.pair_eval [--pair DIR] [--prompts 16]
 
-Writes ``bench_results/pair_eval_<pair>.{json,md,png}``.
+Writes ``results/pair_eval_<pair>.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="", help="tree budgets (default: block-1,16,32,64)")
     parser.add_argument("--no-sampling", action="store_true", help="greedy only")
     parser.add_argument("--no-offline", action="store_true", help="skip the offline replay")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: bench_results)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: results)")
     parser.add_argument("--name", default=None, help="output name (default: pair_eval_<pair>)")
     args = parser.parse_args(argv)
     if not cpu_engine_requested():

@@ -24,7 +24,7 @@ file says how well the profile stands in for the pair.
     python -m lab.bench.pair_rank_profile            # ~1 min on 2 CPU cores
 
 writes ``models/pairs/<pair>/rank_profile.json`` (read by :mod:`.replay_profiles`) and
-``bench_results/pair_rank_profile_<pair>.{json,md}``.
+``results/pair_rank_profile_<pair>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--pair", type=Path, default=DEFAULT_PAIR)
     p.add_argument("--prompts", type=int, default=0, help="held-out prompts (0: all)")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--out", type=Path, default=None, help="report folder (default: bench_results)")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: results)")
     p.add_argument("--profile-out", type=Path, default=None, help="default: the pair's rank_profile.json")
     args = p.parse_args(argv)
     pair = load_pair(args.pair)

@@ -15,14 +15,14 @@ tail - true token at ranks 1..63 - carries ``TAIL_SHARE`` of the remaining mass,
 ratio ``TAIL_DECAY``: an assumption, as no per-rank histogram is published):
 
 * ``pycode-4l``: the project's trained pair through the real server on the CPU
-  (``bench_results/pair_eval_pycode-4l.md``: chain 2.34 tokens/round, tree-b64 3.33);
+  (``results/pycode-4l_cpu_acceptance.md``: chain 2.34 tokens/round, tree-b64 3.33);
 * ``dflash-k25-code``: z-lab/Kimi-K2.5-DFlash model card, accept length 5.3-5.5 on GSM8K,
   MATH-500 and HumanEval at block 8 (5.4 used);
 * ``dflash-k25-chat``: the same card, 3.7 on MT-Bench.
 
 and one measured per rank: ``pycode-4l-ranks``, the trained pair's own histogram of where the
 target's greedy token sits in the drafter's ranking per depth (:mod:`.pair_rank_profile`,
-``bench_results/pair_rank_profile_pycode-4l.md``). It predicts the pair's exact chain within
+``results/pycode-4l_cpu_rank_profile.md``). It predicts the pair's exact chain within
 1% and its trees of 7-64 nodes within 2-5% (below), where ``pycode-4l``'s assumed tail gives a
 tree of 7 nodes 2.39 tokens a round against the pair's 2.76.
 """
@@ -126,7 +126,7 @@ PROFILES = {
     p.name: p
     for p in (
         measured_profile("pycode-4l"),
-        _chain_profile("pycode-4l", "bench_results/pair_eval_pycode-4l.md: chain 2.34 tokens/round", 2.34),
+        _chain_profile("pycode-4l", "results/pycode-4l_cpu_acceptance.md: chain 2.34 tokens/round", 2.34),
         _chain_profile(
             "dflash-k25-code", "z-lab/Kimi-K2.5-DFlash card: 5.3-5.5 GSM8K/MATH-500/HumanEval", 5.4
         ),

@@ -8,7 +8,7 @@ launch, median of ``reps``), the split kernel with a preallocated workspace. The
 configuration are re-read on every launch: up to ~50 MB they stay in L2 (bs 1, 8 and
 32 x 7), so those times are the kernels' latency rather than an HBM read.
 
-    python -m lab.bench.topk_kernels                  # -> bench_results/topk_kernels_<device>.*
+    python -m lab.bench.topk_kernels                  # -> results/topk_kernels_<device>.*
     python -m lab.bench.topk_kernels --splits 0 8 16  # also sweep the split count (0 = automatic)
     python -m lab.bench.tree_kernels --topk-only      # the same
 """
@@ -308,7 +308,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None, help="output directory (default: bench_results/)")
+    p.add_argument("--out", default=None, help="output directory (default: results/)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     p.add_argument("--blocks", type=int, nargs="+", default=list(BLOCKS))
     p.add_argument("--vocab", type=int, default=VOCAB)

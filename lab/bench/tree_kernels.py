@@ -21,7 +21,7 @@ of ``reps`` replays): what a captured decode step sees. CPU times are wall clock
 whole round trip (median). Every configuration is first checked: the GPU and C++ trees must
 equal the reference.
 
-    python -m lab.bench.tree_kernels              # -> bench_results/tree_kernels_<device>.*
+    python -m lab.bench.tree_kernels              # -> results/tree_kernels_<device>.*
     python -m lab.bench.tree_kernels --quick      # a few configurations
     python -m lab.bench.tree_kernels --topk-only  # top-k kernels only (a minute)
 """
@@ -332,7 +332,7 @@ def single_pass(vocab: int, bs: int, budget: int, depth: int, repeat: int = 2) -
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default=None, help="output directory (default: bench_results/)")
+    p.add_argument("--out", default=None, help="output directory (default: results/)")
     p.add_argument("--quick", action="store_true", help="bs 1, 8, 64; budgets 32, 64; block 16")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     p.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
@@ -356,7 +356,7 @@ def main(argv=None) -> int:
         "--topk-only",
         action="store_true",
         help="only the draft top-k kernels (bs 1, 8, 32, 64 unless --batch-sizes; k from --ks): "
-        "-> bench_results/topk_kernels_<device>.*",
+        "-> results/topk_kernels_<device>.*",
     )
     add_topk_arguments(p)
     args = p.parse_args(argv)

@@ -123,7 +123,7 @@ def candidate_widths(max_budget: int) -> tuple[int, ...]:
     rank) through the MLA verify attention, whose kernel tiles 32 rows, each tile reading the
     whole prefix. On the K2.6 rank width 9 (72 rows) takes three tiles, width 8 (64 rows)
     two: at bs 32 and a 4096-token prefix the prefix pass took 0.109 ms a layer at width 8
-    and 0.230 ms at width 9 (bench_results/verify_attention_sglang_h200_54f535d.md). A power
+    and 0.230 ms at width 9 (results/k26-rank_h200_verify_attention.md). A power
     of two fills whole attention tiles (and whole GEMM tiles), so a tree of ``2**k - 1``
     nodes costs what the chain of the same width costs; a width one past it pays a tile
     more for one node."""

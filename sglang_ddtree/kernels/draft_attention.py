@@ -5,7 +5,7 @@ non-causal: every row attends to the request's whole prefix and to every row of 
 (SGLang's ``models/dflash.py``; its layers are encoder-only unless the config says causal). On
 CUDA, SGLang 0.5.23's triton backend runs it through ``extend_attention_fwd``, whose programs
 walk each request's prefix serially: 0.21 ms per drafter layer at bs 1 and a 4096-token prefix,
-0.80 at 16k (``bench_results/verify_attention_sglang_h200_002ee97.md``).
+0.80 at 16k (``results/k26-rank_h200_verify_attention.md``).
 
 Non-causal with no mask, the block is a decode: the ``W x Hq`` query rows of a request are query
 heads of one decode step over the request's keys, prefix and block alike (``forward_extend``

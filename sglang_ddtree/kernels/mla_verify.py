@@ -35,7 +35,7 @@ PART_DTYPE = torch.float32  # the parts stay float32: the merge adds no bf16 rou
 
 
 def config_for(heads: int, n_nodes: int) -> SplitConfig:
-    """Prefix-kernel tile per shape, as tuned on the H200 (bench_results/mla_tree_attention.md:
+    """Prefix-kernel tile per shape, as tuned on the H200 (results/kimi-k2.6_h200_mla_tree_attention.md:
     one config wins everywhere but 8 heads x 17 nodes)."""
     if heads <= 8 and 9 <= n_nodes <= 24:
         return SplitConfig(32, 64, 4, 2)

@@ -10,7 +10,7 @@ Two kernels give the same result:
   them (in registers where S and k are powers of two and S x k <= 1024, as at bs 1: see
   :func:`register_merge`; else through a sampled bound). The number of splits follows the row count so that small batches still fill the GPU.
   It measured faster than the row kernel at every batch size and k timed on the H200
-  (bench_results/topk_kernels_h200_5ba7f73.md, bs 1-64, k 8-64, depth 7 and 15).
+  (bench_results/topk_kernels_h200_5ba7f73.md at the tag bench-results-archive, bs 1-64, k 8-64, depth 7 and 15).
 * ``row``: one block per row (k <= 1024); the fallback above k 256 and the baseline of the
   benchmark.
 

@@ -245,7 +245,7 @@ BF16_MARGIN = 0.25  # nats
 # Float32 logits of one prefix still differ by rounding between kernels of different shapes (a
 # bs-11 decode, a width-17 verify, a prefill), and the plain server breaks such ties differently
 # itself: at 27ce76a its decode emitted token 302 where its own prefill of the same prefix ranks
-# token 2709 first by 5.2e-5 nats (bench_results/gpu_server_h200_27ce76a.json). A difference is a
+# token 2709 first by 5.2e-5 nats (bench_results/gpu_server_h200_27ce76a.json, tag bench-results-archive). A difference is a
 # float32 tie only where the two tokens are the reference forward's top two and lie within
 # FP32_TIE of each other: 260-520 float32 steps at this pair's logit scale (|16|..|32|), 250x
 # below BF16_MARGIN, and far below what a wrong tree or a stale KV entry produces.

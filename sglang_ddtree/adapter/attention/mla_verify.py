@@ -4,7 +4,7 @@ On CUDA, SGLang 0.5.23's triton backend runs a target-verify forward through
 ``extend_attention_fwd``: one program per (request, head, query tile) walks the request's
 whole prefix serially. At Kimi K2.6's 8 heads per GPU that costs 0.57 ms per layer at a
 4096-token prefix against 0.046 ms for the split kernel, 2.2 against 0.04 at 16k
-(``bench_results/verify_attention_sglang_h200_26aacad.md``); over 61 layers it made every
+(``results/k26-rank_h200_verify_attention.md``); over 61 layers it made every
 speculative round at 4096-token prompts cost 4x its cost at 96 tokens.
 
 The hook replaces the kernel launch alone: SGLang still writes the verify tokens' KV, allocates
