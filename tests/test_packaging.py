@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from background import BACKGROUND
 from serving import GREEDY, PROMPTS, ddtree_args, generate_sequential, reference_server, uses_reference
 
 from lab.models.tiny import build_tiny_models
@@ -32,9 +33,9 @@ MODULE = "test_packaging.py::"
 uses_reference(f"{MODULE}test_the_wheel_serves_ddtree_in_a_fresh_environment")
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+def build_wheel(out: Path) -> Path:
+    """The wheel of the repository's tracked files, built in a copy of them."""
+    source = out / "source"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     for name in tracked.decode().split("\0"):
         if name and (ROOT / name).is_file():
@@ -47,6 +48,11 @@ def wheel(tmp_path_factory) -> Path:
     )
     (path,) = out.glob("sglang_ddtree-*.whl")
     return path
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_the_wheel_holds_the_plugin_and_nothing_of_the_lab(wheel):
@@ -122,34 +128,48 @@ def _fresh_environment(root: Path, wheel: Path) -> Path:
     return python
 
 
-@pytest.mark.server
-def test_the_wheel_serves_ddtree_in_a_fresh_environment(wheel, tmp_path, servers):
-    python = _fresh_environment(tmp_path / "venv", wheel)
+def _serve_from_the_wheel(job) -> dict:
+    """In the background of the run (tests/background.py): the wheel installed into a fresh
+    environment, where a DDTREE server on the tiny models answers the greedy prompts."""
+    python = _fresh_environment(job.folder / "venv", build_wheel(job.folder))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout stays out of reach
     where = subprocess.run(
         [python, "-c", "import sglang_ddtree; print(sglang_ddtree.__file__)"],
-        cwd=tmp_path,
+        cwd=job.folder,
         env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    assert where.startswith(str(tmp_path / "venv")), where
-    tiny = build_tiny_models()
-    expected = generate_sequential(reference_server(servers, tiny), PROMPTS[:3], GREEDY)
     server = ServerProcess(
-        ddtree_args(tiny, budget=8, extra=["--log-level", "info"]),
-        log_path=tmp_path / "wheel-ddtree.log",
+        ddtree_args(build_tiny_models(), budget=8, extra=["--log-level", "info"]),
+        log_path=job.folder / "wheel-ddtree.log",
         start_timeout=900.0,
         name="wheel-ddtree",
         python=str(python),
-        cwd=tmp_path,
+        cwd=job.folder,
     )
     server.env = env
+    job.track(server.launch().group)  # stopped by the end of the run too, should this job outlive it
     with server:
-        assert generate_sequential(server, PROMPTS[:3], GREEDY) == expected
-        assert server.server_info()["ddtree"]["budget"] == 8
-    assert "DDTREE worker ready" in server.log_path.read_text()
+        outputs = generate_sequential(server, PROMPTS[:3], GREEDY)
+        budget = server.server_info()["ddtree"]["budget"]
+    return {"module": where, "outputs": outputs, "budget": budget, "log": server.log_path.read_text()}
+
+
+BACKGROUND.declare(
+    "wheel-serves", f"{MODULE}test_the_wheel_serves_ddtree_in_a_fresh_environment", _serve_from_the_wheel
+)
+
+
+@pytest.mark.server
+def test_the_wheel_serves_ddtree_in_a_fresh_environment(servers):
+    served = BACKGROUND.result("wheel-serves")
+    assert served["module"].startswith(str(BACKGROUND.job("wheel-serves").folder / "venv")), served["module"]
+    expected = generate_sequential(reference_server(servers, build_tiny_models()), PROMPTS[:3], GREEDY)
+    assert served["outputs"] == expected
+    assert served["budget"] == 8
+    assert "DDTREE worker ready" in served["log"]
 
 
 # Modules that touch the environment for another reason than reading a setting, and why.
