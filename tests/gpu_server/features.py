@@ -26,6 +26,13 @@ EBNF = 'root ::= "x" [0-9]+ "y"'
 # one token late (sglang_ddtree/adapter/stops.py). Both orders are served.
 STOPS_RETURN_FIRST = ["return", ":\n"]
 STOPS_NEWLINE_FIRST = [":\n", "return"]
+# SGLang's ``DisallowedTokensLogitsProcessor.to_str()`` without importing SGLang into the test
+# process (thousands of modules): the class pickled by reference, which the server's dill loads.
+DISALLOWED_TOKENS = json.dumps(
+    {
+        "callable": b"\x80\x02csglang.srt.sampling.custom_logit_processor\nDisallowedTokensLogitsProcessor\n.".hex()
+    }
+)
 MIN_NEW_TOKENS = 10
 TOP_LOGPROBS = 5
 CHOICES = 3  # n of the n>1 request
@@ -34,8 +41,6 @@ CHOICES = 3  # n of the n>1 request
 # 5.2e-5); a wrong prefix, a stale KV entry or a missed adjustment moves log-probs by far more.
 LOGPROB_TOL = FP32_TIE
 
-# feature -> (held-out prompt index, sampling parameters or a builder of them from the prompt's
-# unconstrained greedy output, extra request fields)
 FEATURES = (
     "none",
     "frequency_penalty",
@@ -55,7 +60,6 @@ FEATURES = (
     "n",
 )
 GRAMMARS = ("regex", "json_schema", "ebnf")
-FEATURE_PROMPTS = 8  # held-out prompts 0..7
 
 
 @dataclass
@@ -81,13 +85,37 @@ def _distinct(tokens: list[int], start: int, avoid: int) -> int:
     return next(t for t in tokens[start:] + tokens if t != avoid)
 
 
+def token_before(texts: list[str], stop: str, default: int) -> int:
+    """The index of the token before the one that completes ``stop`` in the text of ``texts``
+    (one entry per token): a stop token id there ends the request one token before the stop
+    string would."""
+    text = ""
+    for k, piece in enumerate(texts):
+        text += piece
+        if stop in text:
+            return max(k - 1, 0)
+    return default
+
+
+# Held-out prompts whose greedy continuation (48 tokens, the CPU's float32) holds ":\n" with
+# " return" in the next token (5, 42), ":\n" then "return" 19 tokens later (10), "return" alone
+# (14): the stop requests end in different ways and at the case that used to end late.
+STOP_PROMPTS = {"stop_return_first": (5, 42, 10), "stop_newline_first": (5, 42, 14)}
+STOPS = {"stop_return_first": STOPS_RETURN_FIRST, "stop_newline_first": STOPS_NEWLINE_FIRST}
+FEATURE_PROMPTS = (0, 1, 2, 3, 4, 5, 6, 7, 10, 14, 42)  # the held-out prompts the requests use
+
+
 def feature_requests(
-    prompts: list[list[int]], unconstrained: list[list[int]], processor: str
+    prompts: dict[int, list[int]],
+    unconstrained: dict[int, list[int]],
+    texts: dict[int, list[str]],
+    processor: str,
 ) -> list[FeatureRequest]:
-    """Every feature of ``FEATURES`` on held-out prompts. ``unconstrained``: plain's greedy
-    output of each prompt (``FEATURE_TOKENS``, EOS ignored), for the features keyed on what the
-    model says: a stop token it emits early (held back by ``min_new_tokens``, or ending the
-    request), tokens a bias or a custom processor pushes away."""
+    """Every feature of ``FEATURES`` on the held-out prompts ``FEATURE_PROMPTS`` (by index).
+    ``unconstrained``: plain's greedy output of each (``FEATURE_TOKENS``, EOS ignored) and
+    ``texts`` its tokens' texts, for the features keyed on what the model says: a stop token it
+    emits early (held back by ``min_new_tokens``, or ending the request just before a stop
+    string), tokens a bias or a custom processor pushes away."""
     u = unconstrained
     greedy = {"max_new_tokens": FEATURE_TOKENS, "temperature": 0.0}
     # One list for every request: the processor requires equal parameters across a batch.
@@ -97,6 +125,9 @@ def feature_requests(
 
     def bias(i: int) -> dict:
         return {"logit_bias": {str(u[i][3]): -100.0, str(_distinct(u[i], 9, u[i][3])): 4.0}}
+
+    def stop_and_id(i: int, stops: list[str]) -> dict:
+        return {"stop": stops, "stop_token_ids": [u[i][token_before(texts[i], ":\n", 5)]]}
 
     spec = [
         ("none", 0, {}, {}),
@@ -114,12 +145,12 @@ def feature_requests(
         ("regex", 6, {"regex": REGEX}, {}),
         ("json_schema", 7, {"json_schema": JSON_SCHEMA}, {}),
         ("ebnf", 0, {"ebnf": EBNF}, {}),
-        *[("stop_return_first", i, {"stop": STOPS_RETURN_FIRST}, {}) for i in (0, 1, 2)],
-        *[("stop_newline_first", i, {"stop": STOPS_NEWLINE_FIRST}, {}) for i in (3, 4, 5)],
+        *[(name, i, {"stop": STOPS[name]}, {}) for name, ids in STOP_PROMPTS.items() for i in ids],
         ("stop_token_ids", 3, {"stop_token_ids": [u[3][9]]}, {}),
         ("stop_token_ids", 4, {"stop_token_ids": [u[4][9]]}, {}),
-        ("stop_string_and_token_id", 6, {"stop": STOPS_RETURN_FIRST, "stop_token_ids": [u[6][5]]}, {}),
-        ("stop_string_and_token_id", 7, {"stop": STOPS_NEWLINE_FIRST, "stop_token_ids": [u[7][5]]}, {}),
+        # a stop token id just before ":\n" completes: plain ends on the id, one token earlier
+        ("stop_string_and_token_id", 5, stop_and_id(5, STOPS_RETURN_FIRST), {}),
+        ("stop_string_and_token_id", 42, stop_and_id(42, STOPS_NEWLINE_FIRST), {}),
         ("logprobs", 1, {}, logprobs),
         ("logprobs", 6, {}, logprobs),
         ("n", 7, {"n": CHOICES}, {}),

@@ -20,8 +20,9 @@ from collections import Counter
 
 import pytest
 
-from .arms import GRAPH_MAX_BS, PAIR, greedy, heldout_prompts, top2_logprobs
+from .arms import GRAPH_MAX_BS, PAIR, heldout_prompts, top2_logprobs
 from .features import (
+    DISALLOWED_TOKENS,
     FEATURE_PROMPTS,
     FEATURE_TOKENS,
     FEATURES,
@@ -82,16 +83,28 @@ def _eos() -> int:
 @pytest.fixture(scope="module")
 def features(fleet):
     """Plain's answer to every feature request, one at a time."""
-    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
-
     _, plain = _servers(fleet)
-    prompts = heldout_prompts(FEATURE_PROMPTS)
-    unconstrained = [greedy(plain, p, FEATURE_TOKENS) for p in prompts]
-    requests = feature_requests(prompts, unconstrained, DisallowedTokensLogitsProcessor.to_str())
+    heldout = heldout_prompts(max(FEATURE_PROMPTS) + 1)
+    prompts = {i: heldout[i] for i in FEATURE_PROMPTS}
+    params = {"max_new_tokens": FEATURE_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    unconstrained, texts = {}, {}
+    for i, prompt in prompts.items():
+        answer = plain.generate(
+            {
+                "input_ids": prompt,
+                "sampling_params": params,
+                "return_logprob": True,
+                "return_text_in_logprobs": True,
+            }
+        )
+        unconstrained[i] = answer["output_ids"]
+        texts[i] = [entry[2] for entry in answer["meta_info"]["output_token_logprobs"]]
+    requests = feature_requests(prompts, unconstrained, texts, DISALLOWED_TOKENS)
     return {
         "requests": requests,
         "want": [_answer(plain, r.payload(n=1)) for r in requests],
         "unconstrained": unconstrained,
+        "prompts": prompts,
         "top2": lambda prompt, output: top2_logprobs(plain, prompt, output),
     }
 
@@ -171,13 +184,13 @@ def test_feature_requests_change_the_plain_output(features, results):
     changes plain's greedy output of its prompt on some request (a feature that changed nothing
     would prove nothing)."""
     changed: dict[str, list] = {}
-    prompts = heldout_prompts(FEATURE_PROMPTS)
+    index = {tuple(prompt): i for i, prompt in features["prompts"].items()}
     for request, want in zip(features["requests"], features["want"]):
         assert not isinstance(want, Exception), (request.feature, want)
         if request.feature.startswith("stop"):
             mark = want["meta_info"]["finish_reason"]
         else:
-            base = features["unconstrained"][prompts.index(request.prompt)]
+            base = features["unconstrained"][index[tuple(request.prompt)]]
             mark = want["output_ids"] != base[: len(want["output_ids"])]
         changed.setdefault(request.feature, []).append(mark)
     results[f"{REFERENCE}/features_exercised"] = changed
