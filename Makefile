@@ -70,7 +70,8 @@ format: venv
 	$(PY) -m ruff format sglang_ddtree lab tests
 
 ab-smoke: venv
-	$(CPU_ENV) $(PY) -m lab.ab_tiny --arms ddtree,plain --concurrency 1 --num-prompts 4 --output-len 24
+	$(CPU_ENV) $(PY) -m lab.ab_tiny --arms plain,ddtree,plain+again --concurrency 1 --num-prompts 4 --output-len 24 \
+		--repeats 3 --results-dir /tmp/sglang-ddtree-ab-smoke
 
 bench-tree: venv
 	$(PY) -m lab.bench.tree_kernels

@@ -118,9 +118,10 @@ def wait_group_gone(pgid: int, timeout: float) -> bool:
 class ProcessGroup:
     """A command in its own session (process group), guarded by a watchdog."""
 
-    def __init__(self, cmd: list[str], *, stdout, env: dict[str, str] | None = None, cwd=None):
+    def __init__(self, cmd: list[str], *, stdout, env: dict[str, str] | None = None, cwd=None, stdin=None):
         self.process = subprocess.Popen(
             cmd,
+            stdin=stdin,
             stdout=stdout,
             stderr=subprocess.STDOUT,
             env=env,

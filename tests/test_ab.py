@@ -1,7 +1,11 @@
-"""The A/B tool (``python -m sglang_ddtree.ab``) end to end on the tiny models:
-a two-arm smoke run writes a report with numbers for both arms and leaves no server
-behind; a server that fails to start, and an interrupted run, end with a clear error
-and no process left."""
+"""The A/B tool (``python -m sglang_ddtree.ab``).
+
+End to end on the tiny models (``python -m lab.ab_tiny``): the interleaved schedule (two arms
+and an A/A arm, all up at once, passes rotated) and the alternating one (servers started one at
+a time, A B A B), each writing its file set and the results index and leaving no server or load
+generator behind (checked by PID); a server that fails to start, and an interrupted or SIGKILLed
+run, end with every process stopped. Without servers: the verdict logic on synthetic pairs, the
+report, the arms, the schedule choice and the load worker's local dataset."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -21,7 +26,7 @@ from sglang_ddtree.launch import live_group_members
 
 AB = [sys.executable, "-m", "lab.ab_tiny"]
 SMALL = ["--concurrency", "1", "--num-prompts", "4", "--input-len", "32", "--output-len", "16"]
-SMALL += ["--check-prompts", "2", "--check-tokens", "16", "--start-timeout", "900"]
+SMALL += ["--repeats", "2", "--check-prompts", "2", "--check-tokens", "16", "--start-timeout", "900"]
 
 
 def _procs_with(*needles: str) -> list[str]:
@@ -40,24 +45,29 @@ def _procs_with(*needles: str) -> list[str]:
 
 
 def _assert_nothing_left(report: dict) -> None:
+    """Every server the report names (each start) and the load generator: gone, by PID."""
     for arm in report["arms"]:
-        if arm["port"] is not None:
-            port = str(arm["port"])
+        for server in arm["servers"]:
+            port = str(server["port"])
             assert not _procs_with("sglang.launch_server", f"--port {port}"), (
                 f"{arm['name']} server still runs"
             )
-            assert not _procs_with("serving", f"127.0.0.1:{port}"), (
-                f"a load generator for {arm['name']} still runs"
-            )
-        if arm["pid"] is not None:
-            assert live_group_members(arm["pid"]) == [], f"{arm['name']}'s process group still has members"
+            if server["pid"] is not None:
+                assert live_group_members(server["pid"]) == [], (
+                    f"{arm['name']}'s process group still has members"
+                )
+                assert server["stopped"] is True, (arm["name"], server)
+    worker = report["load_generator"]
+    if worker.get("pid") is not None:
+        assert live_group_members(worker["pid"]) == [], "the load generator still runs"
+        assert worker["stopped"] is True
     assert report["servers_left_running"] == []
 
 
-def _one_report(out: Path) -> tuple[dict, Path]:
-    reports = sorted(out.glob("ab_*.json"))
-    assert len(reports) == 1, f"expected one JSON report in {out}, found {reports}"
-    return json.loads(reports[0].read_text()), reports[0]
+def _series(folder: Path, name: str) -> dict:
+    path = folder / f"{name}.json"
+    assert path.is_file(), f"no {path}; found {sorted(p.name for p in folder.iterdir())}"
+    return json.loads(path.read_text())
 
 
 def _interruptible():
@@ -80,21 +90,26 @@ def _outputs(folder: Path) -> tuple[str, str]:
     return (folder / "stdout.txt").read_text(), (folder / "stderr.txt").read_text()
 
 
-def _reports(folder: Path) -> list[str]:
-    return ["--out-dir", str(folder / "reports"), "--raw-dir", str(folder / "raw")]
+def _results(folder: Path) -> list[str]:
+    return ["--results-dir", str(folder / "results"), "--raw-dir", str(folder / "raw")]
 
 
 # The tool's runs are background jobs (tests/background.py): each is the tool's and its
 # servers' start-ups, mostly on one core, while other tests run; the tests read them.
 def _run_to_end(job, args: list[str]) -> tuple[int, float]:
     started = time.monotonic()
-    proc = job.track(_popen_tool(job.folder, [*args, *_reports(job.folder)]))
-    returncode = proc.wait(timeout=900)
+    proc = job.track(_popen_tool(job.folder, [*args, *_results(job.folder)]))
+    returncode = proc.wait(timeout=1500)
     return returncode, time.monotonic() - started
 
 
-def _smoke_run(job):
-    return _run_to_end(job, ["--arms", "ddtree,plain", *SMALL])
+def _interleaved_run(job):
+    return _run_to_end(job, ["--arms", "plain,ddtree,plain+again", *SMALL])
+
+
+def _alternating_run(job):
+    args = ["--arms", "ddtree,plain", "--schedule", "alternating", "--starts", "2", "--what", "alt"]
+    return _run_to_end(job, [*args, *SMALL])
 
 
 def _failing_run(job):
@@ -104,45 +119,102 @@ def _failing_run(job):
     )
 
 
-BACKGROUND.declare("ab-smoke", "test_ab.py::test_ab_smoke_two_arms", _smoke_run)
+BACKGROUND.declare("ab-interleaved", "test_ab.py::test_ab_interleaved_end_to_end", _interleaved_run)
+BACKGROUND.declare("ab-alternating", "test_ab.py::test_ab_alternating_end_to_end", _alternating_run)
 BACKGROUND.declare("ab-start-failure", "test_ab.py::test_ab_server_start_failure_is_reported", _failing_run)
 
 
 @pytest.mark.server
-def test_ab_smoke_two_arms():
-    job = BACKGROUND.job("ab-smoke")
-    returncode, elapsed = BACKGROUND.result("ab-smoke")
+def test_ab_interleaved_end_to_end():
+    job = BACKGROUND.job("ab-interleaved")
+    returncode, elapsed = BACKGROUND.result("ab-interleaved")
     stdout, stderr = _outputs(job.folder)
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
-    report, path = _one_report(job.folder / "reports")
-    stem = path.with_suffix("")
-    for suffix in (".md", ".png"):
-        assert stem.with_suffix(suffix).is_file(), f"missing {stem.with_suffix(suffix)}"
-    assert stem.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
+    results = job.folder / "results"
+    report = _series(results, "tiny_cpu_ab")
+    assert results.joinpath("tiny_cpu_ab.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["status"] == "ok" and report["error"] is None
-    rows = {r["arm"]: r for r in report["summary"]}
-    assert set(rows) == {"ddtree", "plain"}
-    for name, row in rows.items():
-        assert row["concurrency"] == 1 and row["completed"] == 4, row
-        for key in ("output_tok_s", "median_tpot_ms", "median_ttft_ms", "vs_baseline"):
-            assert isinstance(row[key], float) and row[key] > 0, (name, key, row[key])
-    assert rows["plain"]["vs_baseline"] == pytest.approx(1.0)
-    assert rows["plain"]["accept_length"] is None
-    assert rows["ddtree"]["accept_length"] >= 1.0  # bonus token at least, every round
-    assert report["greedy_check"]["ok"] and report["greedy_check"]["arms_checked"] == ["ddtree", "plain"]
-    assert report["parity"]["arms_read"] == ["ddtree", "plain"]
-    assert report["winners"] and report["winners"][0]["winner"] in rows
-    assert report["stamp"]["versions"]["sglang"] and report["stamp"]["commit"]
-    ddtree = next(a for a in report["arms"] if a["name"] == "ddtree")
-    assert "--speculative-ddtree-budget 16" in ddtree["launch_command"]
+    settings = report["settings"]
+    assert settings["schedule"] == "interleaved" and "CPU" in settings["schedule_reason"]
+    assert "--sleep-on-idle" in settings["schedule_added_args"] or all(
+        "--sleep-on-idle" in a["server_args"] for a in report["arms"]
+    )
 
-    md = stem.with_suffix(".md").read_text()
+    rows = {r["arm"]: r for r in report["summary"]}
+    assert set(rows) == {"plain", "ddtree", "plain+again"}
     for name, row in rows.items():
-        assert f"| {name} | 1 | 4 | {row['output_tok_s']:.1f} |" in md
-    assert "identical token ids" in md
+        assert row["concurrency"] == 1 and row["passes"] == 2 and row["completed"] == 8, row
+        for key in ("output_tok_s", "median_tpot_ms", "median_itl_ms", "median_ttft_ms", "vs_baseline"):
+            assert isinstance(row[key], float) and row[key] > 0, (name, key, row[key])
+        assert row["output_tok_s_interval"][0] <= row["output_tok_s"] <= row["output_tok_s_interval"][1]
+    assert rows["plain"]["accept_length"] is None
+    assert rows["ddtree"]["accept_length"] >= 1.0  # the bonus token at least, every round
+    # the passes were interleaved, rotated per repeat: repeat 0 runs plain first, repeat 1 ddtree
+    arms = {a["name"]: a for a in report["arms"]}
+    firsts = {
+        rep: min(
+            (r["at_seconds"], name) for name, a in arms.items() for r in a["runs"] if r["repeat"] == rep
+        )[1]
+        for rep in (0, 1)
+    }
+    assert firsts == {0: "plain", 1: "ddtree"}, firsts
+    # all three servers were up together: each one's passes lie between the others'
+    spans = {name: [r["at_seconds"] for r in a["runs"]] for name, a in arms.items()}
+    assert max(spans["plain"]) > min(spans["ddtree"]) and max(spans["ddtree"]) > min(spans["plain"])
+
+    (aa,) = report["aa"]
+    assert (aa["arm"], aa["of"], aa["pairs"]) == ("plain+again", "plain", 2)
+    (cmp_,) = report["comparisons"]
+    assert (cmp_["arm"], cmp_["reference"], cmp_["pairs"]) == ("ddtree", "plain", 2)
+    assert cmp_["verdict"] == "unresolved" and "at least 3" in cmp_["why"]  # two repeats: no verdict
+    assert report["greedy_check"]["ok"] and report["greedy_check"]["servers_checked"] == 3
+    assert report["parity"]["arms_read"] == ["plain", "ddtree", "plain+again"]
+    stamp = report["stamp"]
+    assert stamp["commit"] and stamp["date_utc"] and stamp["device_name"] == "cpu"
+    assert stamp["command"].startswith("python -m lab.ab_tiny --arms plain,ddtree,plain+again")
+    assert "--speculative-ddtree-budget 16" in arms["ddtree"]["launch_command"]
+
+    md = results.joinpath("tiny_cpu_ab.md").read_text()
+    assert f"| ddtree | 1 | 4 | 2 | {rows['ddtree']['output_tok_s']:.1f} [" in md
+    assert "| plain+again | plain | 1 |" in md and "identical token ids" in md
+    index = results.joinpath("README.md").read_text()
+    assert "[tiny_cpu_ab](tiny_cpu_ab.md) | cpu | interleaved | ok | c=1: " in index
+    assert index.startswith("# Results")
     _assert_nothing_left(report)
-    print(f"A/B smoke run: {elapsed:.0f} s")
+    print(f"A/B interleaved run: {elapsed:.0f} s")
+
+
+@pytest.mark.server
+def test_ab_alternating_end_to_end():
+    job = BACKGROUND.job("ab-alternating")
+    returncode, elapsed = BACKGROUND.result("ab-alternating")
+    stdout, stderr = _outputs(job.folder)
+    assert returncode == 0, stdout[-3000:] + stderr[-3000:]
+    report = _series(job.folder / "results", "tiny_cpu_alt")
+    assert report["settings"]["schedule"] == "alternating" and report["settings"]["starts"] == 2
+    arms = {a["name"]: a for a in report["arms"]}
+    # four servers, one at a time, in the order ddtree plain ddtree plain; every start measured
+    timeline = sorted((r["at_seconds"], name, r["start"]) for name, a in arms.items() for r in a["runs"])
+    starts_in_order = [(name, start) for _, name, start in timeline]
+    blocks = [starts_in_order[i] for i in range(0, len(starts_in_order), 2)]
+    assert blocks == [("ddtree", 0), ("plain", 0), ("ddtree", 1), ("plain", 1)], starts_in_order
+    for a in arms.values():
+        assert [s["start"] for s in a["servers"]] == [0, 1]
+        assert len({s["pid"] for s in a["servers"]}) == 2
+    cells = {r["arm"]: r for r in report["summary"]}
+    assert cells["ddtree"]["passes"] == 4 and len(cells["ddtree"]["start_tok_s"]) == 2
+    assert cells["ddtree"]["start_spread"] >= 1.0
+    (cmp_,) = report["comparisons"]
+    assert (cmp_["arm"], cmp_["reference"], cmp_["pairs"]) == ("ddtree", "plain", 4)
+    assert cmp_["verdict"] == "unresolved" and "no A/A arm" in cmp_["why"]
+    assert set(cmp_["start_spread"]) == {"ddtree", "plain"}
+    md = (job.folder / "results" / "tiny_cpu_alt.md").read_text()
+    assert "start spread" in md and "Schedule **alternating**" in md
+    assert report["greedy_check"]["ok"] and report["greedy_check"]["servers_checked"] == 4
+    index = (job.folder / "results" / "README.md").read_text()
+    assert "[tiny_cpu_alt](tiny_cpu_alt.md)" in index
+    _assert_nothing_left(report)
+    print(f"A/B alternating run: {elapsed:.0f} s")
 
 
 @pytest.mark.server
@@ -154,12 +226,12 @@ def test_ab_server_start_failure_is_reported():
     assert "the 'ddtree' arm's server did not start" in stderr
     assert "--- last lines of" in stderr  # the server log's tail
     assert "--no-such-flag-for-the-ab-test" in stderr.split("--- last lines of", 1)[1]
-    report, _ = _one_report(job.folder / "reports")
+    report = _series(job.folder / "results", "tiny_cpu_ab")
     assert report["status"] == "failed" and "did not start" in report["error"]
     arms = {a["name"]: a for a in report["arms"]}
-    assert arms["ddtree"]["port"] is not None and arms["ddtree"]["error"]
-    assert arms["plain"]["port"] is None, "the run went on after an arm failed"
-    _assert_nothing_left(report)
+    assert arms["ddtree"]["error"] and arms["ddtree"]["servers"][0]["error"]
+    assert not any(a["runs"] for a in report["arms"]), "passes ran after an arm failed"
+    _assert_nothing_left(report)  # the plain server, launched beside it, stopped too
 
 
 def _loaded_run_tag(folder: Path) -> str:
@@ -167,18 +239,18 @@ def _loaded_run_tag(folder: Path) -> str:
 
 
 def _launch_loaded_run(job) -> subprocess.Popen:
-    """The A/B tool with a long load to run (plain arm first); its processes carry
-    their own tag, which the test checks."""
+    """The A/B tool with a long load to run; its processes carry their own tag, which the
+    test checks."""
     many = ["--concurrency", "1", "--num-prompts", "200", "--output-len", "64", "--check-prompts", "1"]
-    args = ["--arms", "plain,ddtree", *many, "--start-timeout", "900", *_reports(job.folder)]
+    args = ["--arms", "plain,ddtree", *many, "--start-timeout", "900", *_results(job.folder)]
     env = {**os.environ, RUN_TAG_ENV: _loaded_run_tag(job.folder)}
     return job.track(_popen_tool(job.folder, args, env=env))
 
 
 def _wait_for_load(proc: subprocess.Popen, folder: Path) -> None:
-    """Until the tool's first server is up and a load generator runs."""
-    deadline = time.monotonic() + 900
-    while not list((folder / "raw").glob("bench_*.log")):
+    """Until the tool's servers are up and a load pass runs."""
+    deadline = time.monotonic() + 1200
+    while not list((folder / "raw").glob("bench_*_c*_r*.log")):  # a pass's log
         if proc.poll() is not None:
             raise AssertionError(_outputs(folder))
         assert time.monotonic() < deadline, "the load never started"
@@ -231,75 +303,235 @@ def test_ab_interrupt_stops_everything():
     stdout, stderr = _outputs(job.folder)
     assert returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert "interrupted" in stderr
-    report, _ = _one_report(job.folder / "reports")
+    report = _series(job.folder / "results", "tiny_cpu_ab")
     assert report["status"] == "interrupted"
-    assert report["arms"][0]["port"] is not None and report["arms"][1]["port"] is None
+    assert all(a["servers"] and a["servers"][0]["pid"] for a in report["arms"])  # both were up
     _assert_nothing_left(report)
 
 
 @pytest.mark.server
 def test_ab_sigkill_leaves_nothing_behind():
-    """No clean-up code runs in a SIGKILLed tool: its server (scheduler included)
-    and load generator must still go, by parent-death signal and watchdog."""
+    """No clean-up code runs in a SIGKILLed tool: its servers (schedulers included) and load
+    generator must still go, by parent-death signal and watchdog."""
     job = BACKGROUND.job("ab-sigkill")
     started = BACKGROUND.result("ab-sigkill")
     assert any("sglang::scheduler" in cmd or "launch_server" in cmd for cmd in started.values()), started
+    assert any(any(m in cmd for m in LOAD_GENERATOR_MARKS) for cmd in started.values()), started
     _assert_no_process_left(_loaded_run_tag(job.folder))
 
 
-# --------------------------------------------------------------------------- no server: the report logic
+# --------------------------------------------------------------------------- the verdict, on synthetic pairs
 
 
-def _fake_run_arm(greedy_by_arm: dict, readback_by_arm: dict | None = None):
-    """A stand-in for ``run_arm`` that fills an arm as a finished run would."""
+def test_verdict_inside_the_aa_spread_is_unresolved():
+    from sglang_ddtree.ab import paired
 
-    def run_arm(arm, opts, plan, raw, pbar, live):
-        arm.port, arm.pid, arm.start_seconds, arm.stopped = 1, None, 0.0, True
-        arm.readback = {"disable_overlap_schedule": False, "cuda_graph_config.decode.max_bs": 64}
-        arm.readback.update((readback_by_arm or {}).get(arm.name, {}))
-        arm.greedy = greedy_by_arm[arm.name]
-        speed = {"plain": 100.0, "chain": 150.0}.get(arm.name, 200.0)
-        for concurrency, num_prompts, rep in plan:
-            arm.runs.append(
-                {
-                    "completed": num_prompts,
-                    "output_throughput": speed + rep,
-                    "median_tpot_ms": 1000.0 / speed,
-                    "median_ttft_ms": 10.0,
-                    "p99_ttft_ms": 20.0,
-                    "median_itl_ms": 5.0,
-                    "accept_length": None if arm.kind == "plain" else 3.0,
-                    "concurrency_requested": concurrency,
-                    "num_prompts": num_prompts,
-                    "repeat": rep,
-                }
-            )
-
-    return run_arm
+    # the A/A of this run: two servers of one arm 1.05x [0.98, 1.14] apart (the H200's c=1)
+    band = paired.aa_band([[0.98, 1.14]])
+    assert band[0] == pytest.approx(1 / 1.14) and band[1] == pytest.approx(1.14)
+    # a 1.10x gain whose interval excludes 1 but lies inside the A/A spread: not a win
+    ratios = [1.08, 1.10, 1.12, 1.09, 1.11]
+    result = paired.compare(ratios)
+    assert result["interval"][0] > 1.0
+    assert paired.verdict(result["interval"], result["pairs"], band) == (
+        paired.UNRESOLVED,
+        "the interval lies above 1 but overlaps the A/A spread",
+    )
+    # the same below 1
+    slow = paired.compare([1 / r for r in ratios])
+    assert paired.verdict(slow["interval"], slow["pairs"], band)[0] == paired.UNRESOLVED
 
 
-FAKE = ["--model", "/nonexistent/target", "--drafter", "/nonexistent/drafter", "--chain-impl", "dflash"]
-FAKE += ["--concurrency", "1,4", "--num-prompts", "8", "--repeats", "2", "--check-prompts", "2", "--no-plot"]
+def test_verdict_outside_the_aa_spread_wins_or_loses():
+    from sglang_ddtree.ab import paired
+
+    band = paired.aa_band([[0.98, 1.14], [0.95, 1.05]])  # the widest of two A/A arms
+    fast = paired.compare([1.31, 1.33, 1.36, 1.29, 1.34])  # DDTREE@32 over DFLASH at c=1 (issue 46)
+    assert paired.verdict(fast["interval"], fast["pairs"], band)[0] == paired.WINS
+    slow = paired.compare([0.61, 0.64, 0.60, 0.66, 0.63])
+    assert paired.verdict(slow["interval"], slow["pairs"], band)[0] == paired.LOSES
+    # without an A/A arm, or with too few pairs, or an interval over 1: no verdict
+    assert paired.verdict(fast["interval"], fast["pairs"], None)[0] == paired.UNRESOLVED
+    two = paired.compare([1.31, 1.33])
+    assert paired.verdict(two["interval"], two["pairs"], band)[0] == paired.UNRESOLVED
+    wide = paired.compare([0.9, 1.4, 1.3, 0.95, 1.2])
+    assert paired.verdict(wide["interval"], wide["pairs"], band) == (
+        paired.UNRESOLVED,
+        "the interval includes 1",
+    )
 
 
-def test_report_winners_and_ratios(tmp_path, monkeypatch):
+def test_pairs_from_several_starts_are_resampled_by_start():
+    """Alternating: passes of one start share its luck; the interval resamples whole starts."""
+    from sglang_ddtree.ab import paired
+
+    # three starts, ten passes each: each start's passes agree, the starts do not
+    ratios = [1.0] * 10 + [1.2] * 10 + [1.4] * 10
+    starts = [0] * 10 + [1] * 10 + [2] * 10
+    pooled = paired.median_interval(ratios)
+    by_start = paired.median_interval(ratios, groups=starts)
+    assert pooled[1] - pooled[0] < 0.1  # thirty "independent" pairs: falsely sure
+    assert by_start[0] == pytest.approx(1.0) and by_start[1] == pytest.approx(1.4)
+
+
+# --------------------------------------------------------------------------- no server: the engine and the report
+
+
+class _FakeServer:
+    url = "http://127.0.0.1:1"
+
+    def log_tail(self, lines=20):
+        return "(fake server)"
+
+
+class _FakeWorker:
+    pid, log_path = None, "(fake load generator)"
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_ready(self, timeout):
+        pass
+
+    def stop(self):
+        return True
+
+
+def _fake_engine(monkeypatch, greedy_by_arm: dict, readback_by_arm: dict | None = None, speeds=None):
+    """The engine with every server and pass faked: speed per arm times a spell per repeat
+    (shared by every arm of the repeat), as an interleaved run on a host with slow spells."""
+    from sglang_ddtree.ab import engine, run
+
+    speeds = speeds or {"plain": 100.0, "dflash": 150.0, "dflash+again": 150.0}
+    spells = [1.0, 0.6, 1.4, 0.8, 1.2]
+    by_server = {}
+
+    def new_server(arm, opts, start):
+        server, record = run.new_server(arm, opts, start)
+        fake = _FakeServer()
+        by_server[id(fake)] = arm
+        return fake, record
+
+    def check_server(server, record, opts):
+        arm = by_server[id(server)]
+        record["readback"] = {"disable_overlap_schedule": False, "cuda_graph_config.decode.max_bs": 64}
+        record["readback"].update((readback_by_arm or {}).get(arm.name, {}))
+        record["greedy"] = greedy_by_arm[arm.base]
+
+    def run_pass(worker, url, opts, *, concurrency, num_prompts, stem):
+        rep = int(stem.split("_r")[-1].split("_")[0])
+        name = next(a for a in by_server.values() if stem.startswith(run.safe_name(a.name) + "_c")).name
+        speed = speeds.get(name, 200.0) * spells[rep % len(spells)]
+        return {
+            "completed": num_prompts,
+            "output_throughput": speed,
+            "median_tpot_ms": 1000.0 / speed,
+            "median_itl_ms": 1000.0 / speed,
+            "median_ttft_ms": 10.0,
+            "p99_ttft_ms": 20.0,
+            "accept_length": None if name.startswith("plain") else 3.0,
+        }
+
+    monkeypatch.setattr(engine, "new_server", new_server)
+    monkeypatch.setattr(engine, "launch", lambda server, record: None)
+    monkeypatch.setattr(engine, "wait_up", lambda server, record: record.update(start_seconds=0.0))
+    monkeypatch.setattr(engine, "check_server", check_server)
+    monkeypatch.setattr(engine, "run_pass", run_pass)
+    monkeypatch.setattr(engine, "stop", lambda server, record: record.update(stopped=True))
+    monkeypatch.setattr(engine, "LoadWorker", _FakeWorker)
+
+
+FAKE = ["--model", "/nonexistent/target", "--drafter", "/nonexistent/drafter", "--device-name", "h200"]
+FAKE += ["--concurrency", "1,4", "--num-prompts", "8", "--repeats", "5", "--check-prompts", "2", "--no-plot"]
+FAKE += ["--server-args", "--mem-fraction-static 0.1", "--label", "fake"]
+
+
+def _argv(tmp_path, *extra):
+    return [*FAKE, "--results-dir", str(tmp_path), "--raw-dir", str(tmp_path / "raw"), *extra]
+
+
+def test_report_verdicts_aa_and_ratios(tmp_path, monkeypatch):
     from sglang_ddtree.ab import cli as ab
 
-    same = {name: [[1, 2, 3], [4, 5, 6]] for name in ("ddtree", "chain", "plain")}
-    monkeypatch.setattr(ab, "run_arm", _fake_run_arm(same))
-    assert (
-        ab.main([*FAKE, "--out-dir", str(tmp_path), "--raw-dir", str(tmp_path / "raw"), "--label", "fake"])
-        == 0
-    )
-    report, path = _one_report(tmp_path)
-    assert path.name.startswith("ab_fake_")
+    same = {name: [[1, 2, 3], [4, 5, 6]] for name in ("plain", "dflash", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree,dflash+again")) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    assert report["settings"]["schedule"] == "interleaved"
+    assert "0.40 of each GPU's memory" in report["settings"]["schedule_reason"]  # 4 servers x 0.1
     rows = {(r["arm"], r["concurrency"]): r for r in report["summary"]}
-    assert rows[("ddtree", 4)]["output_tok_s"] == pytest.approx(200.5)  # median of 200, 201
-    assert rows[("ddtree", 4)]["vs_baseline"] == pytest.approx(200.5 / 100.5)
-    assert [w["winner"] for w in report["winners"]] == ["ddtree", "ddtree"]
-    assert report["winners"][0]["clear"] is True  # 200 > 151: slowest beats the runner-up's fastest
+    assert rows[("ddtree", 4)]["output_tok_s"] == pytest.approx(200.0)  # median of 200 x spells
+    assert rows[("ddtree", 4)]["output_tok_s_min"] == pytest.approx(120.0)
+    comps = {(c["arm"], c["reference"], c["concurrency"]): c for c in report["comparisons"]}
+    # the spells hit every arm of a repeat alike: the paired ratio is exact, and outside the A/A
+    exact = comps[("ddtree", "plain", 1)]
+    assert exact["ratio"] == pytest.approx(2.0) and exact["interval"] == pytest.approx([2.0, 2.0])
+    assert exact["aa_band"] == pytest.approx([1.0, 1.0]) and exact["verdict"] == "wins"
+    assert comps[("ddtree", "dflash", 4)]["ratio"] == pytest.approx(200 / 150)  # against the chain
+    assert ("dflash+again", "plain", 1) not in comps  # the A/A arm is the spread, not a contender
+    assert [h["arm"] for h in report["headline"]] == ["ddtree", "ddtree"]
+    # each repeat ran one pass of every arm, the order rotated by one arm per repeat
+    names = report["settings"]["arms"]
+    for arm in report["arms"]:
+        for run in arm["runs"]:
+            assert names[(run["repeat"] + run["order"]) % len(names)] == arm["name"], (arm["name"], run)
+    assert [(a["arm"], a["of"]) for a in report["aa"]] == [("dflash+again", "dflash")] * 2
     assert report["greedy_check"]["ok"] and report["parity"]["ok"]
-    assert "| ddtree | 4 | 8 | 200.5 | 200.0-201.0 | 2.00x |" in path.with_suffix(".md").read_text()
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert "| ddtree | plain | 1 | 2.00x [2.00, 2.00] | 5 | [1.00, 1.00] | **wins** |" in md
+    index = (tmp_path / "README.md").read_text()
+    assert "c=1: ddtree 2.00x [2.00, 2.00] vs plain, A/A [1.00, 1.00], **wins**" in index
+
+
+def test_a_rerun_replaces_the_series_and_the_index_lists_each_once(tmp_path, monkeypatch):
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import index
+
+    same = {name: [[1]] for name in ("plain", "dflash", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    assert ab.main(_argv(tmp_path, "--arms", "plain,ddtree")) == 0
+    first = _series(tmp_path, "fake_h200_ab")
+    _fake_engine(monkeypatch, same, speeds={"plain": 100.0, "ddtree": 50.0})
+    assert ab.main(_argv(tmp_path, "--arms", "plain,ddtree", "--what", "ab")) == 0
+    assert ab.main(_argv(tmp_path, "--arms", "plain,ddtree", "--what", "other")) == 0
+    again = _series(tmp_path, "fake_h200_ab")
+    assert again["summary"] != first["summary"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["fake_h200_ab.json", "fake_h200_other.json"]
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.count("[fake_h200_ab]") == 1 and readme.count("[fake_h200_other]") == 1
+    (tmp_path / "unrelated.json").write_text("[1, 2]")  # other JSON in the folder is left alone
+    index.main([str(tmp_path)])
+    assert "unrelated" not in (tmp_path / "README.md").read_text()
+    # a README written by hand keeps its text; only the A/B section between the markers changes
+    hand = "# Results\n\nSeries measured by other tools.\n\n## How each series is made\n\n- by hand\n"
+    (tmp_path / "README.md").write_text(hand)
+    index.main([str(tmp_path)])
+    once = (tmp_path / "README.md").read_text()
+    assert once.startswith(hand.rstrip("\n")) and once.count(index.START) == 1
+    (tmp_path / "README.md").write_text(once.replace(index.END, index.END + "\n\nMore by hand.\n"))
+    index.main([str(tmp_path)])
+    twice = (tmp_path / "README.md").read_text()
+    assert twice.count(index.START) == 1 and twice.count("[fake_h200_ab]") == 1
+    assert twice.startswith(hand.rstrip("\n")) and twice.rstrip().endswith("More by hand.")
+
+
+def test_alternating_pairs_starts_by_index(tmp_path, monkeypatch):
+    from sglang_ddtree.ab import cli as ab
+
+    same = {name: [[1]] for name in ("plain", "dflash", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    argv = _argv(
+        tmp_path, "--arms", "plain,ddtree,ddtree+again", "--schedule", "alternating", "--starts", "3"
+    )
+    assert ab.main([*argv, "--repeats", "2"]) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    assert report["settings"]["schedule"] == "alternating"
+    arms = {a["name"]: a for a in report["arms"]}
+    assert [s["start"] for s in arms["ddtree"]["servers"]] == [0, 1, 2]
+    comps = {(c["arm"], c["concurrency"]): c for c in report["comparisons"]}
+    assert comps[("ddtree", 1)]["pairs"] == 6  # 3 starts x 2 repeats
+    assert comps[("ddtree", 1)]["start_spread"] == {"ddtree": pytest.approx(1.0), "plain": pytest.approx(1.0)}
+    assert "start spread" in (tmp_path / "fake_h200_ab.md").read_text()
 
 
 def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
@@ -307,79 +539,187 @@ def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
 
     outputs = {
         "ddtree": [[1, 2, 3], [4, 5, 7]],
-        "chain": [[1, 2, 3], [4, 5, 6]],
+        "dflash": [[1, 2, 3], [4, 5, 6]],
         "plain": [[1, 2, 3], [4, 5, 6]],
     }
-    monkeypatch.setattr(ab, "run_arm", _fake_run_arm(outputs))
-    assert ab.main([*FAKE, "--out-dir", str(tmp_path), "--raw-dir", str(tmp_path / "raw")]) == 1
+    _fake_engine(monkeypatch, outputs)
+    assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree")) == 1
     assert "GREEDY CHECK FAILED" in capsys.readouterr().err
-    report, path = _one_report(tmp_path)
+    report = _series(tmp_path, "fake_h200_ab")
     (mismatch,) = report["greedy_check"]["mismatches"]
     assert (mismatch["arm"], mismatch["prompt_index"], mismatch["first_diff_token"]) == ("ddtree", 1, 2)
-    assert "**GREEDY CHECK FAILED" in path.with_suffix(".md").read_text()
+    assert "**GREEDY CHECK FAILED" in (tmp_path / "fake_h200_ab.md").read_text()
 
 
 def test_parity_difference_is_explained(tmp_path, monkeypatch):
     from sglang_ddtree.ab import cli as ab
 
-    same = {name: [[1]] for name in ("ddtree", "chain", "plain")}
-    readback = {"ddtree": {"disable_overlap_schedule": True}}
-    monkeypatch.setattr(ab, "run_arm", _fake_run_arm(same, readback))
-    argv = [
-        *FAKE,
-        "--out-dir",
-        str(tmp_path),
-        "--raw-dir",
-        str(tmp_path / "raw"),
-        "--arm-args",
-        "chain=--disable-overlap-schedule",
-    ]
+    same = {name: [[1]] for name in ("ddtree", "dflash", "plain")}
+    _fake_engine(monkeypatch, same, {"ddtree": {"disable_overlap_schedule": True}})
+    argv = _argv(tmp_path, "--arms", "plain,dflash,ddtree", "--arm-args", "dflash=--disable-overlap-schedule")
     assert ab.main([*argv, "--strict-parity"]) == 3
-    report, path = _one_report(tmp_path)
+    report = _series(tmp_path, "fake_h200_ab")
     (diff,) = report["parity"]["differences"]
     assert diff["key"] == "disable_overlap_schedule"
     assert diff["why"]["ddtree"].startswith("resolved by SGLang")
-    assert diff["why"]["chain"] == "set by --disable-overlap-schedule"
-    assert "NOT AT PARITY" in path.with_suffix(".md").read_text()
+    assert diff["why"]["dflash"] == "set by --disable-overlap-schedule"
+    assert "NOT AT PARITY" in (tmp_path / "fake_h200_ab.md").read_text()
 
 
 def test_bad_options_are_refused(tmp_path, capsys):
     from sglang_ddtree.ab import cli as ab
 
-    assert ab.main(["--model", "m", "--arms", "ddtree,tree", "--out-dir", str(tmp_path)]) == 2
+    out = ["--results-dir", str(tmp_path)]
+    assert ab.main(["--model", "m", "--arms", "ddtree,tree", *out]) == 2
     assert "unknown arm 'tree'" in capsys.readouterr().err
-    assert ab.main(["--model", "m", "--arms", "ddtree", "--out-dir", str(tmp_path)]) == 2
+    assert ab.main(["--model", "m", "--arms", "ddtree", *out]) == 2
     assert "needs a drafter" in capsys.readouterr().err
-    assert ab.main([*FAKE[:4], "--concurrency", "1,4", "--num-prompts", "1,2,3"]) == 2
+    assert ab.main([*FAKE[:4], "--concurrency", "1,4", "--num-prompts", "1,2,3", *out]) == 2
     assert "one per level" in capsys.readouterr().err
+    assert ab.main([*FAKE[:4], "--arms", "plain,ddtree+again", *out]) == 2
+    assert "not an arm of the run" in capsys.readouterr().err
+    assert ab.main([*FAKE[:4], "--arms", "plain,plain+again", "--arm-env", "plain+again=X=1", *out]) == 2
+    assert "an +again arm is a second server of its arm" in capsys.readouterr().err
+    assert ab.main([*FAKE[:4], "--arms", "plain", "--arm-env", "plain=NOT-A-VAR", *out]) == 2
+    assert "is not VAR=value" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 
 
-def test_online_budget_arms_serve_auto_beside_fixed_budgets():
-    """``ddtree@auto`` / ``ddtree@autoB``: the online budget with trees of up to ``--budget`` /
-    ``B`` nodes (``--speculative-num-draft-tokens`` B + 1), in the same run as fixed budgets."""
-    from argparse import Namespace
+def _opts(**kw):
+    return Namespace(**{"arms": "plain", "arm_args": [], "arm_env": [], "budget": 32, "block_size": 8, **kw})
 
-    from sglang_ddtree.ab.arms import ABError, build_arms, parse_arm_names
+
+def test_arms_variants_env_and_the_chain():
+    from sglang_ddtree.ab.arms import build_arms, parse_arm_names
     from sglang_ddtree.adapter.server_args import parse_budget
 
-    assert parse_arm_names("ddtree@8,ddtree@auto,ddtree@auto16,plain") == [
+    assert parse_arm_names("ddtree@8,ddtree@auto,ddtree@auto16,plain,dflash,dflash+again") == [
         ("ddtree@8", "ddtree", 8),
         ("ddtree@auto", "ddtree", "auto"),
         ("ddtree@auto16", "ddtree", "auto16"),
         ("plain", "plain", None),
+        ("dflash", "dflash", None),
+        ("dflash+again", "dflash", None),
     ]
-    opts = Namespace(arms="ddtree@8,ddtree@auto,ddtree@auto16", arm_args=[], chain_impl="dflash", budget=32)
-    arms = {arm.name: arm.server_args for arm in build_arms(opts, "target", "drafter", [], cpu=False)}
+    opts = _opts(
+        arms="ddtree@8,ddtree@auto,ddtree@auto16,ddtree@32,ddtree@32+py,ddtree@32+again,dflash,chain",
+        arm_args=["ddtree@32=--speculative-ddtree-stats-interval 5"],
+        arm_env=["ddtree@32=A=1", "ddtree@32+py=SGLANG_DDTREE_TREE_BACKEND=python A=2"],
+    )
+    arms = {arm.name: arm for arm in build_arms(opts, "target", "drafter", [], cpu=False)}
 
     def flag(args, name):
         return args[args.index(name) + 1]
 
-    assert flag(arms["ddtree@8"], "--speculative-ddtree-budget") == "8"
-    assert "--speculative-num-draft-tokens" not in arms["ddtree@8"]
+    assert flag(arms["ddtree@8"].server_args, "--speculative-ddtree-budget") == "8"
     for name, largest in (("ddtree@auto", 32), ("ddtree@auto16", 16)):
-        assert parse_budget(flag(arms[name], "--speculative-ddtree-budget")) == "auto"
-        assert flag(arms[name], "--speculative-num-draft-tokens") == str(largest + 1)
-    for bad in ("ddtree@autox", "chain@auto", "ddtree@auto-8"):
-        with pytest.raises(ABError, match="--arms"):
-            parse_arm_names(bad)
+        assert parse_budget(flag(arms[name].server_args, "--speculative-ddtree-budget")) == "auto"
+        assert flag(arms[name].server_args, "--speculative-num-draft-tokens") == str(largest + 1)
+    # a variant: its arm's flags and environment, then its own; +again: exactly its arm's
+    assert arms["ddtree@32+again"].server_args == arms["ddtree@32"].server_args
+    assert arms["ddtree@32+again"].env == arms["ddtree@32"].env and arms["ddtree@32"].env["A"] == "1"
+    assert (
+        arms["ddtree@32+py"].env["SGLANG_DDTREE_TREE_BACKEND"] == "python"
+        and arms["ddtree@32+py"].env["A"] == "2"
+    )
+    assert "--speculative-ddtree-stats-interval" in arms["ddtree@32+py"].server_args
+    assert "--decode-log-interval" not in arms["ddtree@32"].server_args  # a GPU run keeps SGLang's
+    # GPU: dflash is stock DFLASH, chain is DDTREE with one candidate per depth at budget block - 1
+    assert flag(arms["dflash"].server_args, "--speculative-algorithm") == "DFLASH"
+    assert flag(arms["chain"].server_args, "--speculative-ddtree-max-topk") == "1"
+    assert flag(arms["chain"].server_args, "--speculative-ddtree-budget") == "7"
+    # CPU: SGLang refuses DFLASH, the chain stands in for it
+    cpu = {a.name: a for a in build_arms(_opts(arms="dflash,plain"), "target", "drafter", [], cpu=True)}
+    assert flag(cpu["dflash"].server_args, "--speculative-algorithm") == "DDTREE"
+    assert "stands in for stock DFLASH" in cpu["dflash"].description
+    assert cpu["plain"].env["SGLANG_USE_CPU_ENGINE"] == "1"
+
+
+def test_schedule_choice_by_memory(monkeypatch):
+    from sglang_ddtree.ab import schedule
+    from sglang_ddtree.ab.arms import build_arms
+
+    def arms(common, names="plain,dflash,ddtree,dflash+again"):
+        return build_arms(_opts(arms=names), "target", "drafter", common, cpu=False)
+
+    cpu_arms = build_arms(_opts(arms="plain,ddtree"), "t", "d", [], cpu=True)
+    assert schedule.choose("auto", cpu_arms, True, "t", "d").name == "interleaved"
+    fits = schedule.choose("auto", arms(["--mem-fraction-static", "0.2"]), False, "t", "d")
+    assert fits.name == "interleaved" and "0.80" in fits.reason and fits.added_args == ["--sleep-on-idle"]
+    full = schedule.choose("auto", arms(["--mem-fraction-static", "0.85"]), False, "t", "d")
+    assert full.name == "alternating" and "do not fit" in full.reason
+    assert (
+        schedule.choose("alternating", arms(["--mem-fraction-static", "0.2"]), False, "t", "d").name
+        == "alternating"
+    )
+    # no fraction given: estimated from the weights and the GPU's memory
+    monkeypatch.setattr(schedule, "gpu_memory_bytes", lambda: 140 * 2**30)
+    monkeypatch.setattr(schedule, "model_bytes", lambda path: 16 * 2**30 if path == "target" else 2**30)
+    small = schedule.choose("auto", arms([]), False, "target", "drafter")
+    assert small.name == "interleaved" and small.added_args[1] == "--mem-fraction-static"
+    assert 0.17 < float(small.added_args[2]) < 0.22  # (0.9 x 140 / 4 - 3) / 140
+    many = [*arms([], "plain,dflash,ddtree,dflash+again"), *arms([], "chain,ddtree@8,ddtree@16,ddtree@64")]
+    monkeypatch.setattr(schedule, "model_bytes", lambda path: 60 * 2**30)
+    assert schedule.choose("auto", many, False, "target", "drafter").name == "alternating"
+    monkeypatch.setattr(schedule, "model_bytes", lambda path: None)
+    unknown = schedule.choose("auto", arms([]), False, "hub/id", "drafter")
+    assert unknown.name == "alternating" and "size is unknown" in unknown.reason
+    added = schedule.apply(small, built := arms([]))
+    assert added == ["--sleep-on-idle", f"--mem-fraction-static {small.added_args[2]}"]
+    assert all(
+        a.server_args[-3:] == ["--sleep-on-idle", "--mem-fraction-static", small.added_args[2]] for a in built
+    )
+
+
+def test_local_prompt_rows_token_ids_and_output_lengths(tmp_path):
+    """Token-id prompts reach bench_serving as input_ids, each row with its drawn output length."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.ab import bench_worker
+    from sglang_ddtree.ab.run import prepare_prompt_rows
+
+    source = tmp_path / "prompts.json"
+    source.write_text(json.dumps([{"input_ids": [5, 6, 7], "text": "x"}, {"text": "hello"}, [1, 2]]))
+    rows_file, info, prompts = prepare_prompt_rows(str(source), 8, tmp_path / "rows.jsonl", 1, 100, 0.5)
+    assert prompts == [[5, 6, 7], "hello", [1, 2]] and info["prompt_kind"] == "text and token ids"
+    rows = bench_worker.read_rows(str(rows_file))
+    assert len(rows) == 8 and all(50 <= r["output_len"] <= 100 for r in rows)
+    assert len({r["output_len"] for r in rows}) > 1  # drawn, not fixed
+    again, _, _ = prepare_prompt_rows(str(source), 8, tmp_path / "again.jsonl", 1, 100, 0.5)
+    assert again.read_text() == rows_file.read_text()  # the same seed, the same rows
+
+    class Tokenizer:
+        bos_token = None
+
+        def encode(self, text):
+            return list(range(len(text.split()) + 1))
+
+    module = SimpleNamespace(DatasetRow=lambda **kw: kw)
+    served = bench_worker.rows_dataset(module, rows)(SimpleNamespace(num_prompts=10), Tokenizer())
+    assert len(served) == 10 and served[8] == served[0]  # cycled, in order
+    for row, want in zip(served, rows + rows[:2]):
+        assert row["output_len"] == want["output_len"]
+        if isinstance(want["prompt"], list):
+            assert row["prompt"] == want["prompt"] and row["prompt_len"] == len(want["prompt"])
+        else:
+            assert row["prompt"] == "hello" and row["prompt_len"] == 2
+
+
+def test_dry_run_checks_every_arms_flags_with_sglangs_parser(tmp_path, capsys):
+    from sglang_ddtree.ab import cli as ab
+
+    pair = Path(__file__).resolve().parents[1] / "lab" / "models" / "pairs" / "pycode-4l"
+    argv = ["--model", str(pair / "target"), "--drafter", str(pair / "drafter"), "--device-name", "h200"]
+    argv += ["--server-args", "--attention-backend triton --mem-fraction-static 0.08", "--dry-run"]
+    argv += [
+        "--arms",
+        "plain,dflash,chain,ddtree@32,ddtree@auto64,dflash+again",
+        "--results-dir",
+        str(tmp_path),
+    ]
+    assert ab.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "schedule interleaved" in out and "every arm's parse" in out
+    assert ab.main([*argv, "--arm-args", "chain=--speculative-ddtree-budjet 3"]) == 2
+    assert "chain: " in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing

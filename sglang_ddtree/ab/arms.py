@@ -10,10 +10,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ARM_KINDS = ("ddtree", "chain", "plain")
+ARM_KINDS = ("plain", "dflash", "chain", "ddtree")
 
 
-DEFAULT_ARMS = "ddtree,chain,plain"
+DEFAULT_ARMS = "plain,dflash,ddtree,dflash+again"
+
+
+AGAIN = "+again"  # a second server of the same arm: the run's own A/A
 
 
 CPU_MAX_TOTAL_TOKENS = 8192
@@ -140,23 +143,27 @@ class ABError(RuntimeError):
 
 @dataclass
 class Arm:
-    name: str
-    kind: str  # ddtree | chain | plain
+    name: str  # as given in --arms, e.g. ddtree@32, dflash+again, ddtree@32+py
+    kind: str  # plain | dflash | chain | ddtree
     description: str
     server_args: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    # Filled while the arm runs.
-    port: int | None = None
-    pid: int | None = None
-    log: str | None = None
-    start_seconds: float | None = None
-    check_seconds: float | None = None
-    stop_seconds: float | None = None
-    readback: dict = field(default_factory=dict)
-    greedy: list[list[int]] | None = None
+    base: str = ""  # the name without its +variant suffix
+    variant: str | None = None  # "+again", "+py", ... or None
+    # Filled while the arm runs: one record per server start (several in the alternating
+    # schedule), and one record per timed pass.
+    servers: list[dict] = field(default_factory=list)
     runs: list[dict] = field(default_factory=list)
-    stopped: bool | None = None
     error: str | None = None
+
+    @property
+    def again(self) -> bool:
+        return self.variant == AGAIN
+
+    @property
+    def readback(self) -> dict:
+        """The settings the arm's first server resolved (``/server_info``)."""
+        return next((s["readback"] for s in self.servers if s.get("readback")), {})
 
     def command(self) -> list[str]:
         return ["python", "-m", "sglang.launch_server", *self.server_args]
@@ -165,20 +172,14 @@ class Arm:
         return {
             "name": self.name,
             "kind": self.kind,
+            "base": self.base,
+            "variant": self.variant,
             "description": self.description,
             "launch_command": shlex.join(self.command()),
             "server_args": self.server_args,
             "env": self.env,
-            "port": self.port,
-            "pid": self.pid,
-            "log": self.log,
-            "start_seconds": self.start_seconds,
-            "check_seconds": self.check_seconds,
-            "stop_seconds": self.stop_seconds,
-            "server_info_readback": self.readback,
-            "greedy_output_ids": self.greedy,
+            "servers": self.servers,
             "runs": self.runs,
-            "stopped": self.stopped,
             "error": self.error,
         }
 
@@ -188,12 +189,13 @@ def has_flag(args: list[str], flag: str) -> bool:
 
 
 def flag_value(args: list[str], flag: str) -> str | None:
-    for i, a in enumerate(args):
+    value = None
+    for i, a in enumerate(args):  # the last one wins, as in argparse
         if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def is_cpu_run(server_args: list[str]) -> bool:
@@ -217,15 +219,20 @@ def drafter_block_size(drafter: str) -> int:
     return from_config(json.loads(path.read_text()))
 
 
+ARM_PATTERN = re.compile(r"(plain|dflash|chain|ddtree)(?:@(\d+|auto\d*))?(\+[A-Za-z0-9_-]+)?")
+
+
 def parse_arm_names(text: str) -> list[tuple[str, str, int | str | None]]:
-    """``ddtree,ddtree@64,ddtree@auto32,chain,plain`` -> [(name, kind, budget)]; the online
-    budget's arms (``ddtree@auto``, ``ddtree@autoN``) carry the budget ``"auto"`` / ``"autoN"``."""
+    """``ddtree,ddtree@64,ddtree@auto32,dflash,dflash+again,plain`` -> [(name, kind, budget)];
+    the online budget's arms (``ddtree@auto``, ``ddtree@autoN``) carry the budget ``"auto"`` /
+    ``"autoN"``. A ``+suffix`` names a variant of an arm (``+again``: a second server of it)."""
     arms = []
     for raw in [t.strip() for t in text.split(",") if t.strip()]:
-        match = re.fullmatch(r"(ddtree|chain|plain)(?:@(\d+|auto\d*))?", raw)
+        match = ARM_PATTERN.fullmatch(raw)
         if not match:
             raise ABError(
-                f"--arms: unknown arm {raw!r}; expected ddtree, ddtree@BUDGET, ddtree@auto[BUDGET], chain or plain."
+                f"--arms: unknown arm {raw!r}; expected plain, dflash, chain, ddtree, ddtree@BUDGET or "
+                "ddtree@auto[BUDGET], optionally with a +variant suffix (+again: the same arm's second server)."
             )
         kind, budget = match.group(1), match.group(2)
         if budget is not None and kind != "ddtree":
@@ -233,17 +240,39 @@ def parse_arm_names(text: str) -> list[tuple[str, str, int | str | None]]:
         arms.append((raw, kind, budget if budget is None or budget.startswith("auto") else int(budget)))
     names = [a[0] for a in arms]
     if len(set(names)) != len(names):
-        raise ABError(f"--arms lists an arm twice: {text!r}.")
+        raise ABError(f"--arms lists an arm twice: {text!r} (name a second server of an arm ARM+again).")
     if not arms:
         raise ABError("--arms is empty.")
+    for name in names:
+        base, variant = split_variant(name)
+        if variant is not None and base not in names:
+            raise ABError(f"--arms: {name!r} is a variant of {base!r}, which is not an arm of the run.")
     return arms
 
 
+def split_variant(name: str) -> tuple[str, str | None]:
+    """``ddtree@32+again`` -> (``ddtree@32``, ``+again``); ``plain`` -> (``plain``, None)."""
+    base, plus, suffix = name.partition("+")
+    return (base, plus + suffix) if plus else (name, None)
+
+
 def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bool) -> list[Arm]:
-    per_arm = _parse_arm_args(opts.arm_args)
-    chain_impl = opts.chain_impl
-    if chain_impl == "auto":
-        chain_impl = "ddtree-topk1" if cpu else "dflash"
+    """The arms of ``opts.arms``: each one's server flags (``common``, its speculative flags, then
+    its ``--arm-args``) and environment (``--arm-env``). A variant ``X+v`` gets ``X``'s flags and
+    environment and then its own; ``X+again`` may have none of its own (it is ``X`` again)."""
+    per_arm = _parse_arm_args(getattr(opts, "arm_args", None))
+    per_env = parse_arm_env(getattr(opts, "arm_env", None))
+    names = [n for n, _, _ in parse_arm_names(opts.arms)]
+    for what, given in (("--arm-args", per_arm), ("--arm-env", per_env)):
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ABError(f"{what} names arms that are not run: {', '.join(unknown)}.")
+        own = sorted(n for n in given if split_variant(n)[1] == AGAIN)
+        if own:
+            raise ABError(
+                f"{what} {', '.join(own)}: an +again arm is a second server of its arm, with that arm's "
+                "flags and environment; name another variant (ARM+name) for a different setting."
+            )
     # DDTree variables in this environment reach every server: show them in the report.
     inherited = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SGLANG_DDTREE_")}
     arms = []
@@ -252,11 +281,22 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
             raise ABError(
                 f"arm {name!r} needs a drafter: pass --drafter (a DFlash drafter folder or hub id)."
             )
-        spec, description = _arm_spec(opts, kind, budget, drafter, chain_impl)
-        args = [*common, *spec, *per_arm.pop(name, [])]
-        if not has_flag(args, "--decode-log-interval"):
-            args += ["--decode-log-interval", "1"]  # the accept-length statistics update every N steps
-        env: dict[str, str] = dict(inherited)
+        base, variant = split_variant(name)
+        spec, description = _arm_spec(opts, kind, budget, drafter, cpu)
+        if variant == AGAIN:
+            description += "; a second server of the same arm (the run's A/A)"
+        elif variant is not None:
+            description += f"; variant {variant} (its own flags and environment below)"
+        args = [*common, *spec, *per_arm.get(base, [])]
+        env: dict[str, str] = {**inherited, **per_env.get(base, {})}
+        if variant is not None:
+            args += per_arm.get(name, [])
+            env.update(per_env.get(name, {}))
+        if cpu and not has_flag(args, "--decode-log-interval"):
+            # SGLang adds up its accept-length statistics every N decode steps (default 40), with
+            # a log line: short CPU passes get every step counted. A GPU server keeps SGLang's
+            # default, as a service runs it (a log line per step would cost every arm host time).
+            args += ["--decode-log-interval", "1"]
         if cpu:
             env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         arms.append(
@@ -266,15 +306,15 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
                 description=description,
                 server_args=["--model-path", model, *args],
                 env=env,
+                base=base,
+                variant=variant,
             )
         )
-    if per_arm:
-        raise ABError(f"--arm-args names arms that are not run: {', '.join(sorted(per_arm))}.")
     return arms
 
 
 def _arm_spec(
-    opts, kind: str, budget: int | str | None, drafter: str | None, chain_impl: str
+    opts, kind: str, budget: int | str | None, drafter: str | None, cpu: bool
 ) -> tuple[list[str], str]:
     """The speculative flags of one arm, and a sentence saying what it serves."""
     if kind == "ddtree" and isinstance(budget, str):  # the online budget: a width per step
@@ -284,16 +324,18 @@ def _arm_spec(
     if kind == "ddtree":
         budget = budget or opts.budget
         return ddtree_flags(drafter, budget), f"DDTREE, tree budget {budget}"
-    if kind == "chain" and chain_impl == "dflash":
+    if kind == "dflash" and not cpu:
         spec = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
         return spec, "stock SGLang DFLASH (the DFlash chain), same drafter"
-    if kind == "chain":
-        block = opts.block_size or drafter_block_size(drafter)
+    if kind in ("dflash", "chain"):
+        block = getattr(opts, "block_size", None) or drafter_block_size(drafter)
         spec = [*ddtree_flags(drafter, block - 1), "--speculative-ddtree-max-topk", "1"]
         description = (
             f"the DFlash chain as DDTREE with --speculative-ddtree-max-topk 1 and budget {block - 1} "
-            f"(block {block} - 1): one candidate per depth (SGLang refuses DFLASH on this platform)"
+            f"(block {block} - 1): one candidate per depth"
         )
+        if kind == "dflash":
+            description += " (stands in for stock DFLASH, which SGLang refuses on a CPU)"
         return spec, description
     return [], "no speculation"
 
@@ -315,7 +357,7 @@ def ddtree_flags(drafter: str, budget: int | str) -> list[str]:
     return flags + ["--speculative-ddtree-budget", str(budget)]
 
 
-def _parse_arm_args(items: list[str]) -> dict[str, list[str]]:
+def _parse_arm_args(items: list[str] | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in items or []:
         name, sep, rest = item.partition("=")
@@ -323,3 +365,25 @@ def _parse_arm_args(items: list[str]) -> dict[str, list[str]]:
             raise ABError(f"--arm-args {item!r}: expected NAME='--flag value ...'.")
         out.setdefault(name.strip(), []).extend(shlex.split(rest))
     return out
+
+
+def parse_arm_env(items: list[str] | None) -> dict[str, dict[str, str]]:
+    """``--arm-env ARM='K=V K2=V2'`` (repeatable) -> {ARM: {K: V, K2: V2}}."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items or []:
+        name, sep, rest = item.partition("=")
+        pairs = shlex.split(rest)
+        if not sep or not name.strip() or not pairs:
+            raise ABError(f"--arm-env {item!r}: expected NAME='VAR=value ...'.")
+        env = out.setdefault(name.strip(), {})
+        for pair in pairs:
+            key, eq, value = pair.partition("=")
+            if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ABError(f"--arm-env {item!r}: {pair!r} is not VAR=value.")
+            env[key] = value
+    return out
+
+
+def chain_reference(names: list[str]) -> str | None:
+    """The arm every DDTREE arm is also compared with: stock DFLASH where it runs, else the chain."""
+    return next((n for n in ("dflash", "chain") if n in names), None)

@@ -1,27 +1,37 @@
-"""A/B against stock SGLang: one command that launches every arm and reports who wins.
+"""A/B against stock SGLang: one command that serves every arm and says, per concurrency level,
+which arm wins, with how much confidence.
 
-Each arm is a real SGLang server, started in turn on a free local port (a fresh server
-per arm: the accept length SGLang reports is a running average over the server's life)
-and driven with SGLang's own load generator, ``sglang.bench_serving``, run as a
-subprocess once per (concurrency, repeat). Arms:
+Each arm is a real SGLang server on a free local port, driven by SGLang's own load generator
+(``sglang.bench_serving``, kept loaded in one worker process), every arm with the same requests.
+Arms:
 
-* ``ddtree``: ``--speculative-algorithm DDTREE --speculative-ddtree-budget B``
-  (``ddtree@B`` picks another budget; several may be listed; ``ddtree@auto`` / ``ddtree@autoB``
-  serve the online budget, ``--speculative-ddtree-budget auto`` with trees of up to ``--budget``
-  / ``B`` nodes, beside fixed budgets in the same run);
-* ``chain``: the DFlash chain with the same drafter: stock ``--speculative-algorithm
-  DFLASH`` on GPUs; on a CPU (where SGLang refuses DFLASH) DDTREE with
-  ``--speculative-ddtree-max-topk 1`` and budget = block size - 1, which is the same chain;
-* ``plain``: no speculation.
+* ``plain``: no speculation (the baseline by default);
+* ``dflash``: stock ``--speculative-algorithm DFLASH`` with the drafter (on a CPU, where SGLang
+  refuses DFLASH, the chain below stands in for it);
+* ``chain``: the DFlash chain as DDTREE: ``--speculative-ddtree-max-topk 1``, budget = block - 1;
+* ``ddtree`` / ``ddtree@B``: DDTREE with tree budget ``--budget`` / ``B``;
+* ``ddtree@auto`` / ``ddtree@autoB``: the online budget (a width per step, trees of up to
+  ``--budget`` / ``B`` nodes);
+* ``ARM+again``: a second server of ``ARM``, the run's own A/A; ``ARM+name``: a variant of
+  ``ARM`` with its own ``--arm-args`` / ``--arm-env``.
 
-Before the load, every arm answers the same greedy requests (temperature 0, fixed
-length, ignore_eos); their token ids must be identical in every arm, or the run fails.
-The overlap-scheduler and CUDA-graph settings each server resolved are read back from
-``/server_info`` and compared. Output: ``ab_<label>_<date>.json``, ``.md`` and ``.png``
-in ``bench_results/``. Every server started is stopped, also on failure and Ctrl-C.
+Schedules (``--schedule``): **interleaved**, every server up at once and each repeat running one
+pass of every arm in a rotated order; **alternating**, one server at a time, A B A B ...
+(``--starts`` rounds), every start measured. ``auto`` picks interleaved where the servers fit in
+memory together (always on a CPU). Every arm is compared with the baseline (and every DDTREE arm
+with the chain) by the median of the paired ratios of tok/s, with a 90% bootstrap interval; the
+verdict is ``wins`` / ``loses`` only where that interval excludes 1 and lies outside the A/A
+spread, else ``unresolved``.
+
+Before the load every server answers the same greedy requests (temperature 0, fixed length,
+ignore_eos): their token ids must be identical in every arm, or the run fails. The overlap-
+scheduler, CUDA-graph and attention settings each server resolved are read back from
+``/server_info`` and compared. Output: one file set per series, ``<model>_<device>_<what>``
+``.json``, ``.md`` and ``.png`` in ``--results-dir`` (a re-run replaces it), and the folder's
+index, ``README.md``. Every server started is stopped, also on failure and Ctrl-C.
 
     python -m sglang_ddtree.ab --model <target> --drafter <dflash drafter> \\
-        --server-args "--tp 8 --trust-remote-code" --concurrency 1,4,16,64 --num-prompts 64,128,256,512
+        --server-args "--tp 8 --trust-remote-code" --arms plain,dflash,ddtree,dflash+again
     SGLANG_USE_CPU_ENGINE=1 python -m lab.ab_tiny --concurrency 1 --num-prompts 4 --output-len 24
 
 See docs/ab.md.
@@ -32,48 +42,48 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import shlex
-import signal
 import sys
 import tempfile
 from pathlib import Path
 
-from ..launch import ServerProcess, cpu_server_args
+from ..launch import cpu_server_args
 from . import render
 from . import report as ab_report
+from . import schedule as ab_schedule
 from .arms import (
     CHECK_PROMPTS,
     CPU_MAX_TOTAL_TOKENS,
     DEFAULT_ARMS,
     ABError,
     build_arms,
+    chain_reference,
     has_flag,
     is_cpu_run,
 )
-from .run import bench_module, int_list, make_plan, prepare_custom_dataset, run_arm, safe_name
-from .stamp import git_commit
+from .engine import Engine
+from .index import write_index
+from .run import bench_module, int_list, make_levels, prepare_prompt_rows, read_prompts, safe_name
+from .stamp import device_name, git_commit
 
 
-class Interrupted(BaseException):
-    """SIGTERM/SIGHUP, handled like Ctrl-C: stop everything, write what was measured."""
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m sglang_ddtree.ab") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m sglang_ddtree.ab",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_serve_args(p)
+    _add_schedule_args(p)
     _add_load_args(p)
     _add_check_args(p)
-    _add_run_args(p)
+    _add_results_args(p)
     return p
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to serve")
     g.add_argument("--model", help="target model (folder or hub id)")
-    g.add_argument("--drafter", help="DFlash drafter (folder or hub id), shared by the ddtree and chain arms")
+    g.add_argument("--drafter", help="DFlash drafter (folder or hub id), shared by every speculative arm")
     g.add_argument(
         "--cpu",
         action="store_true",
@@ -86,31 +96,60 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARM='--flag ...'",
-        help="extra flags for one arm only (repeatable), e.g. ddtree='--speculative-dflash-block-size 8'",
+        help="extra flags for one arm only (repeatable), e.g. ddtree='--speculative-dflash-block-size 8'; "
+        "an arm's flags also reach its variants (ARM+again, ARM+name)",
+    )
+    g.add_argument(
+        "--arm-env",
+        action="append",
+        default=[],
+        metavar="ARM='VAR=value ...'",
+        help="environment for one arm's server only (repeatable), e.g. "
+        "ddtree@32+py='SGLANG_DDTREE_TREE_BACKEND=python'; an arm's also reaches its variants",
     )
     g.add_argument(
         "--arms",
         default=DEFAULT_ARMS,
-        help=f"comma-separated arms, run in this order (default {DEFAULT_ARMS}); ddtree@B for budget B, "
-        "ddtree@auto / ddtree@autoB for the online budget (trees of up to --budget / B nodes)",
+        help=f"comma-separated arms (default {DEFAULT_ARMS}): plain, dflash, chain, ddtree, ddtree@B, "
+        "ddtree@auto, ddtree@autoB, and ARM+again (a second server of ARM: the run's A/A) or ARM+name "
+        "(a variant with its own --arm-args/--arm-env)",
     )
     g.add_argument(
-        "--budget",
-        type=int,
-        default=None,
-        help="DDTREE budget of the ddtree arm (default 32; 16 with --cpu)",
-    )
-    g.add_argument(
-        "--chain-impl",
-        choices=("auto", "dflash", "ddtree-topk1"),
-        default="auto",
-        help="chain arm: stock DFLASH, or DDTREE with MAX_TOPK=1 and budget=block-1 (auto: DFLASH unless --device cpu)",
+        "--budget", type=int, default=None, help="DDTREE budget of the ddtree arm (default 32; 16 with --cpu)"
     )
     g.add_argument(
         "--block-size", type=int, default=None, help="drafter block size (default: its config.json)"
     )
     g.add_argument(
-        "--baseline", default=None, help="arm the others are compared with (default: plain, else chain)"
+        "--baseline",
+        default=None,
+        help="arm the others are compared with (default: plain, else dflash, else chain)",
+    )
+
+
+def _add_schedule_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("schedule")
+    g.add_argument(
+        "--schedule",
+        choices=("auto", "interleaved", "alternating"),
+        default="auto",
+        help="interleaved: every server up at once, passes interleaved; alternating: one server at a time, "
+        "A B A B ...; auto (default): interleaved where the servers fit in memory together (always on a "
+        "CPU; on GPUs by --mem-fraction-static, given or estimated)",
+    )
+    g.add_argument("--repeats", type=int, default=3, help="timed passes per arm and level (per start)")
+    g.add_argument(
+        "--starts",
+        type=int,
+        default=2,
+        help="alternating schedule: how many times each arm's server is started",
+    )
+    g.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds from the start after which no pass (or server start) begins; those left are reported "
+        "as skipped",
     )
 
 
@@ -121,15 +160,18 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         choices=("random", "random-ids", "custom"),
         default=None,
         help="random: SGLang's random dataset (ShareGPT text cut to --input-len; downloads ShareGPT unless "
-        "--dataset-path); random-ids: random token ids, no download; custom: prompts from --dataset-path "
-        "(JSONL or a JSON array; default: built-in prompts), whose first prompts also serve the greedy "
-        "check. Default: random-ids with --cpu, else random",
+        "--dataset-path); random-ids: random token ids, no download; custom: prompts from a local file "
+        "(--dataset-path: JSONL or a JSON array of text, token ids or objects with input_ids/prompt/text/"
+        "conversations; default: built-in prompts), whose first prompts also serve the greedy check. "
+        "Default: random-ids with --cpu, else random",
     )
     g.add_argument(
         "--dataset-path", default=None, help="ShareGPT JSON for random, or a prompts file for custom"
     )
     g.add_argument(
-        "--apply-chat-template", action="store_true", help="custom dataset: wrap prompts in the chat template"
+        "--apply-chat-template",
+        action="store_true",
+        help="custom dataset, text prompts: wrap them in the chat template",
     )
     g.add_argument("--tokenizer", default=None, help="tokenizer for bench_serving (default: the server's)")
     g.add_argument(
@@ -140,18 +182,24 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--output-len", type=int, default=256, help="output tokens per request (ignore_eos)")
     g.add_argument(
-        "--range-ratio", type=float, default=1.0, help="random datasets: lengths drawn from [ratio*len, len]"
+        "--range-ratio",
+        type=float,
+        default=1.0,
+        help="output (and random input) lengths drawn from [ratio*len, len], the same for every arm (1: fixed)",
     )
     g.add_argument("--concurrency", default="1,4,16,64", help="comma-separated --max-concurrency values")
     g.add_argument(
-        "--num-prompts", default="64", help="prompts per run: one value, or one per concurrency level"
+        "--num-prompts",
+        default="auto",
+        help="prompts per pass: one value, one per concurrency level, or auto (4 x concurrency, at least 16)",
     )
-    g.add_argument("--repeats", type=int, default=1, help="runs per concurrency level (medians are reported)")
     g.add_argument("--seed", type=int, default=1, help="dataset seed, the same for every arm")
     g.add_argument(
-        "--warmup-requests", type=int, default=1, help="bench_serving warm-up requests before each run"
+        "--warmup-requests",
+        default="auto",
+        help="bench_serving warm-up requests before each pass (auto: the level's concurrency, its batch shape)",
     )
-    g.add_argument("--bench-args", default="", help="extra flags for every bench_serving run (one string)")
+    g.add_argument("--bench-args", default="", help="extra flags for every bench_serving pass (one string)")
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:
@@ -160,7 +208,7 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         "--check-prompts",
         type=int,
         default=4,
-        help=f"greedy prompts per arm (0..{len(CHECK_PROMPTS)}; 0: off)",
+        help=f"greedy prompts per server (0..{len(CHECK_PROMPTS)}; 0: off)",
     )
     g.add_argument("--check-tokens", type=int, default=32, help="greedy tokens per prompt")
     g.add_argument(
@@ -170,28 +218,36 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("run")
+def _add_results_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("results")
+    g.add_argument("--results-dir", default="results", help="where the series goes (default ./results)")
+    g.add_argument("--label", default=None, help="the series' model part (default: the model folder's name)")
     g.add_argument(
-        "--label", default=None, help="report name part (default: the model's name, -cpu on the CPU)"
+        "--device-name", default=None, help="the series' device part (default: cpu, or the GPU's, e.g. h200)"
     )
-    g.add_argument(
-        "--out-dir", default="bench_results", help="where the reports go (default ./bench_results)"
-    )
+    g.add_argument("--what", default="ab", help="the series' last part (default ab)")
+    g.add_argument("--series", default=None, help="the whole series name (default <label>_<device>_<what>)")
+    g.add_argument("--no-index", action="store_true", help="leave the results folder's README.md as it is")
     g.add_argument("--raw-dir", default=None, help="server and bench logs (default: a new temporary folder)")
     g.add_argument(
         "--start-timeout",
         type=float,
         default=None,
-        help="seconds to wait for a server (240 with --cpu, else 3600)",
+        help="seconds to wait for a server (600 with --cpu, else 3600)",
     )
     g.add_argument(
-        "--bench-timeout", type=float, default=3600.0, help="seconds one bench_serving run may take"
+        "--bench-timeout", type=float, default=3600.0, help="seconds one bench_serving pass may take"
     )
     g.add_argument(
         "--strict-parity", action="store_true", help="fail when the arms' overlap/CUDA-graph settings differ"
     )
     g.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    g.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start nothing: print the schedule, every arm's launch command and the passes, and check "
+        "every arm's flags with SGLang's own argument parser",
+    )
 
 
 def _resolve(opts) -> tuple[str, str | None, list[str], bool]:
@@ -206,121 +262,88 @@ def _resolve(opts) -> tuple[str, str | None, list[str], bool]:
         # Greedy equality must not hinge on bf16 rounding between a batched verify and a
         # one-token decode, which can flip a near-tied argmax on a CPU (docs/ab.md).
         common += ["--dtype", "float32"]
-    if opts.label is None:
-        opts.label = Path(model.rstrip("/")).name + ("-cpu" if cpu else "")
-    opts.label = safe_name(opts.label)
+    opts.label = safe_name(opts.label or Path(model.rstrip("/")).name)
     opts.budget = opts.budget or (16 if opts.cpu else 32)
     opts.dataset = opts.dataset or ("random-ids" if opts.cpu else "random")
     opts.input_len = opts.input_len or (64 if opts.cpu else 256)
-    opts.start_timeout = opts.start_timeout or (240.0 if opts.cpu else 3600.0)
+    opts.start_timeout = opts.start_timeout or (600.0 if cpu else 3600.0)
     if not 0 <= opts.check_prompts <= len(CHECK_PROMPTS):
         raise ABError(f"--check-prompts must be between 0 and {len(CHECK_PROMPTS)}.")
-    if opts.repeats < 1:
-        raise ABError("--repeats must be >= 1.")
+    if opts.repeats < 1 or opts.starts < 1:
+        raise ABError("--repeats and --starts must be >= 1.")
+    if not 0.0 < opts.range_ratio <= 1.0:
+        raise ABError("--range-ratio must be in (0, 1].")
     if opts.output_len < 4 and opts.dataset == "custom":
         raise ABError("--output-len must be >= 4 with the custom dataset (bench_serving's limit).")
+    if opts.warmup_requests != "auto":
+        try:
+            if int(opts.warmup_requests) < 0:
+                raise ValueError
+        except ValueError:
+            raise ABError(f"--warmup-requests: a count or auto, got {opts.warmup_requests!r}.") from None
+    if opts.apply_chat_template and opts.dataset != "custom":
+        raise ABError("--apply-chat-template is for the custom dataset.")
     return model, drafter, common, cpu
 
 
-def _install_signal_handlers() -> dict:
-    def handler(signum, _frame):
-        raise Interrupted(signal.Signals(signum).name)
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            if signal.getsignal(sig) is signal.SIG_IGN:  # e.g. SIGHUP under nohup: keep ignoring it
-                continue
-            previous[sig] = signal.signal(sig, handler)
-        except (ValueError, OSError):  # not the main thread
-            pass
-    return previous
-
-
-def main(argv: list[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_server_ready=None) -> int:
+    """The tool; ``command``: the command line to record (default this process's), and
+    ``on_server_ready``: a preset's hook (``Engine``)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    opts = build_parser().parse_args(args)
+    command = command or ["python", "-m", "sglang_ddtree.ab", *args]
     try:
         model, drafter, common, cpu = _resolve(opts)
-        concurrency = int_list(opts.concurrency, "--concurrency")
-        num_prompts = int_list(opts.num_prompts, "--num-prompts")
-        plan = make_plan(concurrency, num_prompts, opts.repeats)
+        levels = make_levels(int_list(opts.concurrency, "--concurrency"), opts.num_prompts)
         arms = build_arms(opts, model, drafter, common, cpu)
         baseline = _baseline(opts.baseline, [a.name for a in arms])
+        chosen = ab_schedule.choose(opts.schedule, arms, cpu, model, drafter)
     except ABError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    opts.schedule = chosen.name
+    added = ab_schedule.apply(chosen, arms)
+    if not opts.device_name:
+        opts.device_name = device_name(cpu, ab_schedule.parallel_size(common))
+    series = safe_name(opts.series or f"{opts.label}_{opts.device_name}_{opts.what}")
+    print(f"[ab] series {series}: {chosen.name} schedule ({chosen.reason})", flush=True)
+    if opts.dry_run:
+        return _dry_run(arms, levels, opts, series, chosen, added)
 
     date = _dt.datetime.now()
-    stem = f"ab_{opts.label}_{date.strftime('%Y%m%d-%H%M%S')}"
-    raw = Path(opts.raw_dir) if opts.raw_dir else Path(tempfile.mkdtemp(prefix=stem + "_"))
+    raw = Path(opts.raw_dir) if opts.raw_dir else Path(tempfile.mkdtemp(prefix=f"ab_{series}_"))
     raw.mkdir(parents=True, exist_ok=True)
+    opts.raw = raw
     try:
-        dataset_info = _prepare_dataset(opts, max(num_prompts), raw)
+        dataset_info = _prepare_dataset(opts, max(n for _, n in levels), raw)
     except (ABError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    settings = _settings(
-        opts, model, drafter, common, cpu, arms, baseline, concurrency, plan, raw, dataset_info
-    )
-    status, error_text = _run_arms(arms, opts, plan, raw)
-    report = ab_report.build_report(
-        arms=arms,
-        settings=settings,
-        status=status,
-        error=error_text,
-        command=[sys.executable, "-m", "sglang_ddtree.ab", *(sys.argv[1:] if argv is None else argv)],
-        date=date,
-        allow_greedy_mismatch=opts.allow_greedy_mismatch,
-        strict_parity=opts.strict_parity,
-    )
-    paths = render.write_report(report, Path(opts.out_dir), stem, plot_png=not opts.no_plot)
-    print(render.console_summary(report))
-    for path in paths:
-        print(f"[ab] wrote {path}")
-    return _exit_code(opts, report, status, error_text)
-
-
-def _baseline(requested: str | None, names: list[str]) -> str:
-    baseline = requested or next((n for n in ("plain", "chain") if n in names), names[0])
-    if baseline not in names:
-        raise ABError(f"--baseline {baseline!r} is not one of the arms ({', '.join(names)}).")
-    return baseline
-
-
-def _prepare_dataset(opts, max_prompts: int, raw: Path) -> dict | None:
-    """Sets ``opts.dataset_file`` and ``opts.check_texts``; returns the custom dataset's description."""
-    opts.dataset_file, dataset_info = None, None
-    opts.check_texts = CHECK_PROMPTS[: opts.check_prompts]
-    if opts.dataset == "custom":
-        opts.dataset_file, dataset_info, prompts = prepare_custom_dataset(
-            opts.dataset_path, max_prompts + opts.warmup_requests, raw / "prompts.jsonl", opts.seed
-        )
-        if opts.dataset_path:  # check greedy equality on the served kind of text
-            opts.check_texts = (prompts * opts.check_prompts)[: opts.check_prompts]
-    return dataset_info
-
-
-def _settings(
-    opts, model, drafter, common, cpu, arms, baseline, concurrency, plan, raw, dataset_info
-) -> dict:
-    """What the run was asked to do, as the report records it."""
-    return {
+    settings = {
+        "series": series,
         "label": opts.label,
+        "device_name": opts.device_name,
         "model": model,
         "drafter": drafter,
         "cpu": cpu,
         "arms": [a.name for a in arms],
         "baseline": baseline,
+        "chain": chain_reference([a.name for a in arms]),
+        "schedule": chosen.name,
+        "schedule_reason": chosen.reason,
+        "schedule_added_args": added,
         "server_args_common": common,
         "dataset": opts.dataset,
         "dataset_path": opts.dataset_path,
         "dataset_info": dataset_info,
         "input_len": opts.input_len if opts.dataset != "custom" else None,
         "output_len": opts.output_len,
-        "range_ratio": opts.range_ratio if opts.dataset != "custom" else None,
-        "concurrency": concurrency,
-        "num_prompts": [n for c, n, r in plan if r == 0],
+        "range_ratio": opts.range_ratio,
+        "concurrency": [c for c, _ in levels],
+        "num_prompts": [n for _, n in levels],
         "repeats": opts.repeats,
+        "starts": opts.starts if chosen.name == "alternating" else 1,
+        "time_limit": opts.time_limit,
         "seed": opts.seed,
         "warmup_requests": opts.warmup_requests,
         "bench_module": bench_module(),
@@ -328,37 +351,56 @@ def _settings(
         "check_prompts": opts.check_texts,
         "check_tokens": opts.check_tokens,
         "raw_dir": str(raw),
-        "commit_at_start": git_commit(),  # the code that ran; the stamp's commit is taken at the end
+        "commit_at_start": git_commit(),  # the code that ran
     }
+    engine = Engine(arms, opts, levels, on_server_ready=on_server_ready)
+    status, error_text = engine.run()
+    report = ab_report.build_report(
+        arms=arms,
+        settings=settings,
+        status=status,
+        error=error_text,
+        command=command,
+        date=date,
+        allow_greedy_mismatch=opts.allow_greedy_mismatch,
+        strict_parity=opts.strict_parity,
+        skipped=engine.skipped,
+        load_generator=engine.worker_record,
+        timing=engine.timing,
+    )
+    results = Path(opts.results_dir)
+    paths = render.write_report(report, results, series, plot_png=not opts.no_plot)
+    if not opts.no_index:
+        paths.append(write_index(results))
+    print(render.console_summary(report))
+    for path in paths:
+        print(f"[ab] wrote {path}")
+    return _exit_code(opts, report, status, error_text)
 
 
-def _run_arms(arms, opts, plan, raw: Path) -> tuple[str, str | None]:
-    """Every arm in turn; every server started is stopped, also on failure and on a signal."""
-    from tqdm import tqdm
+def _baseline(requested: str | None, names: list[str]) -> str:
+    baseline = requested or next((n for n in ("plain", "dflash", "chain") if n in names), names[0])
+    if baseline not in names:
+        raise ABError(f"--baseline {baseline!r} is not one of the arms ({', '.join(names)}).")
+    return baseline
 
-    live: list[ServerProcess] = []
-    status, error_text = "ok", None
-    previous = _install_signal_handlers()
-    names = ", ".join(a.name for a in arms)
-    print(f"[ab] {len(arms)} arms ({names}), {len(plan)} runs each; logs in {raw}", flush=True)
-    pbar = tqdm(total=len(arms) * (1 + len(plan)), unit="step", dynamic_ncols=True, file=sys.stderr)
-    try:
-        for arm in arms:
-            run_arm(arm, opts, plan, raw, pbar, live)
-    except ABError as error:
-        status, error_text = "failed", str(error)
-    except (KeyboardInterrupt, Interrupted) as error:
-        status, error_text = (
-            "interrupted",
-            f"interrupted ({error or 'Ctrl-C'}); every server started was stopped",
+
+def _prepare_dataset(opts, max_prompts: int, raw: Path) -> dict | None:
+    """Sets ``opts.dataset_file`` and ``opts.check_texts``; returns the local dataset's description."""
+    opts.dataset_file, dataset_info = None, None
+    opts.check_texts = CHECK_PROMPTS[: opts.check_prompts]
+    if opts.dataset == "custom":
+        opts.dataset_file, dataset_info, prompts = prepare_prompt_rows(
+            opts.dataset_path,
+            max_prompts,
+            raw / "prompts.jsonl",
+            opts.seed,
+            opts.output_len,
+            opts.range_ratio,
         )
-    finally:
-        for server in list(live):  # normally empty: run_arm stops its own
-            server.stop()
-        pbar.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return status, error_text
+        if opts.dataset_path:  # check greedy equality on the served kind of text
+            opts.check_texts = (prompts * opts.check_prompts)[: opts.check_prompts]
+    return dataset_info
 
 
 def _exit_code(opts, report: dict, status: str, error_text: str | None) -> int:
@@ -375,3 +417,61 @@ def _exit_code(opts, report: dict, status: str, error_text: str | None) -> int:
         print(f"error: {report['parity']['message']}", file=sys.stderr)
         return 3
     return 0
+
+
+def check_server_flags(arms) -> list[str]:
+    """Each arm's server flags through SGLang's own parser (with DDTREE's flags): the problems
+    found, one line per arm. Nothing is started; SGLang's checks of the values, which need the
+    model and the device, are not run."""
+    import argparse as _argparse
+    import contextlib
+    import io
+
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except Exception as error:  # noqa: BLE001 - SGLang absent or broken here: say so
+        return [f"SGLang's argument parser could not be loaded ({type(error).__name__}: {error})"]
+    from ..adapter.server_args import add_cli_args
+
+    problems = []
+    for arm in arms:
+        parser = _argparse.ArgumentParser(prog=f"{arm.name} server")
+        ServerArgs.add_cli_args(parser)
+        add_cli_args(parser)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                parser.parse_args(arm.server_args)
+        except SystemExit:
+            problems.append(f"{arm.name}: {err.getvalue().strip().splitlines()[-1]}")
+    return problems
+
+
+def _dry_run(arms, levels, opts, series: str, chosen, added: list[str]) -> int:
+    starts = opts.starts if chosen.name == "alternating" else 1
+    passes = len(arms) * len(levels) * opts.repeats * starts
+    print(f"series {series} -> {Path(opts.results_dir) / series}.{{json,md,png}}")
+    print(f"schedule {chosen.name}: {chosen.reason}" + (f"; added {' '.join(added)}" if added else ""))
+    print(
+        "levels: "
+        + ", ".join(f"c={c} x {n} prompts" for c, n in levels)
+        + f"; {opts.repeats} repeats"
+        + (f" x {starts} starts" if starts > 1 else "")
+        + f": {passes} passes"
+    )
+    info = f"{opts.dataset}" + (f" from {opts.dataset_path}" if opts.dataset_path else "")
+    if opts.dataset == "custom" and opts.dataset_path:
+        try:
+            info += f" ({len(read_prompts(opts.dataset_path))} prompts)"
+        except (ABError, OSError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    print(f"load: {info}, output {opts.output_len} tokens (range ratio {opts.range_ratio})")
+    for arm in arms:
+        env = " ".join(f"{k}={v}" for k, v in arm.env.items())
+        print(f"[{arm.name}] {arm.description}\n    {env + ' ' if env else ''}{shlex.join(arm.command())}")
+    problems = check_server_flags(arms)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    print("server flags: " + ("refused, above" if problems else "every arm's parse"))
+    return 2 if problems else 0

@@ -1,5 +1,6 @@
-"""An A/B report written out: markdown, a PNG plot, the console summary; and
-``python -m sglang_ddtree.ab.render REPORT.json`` to write a report's markdown and PNG again."""
+"""An A/B report written out: one file set per series (``<series>.json``, ``.md``, ``.png``), the
+console summary; and ``python -m sglang_ddtree.ab.render REPORT.json`` to write a report's
+markdown and PNG again."""
 
 from __future__ import annotations
 
@@ -8,18 +9,28 @@ import json
 from pathlib import Path
 
 COLUMNS = {
-    "arm": "the server configuration (flags in the Arms section)",
-    "concurrency": "bench_serving --max-concurrency: requests in flight at once",
-    "prompts": "requests per run (bench_serving --num-prompts), each generating the fixed output length",
-    "output tok/s": "generated tokens per second over the run, all requests together "
-    "(bench_serving output_throughput); the median over repeats",
-    "min-max": "lowest and highest output tok/s over the repeats",
-    "vs baseline": "output tok/s divided by the baseline arm's at the same concurrency (>1: faster)",
-    "TPOT ms": "median time per output token after the first, per request (bench_serving median_tpot_ms)",
-    "TTFT ms": "median time to first token (bench_serving median_ttft_ms); includes queueing",
-    "accept length": "tokens committed per verify round (accepted drafts + the bonus token), from the "
-    "server's /server_info over the measured run only (its statistics are reset after warm-up); "
-    "- for the plain arm",
+    "arm": "the server configuration (flags and environment in the Arms section)",
+    "c": "bench_serving --max-concurrency: requests in flight at once",
+    "prompts": "requests per pass (bench_serving --num-prompts)",
+    "passes": "timed passes of the cell (repeats, times server starts in the alternating schedule)",
+    "tok/s": "generated tokens per second over a pass, all requests together (bench_serving "
+    "output_throughput): the median over the passes, with its 90% bootstrap interval",
+    "min-max": "the slowest and fastest pass",
+    "TPOT ms": "time per output token after the first, per request: the median over the passes of "
+    "bench_serving's median_tpot_ms",
+    "ITL ms": "inter-token latency: the median over the passes of bench_serving's median_itl_ms "
+    "(a speculative round's tokens arrive together)",
+    "TTFT ms": "time to first token, queueing included (median over the passes of median_ttft_ms)",
+    "accept": "tokens committed per verify round (accepted drafts + the bonus token), from the "
+    "server's /server_info over each pass alone (its statistics are reset after the warm-up); - for plain",
+    "ratio": "the median over the pairs of passes of arm tok/s / reference tok/s (a pair: the same "
+    "repeat, and in the alternating schedule the same start index), with its 90% bootstrap interval",
+    "A/A spread": "the interval of the run's own A/A (ARM+again over ARM, a second server of the same "
+    "arm) at that level, made symmetric around 1; the widest where there are several",
+    "verdict": "wins / loses only where the ratio's interval excludes 1 and lies outside the A/A "
+    "spread; else unresolved",
+    "start spread": "alternating schedule: the fastest start's median tok/s over the slowest's, for "
+    "the arm / its reference",
 }
 
 
@@ -31,9 +42,30 @@ def _fmt(v, digits: int = 1) -> str:
     return str(v)
 
 
+def _iv(interval, digits: int = 2) -> str:
+    return f"[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else "-"
+
+
+def ratio_text(row: dict) -> str:
+    if row.get("ratio") is None:
+        return "-"
+    return f"{row['ratio']:.2f}x {_iv(row.get('interval'))}"
+
+
 def markdown(report: dict) -> str:
-    sections = (_md_alerts, _md_results, _md_winners, _md_greedy, _md_parity, _md_arms, _md_provenance)
-    lines = [f"# A/B: {', '.join(report['settings']['arms'])} ({report['date']})", ""]
+    sections = (
+        _md_alerts,
+        _md_setup,
+        _md_verdicts,
+        _md_aa,
+        _md_cells,
+        _md_greedy,
+        _md_parity,
+        _md_arms,
+        _md_provenance,
+    )
+    title = report.get("series") or ", ".join(report["settings"]["arms"])
+    lines = [f"# A/B {title}", ""]
     for section in sections:
         lines += section(report)
     return "\n".join(lines) + "\n"
@@ -55,70 +87,121 @@ def _md_alerts(report: dict) -> list[str]:
     if not report["parity"]["ok"]:
         lines += [f"**{report['parity']['message']}**", ""]
     if report["servers_left_running"]:
-        lines += [f"**servers left running: {', '.join(report['servers_left_running'])}**", ""]
+        lines += [f"**left running: {', '.join(report['servers_left_running'])}**", ""]
+    if report.get("skipped"):
+        lines += [f"**{len(report['skipped'])} passes skipped** (Skipped, below).", ""]
     lines += [f"Warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     return lines
 
 
-def _md_results(report: dict) -> list[str]:
+def _md_setup(report: dict) -> list[str]:
     s = report["settings"]
-    base = s["baseline"]
-    lines = [
-        f"Target `{s['model']}`, drafter `{s['drafter'] or '-'}` on {_hardware(report['stamp'])}. "
-        f"Dataset `{s['dataset']}`"
-        + (f" (input {s['input_len']} tokens)" if s.get("input_len") else "")
-        + f", output {s['output_len']} tokens per request, seed {s['seed']}, {s['repeats']} repeat(s); "
-        f"baseline `{base}`.",
+    info = s.get("dataset_info") or {}
+    if s["dataset"] == "custom":
+        data = f"{info.get('unique_prompts')} prompts ({info.get('prompt_kind')}) from `{info.get('source')}`"
+    else:
+        data = f"`{s['dataset']}` ({s['input_len']} input tokens, range ratio {s['range_ratio']})"
+    levels = ", ".join(f"c={c}: {n} prompts" for c, n in zip(s["concurrency"], s["num_prompts"]))
+    starts = f" x {s['starts']} starts" if s["schedule"] == "alternating" else ""
+    return [
+        f"Target `{s['model']}`, drafter `{s['drafter'] or '-'}` on {_hardware(report['stamp'])}.",
+        f"Load: {data}; output {s['output_len']} tokens per request"
+        + (f" (drawn from [{s['range_ratio']} x, 1 x])" if s.get("range_ratio", 1.0) != 1.0 else "")
+        + f", seed {s['seed']}; {levels}; {s['repeats']} repeats{starts}.",
+        f"Schedule **{s['schedule']}**: {s['schedule_reason']}."
+        + (
+            f" Added to every arm: `{' '.join(s['schedule_added_args'])}`."
+            if s.get("schedule_added_args")
+            else ""
+        ),
+        f"Baseline `{s['baseline']}`" + (f"; chain `{s['chain']}`" if s.get("chain") else "") + ".",
         "",
-        "## Results",
-        "",
-        f"| arm | concurrency | prompts | output tok/s | min-max | vs {base} | TPOT ms | TTFT ms | accept length |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in _rows_in_order(report):
-        lines.append(
-            f"| {r['arm']} | {r['concurrency']} | {r['num_prompts']} | {_fmt(r['output_tok_s'])} | "
-            f"{_fmt(r['output_tok_s_min'])}-{_fmt(r['output_tok_s_max'])} | "
-            f"{_fmt(r['vs_baseline'], 2) + 'x' if r['vs_baseline'] is not None else '-'} | "
-            f"{_fmt(r['median_tpot_ms'])} | {_fmt(r['median_ttft_ms'])} | {_fmt(r['accept_length'], 2)} |"
+
+
+def _md_verdicts(report: dict) -> list[str]:
+    alternating = report["settings"]["schedule"] == "alternating"
+    lines = ["## Verdicts", ""]
+    if not report["comparisons"]:
+        return lines + ["No pair of arms was measured at a common level.", ""]
+    head = "| arm | vs | c | ratio [90%] | pairs | A/A spread | verdict |"
+    rule = "|---|---|---|---|---|---|---|"
+    if alternating:
+        head, rule = head + " start spread |", rule + "---|"
+    lines += [head, rule]
+    for r in sorted(report["comparisons"], key=lambda r: (r["against"], r["concurrency"], r["arm"])):
+        line = (
+            f"| {r['arm']} | {r['reference']} | {r['concurrency']} | {ratio_text(r)} | {r['pairs']} | "
+            f"{_iv(r['aa_band'])} | **{r['verdict']}** |"
         )
-    return lines
+        if alternating:
+            spreads = r.get("start_spread") or {}
+            line += (
+                " "
+                + " / ".join(
+                    f"{v:.2f}x" if v else "-" for v in (spreads.get(r["arm"]), spreads.get(r["reference"]))
+                )
+                + " |"
+            )
+        lines.append(line)
+    reasons = sorted({r["why"] for r in report["comparisons"] if r["verdict"] == "unresolved"})
+    if reasons:
+        lines += ["", "Unresolved where: " + "; ".join(reasons) + "."]
+    return lines + [""]
+
+
+def _md_aa(report: dict) -> list[str]:
+    lines = ["## A/A (a second server of the same arm)", ""]
+    if not report["aa"]:
+        return lines + [
+            "No A/A arm in this run (name one with `+again`, e.g. `dflash+again`): no verdict can be "
+            "given, as the spread between two servers of one configuration is unknown.",
+            "",
+        ]
+    lines += ["| arm | of | c | ratio [90%] | pairs |", "|---|---|---|---|---|"]
+    for r in report["aa"]:
+        lines.append(f"| {r['arm']} | {r['of']} | {r['concurrency']} | {ratio_text(r)} | {r['pairs']} |")
+    return lines + [""]
 
 
 def _rows_in_order(report: dict) -> list[dict]:
-    """Summary rows by concurrency, then in the order the arms ran."""
+    """Summary rows by concurrency, then in the order the arms were given."""
     arms = report["settings"]["arms"]
     return sorted(report["summary"], key=lambda r: (r["concurrency"], arms.index(r["arm"])))
 
 
-def _winner_line(w: dict) -> str:
-    margin = f"{w['margin']:.2f}x" if w["margin"] else "-"
-    return (
-        f"concurrency {w['concurrency']}: {w['winner']} wins, {margin} over {w['runner_up']} ({w['verdict']})"
-    )
-
-
-def _md_winners(report: dict) -> list[str]:
-    lines = ["", "## Who wins", ""]
-    for w in report["winners"]:
-        margin = f"{w['margin']:.2f}x" if w["margin"] else "-"
-        lines.append(
-            f"- concurrency {w['concurrency']}: **{w['winner']}**, {margin} over {w['runner_up']} ({w['verdict']})"
+def _md_cells(report: dict) -> list[str]:
+    base = report["settings"]["baseline"]
+    alternating = report["settings"]["schedule"] == "alternating"
+    head = f"| arm | c | prompts | passes | tok/s [90%] | min-max | vs {base} | TPOT ms | ITL ms | TTFT ms | accept |"
+    rule = "|---|---|---|---|---|---|---|---|---|---|---|"
+    if alternating:
+        head, rule = head + " start spread |", rule + "---|"
+    lines = ["## Cells", "", head, rule]
+    for r in _rows_in_order(report):
+        line = (
+            f"| {r['arm']} | {r['concurrency']} | {r['num_prompts']} | {r['passes']} | "
+            f"{_fmt(r['output_tok_s'])} {_iv(r['output_tok_s_interval'], 1)} | "
+            f"{_fmt(r['output_tok_s_min'])}-{_fmt(r['output_tok_s_max'])} | "
+            f"{_fmt(r['vs_baseline'], 2) + 'x' if r['vs_baseline'] is not None else '-'} | "
+            f"{_fmt(r['median_tpot_ms'])} | {_fmt(r['median_itl_ms'])} | {_fmt(r['median_ttft_ms'])} | "
+            f"{_fmt(r['accept_length'], 2)} |"
         )
-    if not report["winners"]:
-        lines.append("- no concurrency level has two arms measured")
-    return lines
+        if alternating:
+            line += f" {_fmt(r.get('start_spread'), 2)} |"
+        lines.append(line)
+    return lines + [""]
 
 
 def _md_greedy(report: dict) -> list[str]:
     gc = report["greedy_check"]
-    lines = ["", "## Greedy check", "", gc["message"] + ".", ""]
+    lines = ["## Greedy check", "", gc["message"] + ".", ""]
     for m in gc["mismatches"]:
         lines.append(
-            f"- `{m['arm']}` prompt {m['prompt_index']} ({m['prompt'][:40]!r}): first different token {m['first_diff_token']}, "
-            f"{gc['reference']} {m['reference_ids']} vs {m['arm_ids']}"
+            f"- `{m['arm']}` prompt {m['prompt_index']} ({str(m['prompt'])[:40]!r}): first different token "
+            f"{m['first_diff_token']}, {gc['reference']} {m['reference_ids']} vs {m['arm_ids']}"
         )
-    return lines
+    return lines + ([""] if gc["mismatches"] else [])
 
 
 def _md_parity(report: dict) -> list[str]:
@@ -146,7 +229,8 @@ def _md_arms(report: dict) -> list[str]:
     lines = ["## Arms", ""]
     for a in report["arms"]:
         env = " ".join(f"{k}={v}" for k, v in a["env"].items())
-        start = f", started in {a['start_seconds']} s" if a["start_seconds"] is not None else ""
+        starts = [s["start_seconds"] for s in a.get("servers", []) if s.get("start_seconds") is not None]
+        start = f", started in {', '.join(f'{t} s' for t in starts)}" if starts else ""
         lines += [
             f"- **{a['name']}**: {a['description']}{start}",
             "",
@@ -162,28 +246,40 @@ def _md_arms(report: dict) -> list[str]:
             "about 1), so speculation can only cost time here: this run checks the tool end to end, not "
             "DDTree's speed.",
         ]
+    if report.get("skipped"):
+        lines += ["", "## Skipped", ""] + [f"- {s}" for s in report["skipped"]]
     return lines
 
 
 def _md_provenance(report: dict) -> list[str]:
     s, st = report["settings"], report["stamp"]
-    lines = [
+    return [
         "",
         "## Provenance",
         "",
-        f"- command: `{' '.join(report['command'])}`",
-        f"- hardware: {_hardware(st)}" + (f"; CPU {st.get('cpu_model')}" if st.get("gpus") else ""),
+        f"- command: `{st.get('command') or ' '.join(report['command'])}`",
+        f"- device: {st.get('device_name')}; hardware: {_hardware(st)}"
+        + (f"; CPU {st.get('cpu_model')}" if st.get("gpus") else ""),
         "- versions: " + ", ".join(f"{k} {v}" for k, v in st["versions"].items()),
         f"- commit `{st.get('commit')}`, date {st.get('date_utc')}, host `{st.get('host')}`",
-        f"- load: `{s['bench_module']}` (SGLang's bench_serving), cache flushed after each run's warm-up",
+        f"- load: `{s['bench_module']}` (SGLang's bench_serving) through one kept-loaded worker "
+        "(`sglang_ddtree.ab.bench_worker`); the prefix cache flushed after each pass's warm-up "
+        f"({s['warmup_requests']} warm-up requests a pass)",
+        f"- raw logs: `{s['raw_dir']}`",
+        "- time: "
+        + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report.get("timing", {}).items()) or "-"),
         "",
         "## Columns",
         "",
-    ]
-    return lines + [f"- **{k}**: {v}." for k, v in COLUMNS.items()]
+    ] + [f"- **{k}**: {v}." for k, v in COLUMNS.items()]
+
+
+# --------------------------------------------------------------------------- plot
 
 
 def plot(report: dict, path: Path) -> Path | None:
+    """Left: tok/s per concurrency per arm, with the 90% interval of each cell's median; right:
+    the paired ratio over the baseline with its interval, and the A/A spread shaded."""
     try:
         import matplotlib
 
@@ -196,55 +292,74 @@ def plot(report: dict, path: Path) -> Path | None:
         return None
     base = s["baseline"]
     concs = sorted({r["concurrency"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
-    ax2 = ax.twinx()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=110)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    n = len(s["arms"])
     for i, arm in enumerate(s["arms"]):
         mine = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["concurrency"])
         if not mine:
             continue
-        xs = [r["concurrency"] for r in mine]
+        shift = 2 ** (0.06 * (i - (n - 1) / 2))  # arms side by side on the log axis
+        xs = [r["concurrency"] * shift for r in mine]
+        ys = [r["output_tok_s"] for r in mine]
+        lo = [y - (r["output_tok_s_interval"] or [y, y])[0] for y, r in zip(ys, mine)]
+        hi = [(r["output_tok_s_interval"] or [y, y])[1] - y for y, r in zip(ys, mine)]
         color = colors[i % len(colors)]
-        ax.plot(xs, [r["output_tok_s"] for r in mine], marker="o", color=color, label=f"{arm} tok/s")
-        if any(r["repeats"] > 1 for r in mine):
-            ax.vlines(
-                xs, [r["output_tok_s_min"] for r in mine], [r["output_tok_s_max"] for r in mine], color=color
+        style = ":" if arm.endswith("+again") else "-"
+        ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=4, capsize=3, ls=style, color=color, label=arm)
+        comp = sorted(
+            (c for c in report["comparisons"] if c["arm"] == arm and c["reference"] == base),
+            key=lambda c: c["concurrency"],
+        )
+        if comp:
+            cx = [c["concurrency"] * shift for c in comp]
+            cy = [c["ratio"] for c in comp]
+            clo = [y - (c["interval"] or [y, y])[0] for y, c in zip(cy, comp)]
+            chi = [(c["interval"] or [y, y])[1] - y for y, c in zip(cy, comp)]
+            ax2.errorbar(
+                cx, cy, yerr=[clo, chi], marker="o", ms=4, capsize=3, ls=style, color=color, label=arm
             )
-        if arm != base and any(r["vs_baseline"] for r in mine):
-            pts = [(r["concurrency"], r["vs_baseline"]) for r in mine if r["vs_baseline"]]
-            ax2.plot(*zip(*pts), ls="--", marker="x", color=color, label=f"{arm} / {base}")
-    ax2.axhline(1.0, color="gray", lw=0.6, ls=":")
-    if len(concs) > 1:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(concs)
-    ax.set_xticklabels([str(c) for c in concs])
-    ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("output tok/s (median)")
-    ax2.set_ylabel(f"ratio vs {base} (dashed)")
+    bands = {}
+    for c in report["comparisons"]:
+        if c.get("aa_band"):
+            bands[c["concurrency"]] = c["aa_band"]
+    for conc, (lo, hi) in bands.items():
+        ax2.fill_between([conc / 1.3, conc * 1.3], lo, hi, color="gray", alpha=0.25, lw=0)
+    ax2.axhline(1.0, color="gray", lw=0.8, ls="--")
+    for a in (ax, ax2):
+        if len(concs) > 1:
+            a.set_xscale("log", base=2)
+        a.set_xticks(concs)
+        a.set_xticklabels([str(c) for c in concs])
+        a.set_xlabel("concurrency (requests in flight)")
+        a.grid(True, lw=0.3)
+    ax.set_ylabel("output tok/s (median pass, 90% interval)")
     ax.set_ylim(bottom=0)
-    ax2.set_ylim(bottom=0)
-    title = f"A/B {s.get('label') or Path(str(s['model'])).name}: throughput vs concurrency"
+    ax2.set_ylabel(f"tok/s / {base} (median paired ratio, 90% interval)")
+    title = f"A/B {report.get('series') or s.get('label')} ({s['schedule']})"
     if report["status"] != "ok":
         title += f" [{report['status'].upper()}]"
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, lw=0.3)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    ax.legend(fontsize=7, loc="best")
+    ax2.set_title("grey: the run's A/A spread", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
+# --------------------------------------------------------------------------- files
+
+
 def write_report(report: dict, out_dir: Path, stem: str, plot_png: bool = True) -> list[Path]:
+    """``<stem>.json``, ``.md`` and ``.png`` in ``out_dir``, replacing an earlier run's."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
-    if plot_png:
-        png = plot(report, out_dir / f"{stem}.png")
-        if png is not None:
-            paths["png"] = png
-    report["files"] = {k: str(v) for k, v in paths.items()}
+    png = out_dir / f"{stem}.png"
+    png.unlink(missing_ok=True)  # a re-run replaces the whole set
+    if plot_png and plot(report, png) is not None:
+        paths["png"] = png
+    report["files"] = {k: v.name for k, v in paths.items()}
     paths["md"].write_text(markdown(report))
     paths["json"].write_text(json.dumps(report, indent=1, default=str) + "\n")
     return list(paths.values())
@@ -253,7 +368,6 @@ def write_report(report: dict, out_dir: Path, stem: str, plot_png: bool = True) 
 def rerender(json_path: Path, plot_png: bool = True) -> list[Path]:
     """Write the markdown (and PNG) of a JSON report again, next to it."""
     report = json.loads(Path(json_path).read_text())
-    report["settings"].setdefault("label", Path(json_path).stem.removeprefix("ab_").rsplit("_", 1)[0])
     stem = Path(json_path).with_suffix("")
     paths = [stem.with_suffix(".md")]
     paths[0].write_text(markdown(report))
@@ -266,20 +380,30 @@ def console_summary(report: dict) -> str:
     base = report["settings"]["baseline"]
     out = [
         "",
-        f"{'arm':<14}{'conc':>5}{'tok/s':>10}{'vs ' + base:>12}{'TPOT ms':>9}{'TTFT ms':>9}{'accept':>8}",
+        f"{'arm':<18}{'c':>5}{'tok/s':>10}{'vs ' + base:>12}{'TPOT ms':>9}{'ITL ms':>8}{'TTFT ms':>9}{'accept':>8}",
     ]
     for r in _rows_in_order(report):
         ratio = f"{r['vs_baseline']:.2f}x" if r["vs_baseline"] is not None else "-"
         out.append(
-            f"{r['arm']:<14}{r['concurrency']:>5}{r['output_tok_s']:>10.1f}{ratio:>12}"
-            f"{_fmt(r['median_tpot_ms']):>9}{_fmt(r['median_ttft_ms']):>9}{_fmt(r['accept_length'], 2):>8}"
+            f"{r['arm']:<18}{r['concurrency']:>5}{r['output_tok_s']:>10.1f}{ratio:>12}"
+            f"{_fmt(r['median_tpot_ms']):>9}{_fmt(r['median_itl_ms']):>8}{_fmt(r['median_ttft_ms']):>9}"
+            f"{_fmt(r['accept_length'], 2):>8}"
         )
-    out += [_winner_line(w) for w in report["winners"]]
+    out.append(f"schedule: {report['settings']['schedule']} ({report['settings']['schedule_reason']})")
+    for r in report["aa"]:
+        out.append(f"A/A {r['arm']} / {r['of']} c={r['concurrency']}: {ratio_text(r)}")
+    for r in report["comparisons"]:
+        out.append(
+            f"{r['arm']} / {r['reference']} c={r['concurrency']}: {ratio_text(r)} "
+            f"A/A {_iv(r['aa_band'])} -> {r['verdict']}"
+        )
     out.append(f"greedy check: {report['greedy_check']['message']}")
     out.append(f"parity: {report['parity']['message']}")
     out += [f"warning: {w}" for w in report["warnings"]]
+    if report.get("skipped"):
+        out.append(f"skipped: {len(report['skipped'])} passes (past --time-limit)")
     if report["servers_left_running"]:
-        out.append(f"SERVERS LEFT RUNNING: {', '.join(report['servers_left_running'])}")
+        out.append(f"LEFT RUNNING: {', '.join(report['servers_left_running'])}")
     return "\n".join(out)
 
 

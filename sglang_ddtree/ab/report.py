@@ -1,13 +1,16 @@
-"""Analysis of an A/B run: summary, winners, greedy check, parity and provenance, gathered
+"""Analysis of an A/B run: per-cell medians, the paired comparisons with their intervals, the
+A/A spread and the verdicts (``paired.py``), the greedy check, parity and provenance, gathered
 into one report dict (``render.py`` writes it as JSON, markdown and a PNG plot)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import shlex
 import statistics
 
-from .arms import CONTEXT_KEYS, PARITY_FLAGS, PARITY_KEYS, SPEC_KEYS, Arm
+from . import paired
+from .arms import CONTEXT_KEYS, PARITY_FLAGS, PARITY_KEYS, SPEC_KEYS, Arm, chain_reference
 from .stamp import host_stamp
 
 
@@ -16,33 +19,51 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-# --------------------------------------------------------------------------- analysis
+# --------------------------------------------------------------------------- cells
 
 
-def summarise(arms: list[Arm], baseline: str) -> list[dict]:
+def levels_of(arms: list[Arm]) -> list[int]:
+    return sorted({r["concurrency_requested"] for a in arms for r in a.runs})
+
+
+def _runs_at(arm: Arm, concurrency: int) -> list[dict]:
+    return [r for r in arm.runs if r["concurrency_requested"] == concurrency]
+
+
+def summarise(arms: list[Arm], baseline: str, alternating: bool = False) -> list[dict]:
+    """One row per (arm, level): the medians over its passes, with the tok/s interval."""
     rows = []
     for arm in arms:
-        for conc in sorted({r["concurrency_requested"] for r in arm.runs}):
-            runs = [r for r in arm.runs if r["concurrency_requested"] == conc]
+        for conc in levels_of([arm]):
+            runs = _runs_at(arm, conc)
             tok = [r["output_throughput"] for r in runs]
-            rows.append(
-                {
-                    "arm": arm.name,
-                    "kind": arm.kind,
-                    "concurrency": conc,
-                    "num_prompts": runs[0]["num_prompts"],
-                    "repeats": len(runs),
-                    "output_tok_s": _median(tok),
-                    "output_tok_s_min": min(tok),
-                    "output_tok_s_max": max(tok),
-                    "median_tpot_ms": _median(r["median_tpot_ms"] for r in runs),
-                    "median_ttft_ms": _median(r["median_ttft_ms"] for r in runs),
-                    "p99_ttft_ms": _median(r["p99_ttft_ms"] for r in runs),
-                    "median_itl_ms": _median(r["median_itl_ms"] for r in runs),
-                    "accept_length": _median(r["accept_length"] for r in runs),
-                    "completed": sum(r["completed"] or 0 for r in runs),
-                }
-            )
+            interval = list(paired.median_interval(tok)) if len(tok) >= 2 else None
+            row = {
+                "arm": arm.name,
+                "kind": arm.kind,
+                "concurrency": conc,
+                "num_prompts": runs[0]["num_prompts"],
+                "passes": len(runs),
+                "output_tok_s": _median(tok),
+                "output_tok_s_interval": interval,
+                "output_tok_s_min": min(tok),
+                "output_tok_s_max": max(tok),
+                "output_tok_s_passes": [round(t, 2) for t in tok],
+                "median_tpot_ms": _median(r["median_tpot_ms"] for r in runs),
+                "median_itl_ms": _median(r["median_itl_ms"] for r in runs),
+                "median_ttft_ms": _median(r["median_ttft_ms"] for r in runs),
+                "p99_ttft_ms": _median(r["p99_ttft_ms"] for r in runs),
+                "accept_length": _median(r["accept_length"] for r in runs),
+                "completed": sum(r["completed"] or 0 for r in runs),
+            }
+            if alternating:
+                by_start = {}
+                for r in runs:
+                    by_start.setdefault(r["start"], []).append(r["output_throughput"])
+                medians = [statistics.median(v) for _, v in sorted(by_start.items())]
+                row["start_tok_s"] = medians
+                row["start_spread"] = max(medians) / min(medians) if len(medians) > 1 else None
+            rows.append(row)
     base = {r["concurrency"]: r["output_tok_s"] for r in rows if r["arm"] == baseline}
     for row in rows:
         ref = base.get(row["concurrency"])
@@ -50,39 +71,101 @@ def summarise(arms: list[Arm], baseline: str) -> list[dict]:
     return rows
 
 
-def winners(rows: list[dict]) -> list[dict]:
+# --------------------------------------------------------------------------- paired comparisons
+
+
+def pair_samples(arm: Arm, other: Arm, concurrency: int) -> tuple[list[float], list[int]]:
+    """The paired ratios of ``arm`` over ``other`` at a level (pass ``(start, repeat)`` with the
+    same pass of the other), and each pair's start (the bootstrap's groups)."""
+    theirs = {(r["start"], r["repeat"]): r["output_throughput"] for r in _runs_at(other, concurrency)}
+    ratios, groups = [], []
+    for r in sorted(_runs_at(arm, concurrency), key=lambda r: (r["start"], r["repeat"])):
+        ref = theirs.get((r["start"], r["repeat"]))
+        if ref:
+            ratios.append(r["output_throughput"] / ref)
+            groups.append(r["start"])
+    return ratios, groups
+
+
+def compared_pairs(arms: list[Arm], baseline: str) -> list[tuple[str, str, str]]:
+    """``(arm, reference, why)``: every arm against the baseline, and every DDTREE arm against
+    the chain (stock DFLASH where it runs) when that is not the baseline; A/A arms apart."""
+    names = [a.name for a in arms]
+    chain = chain_reference(names)
+    pairs = []
+    for arm in arms:
+        if arm.again or arm.name == baseline:
+            continue
+        pairs.append((arm.name, baseline, "baseline"))
+    if chain and chain != baseline:
+        for arm in arms:
+            if arm.kind == "ddtree" and not arm.again:
+                pairs.append((arm.name, chain, "chain"))
+    return pairs
+
+
+def aa_pairs(arms: list[Arm]) -> list[tuple[str, str]]:
+    return [(a.name, a.base) for a in arms if a.again]
+
+
+def comparisons(arms: list[Arm], baseline: str, cells: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The A/A rows and the comparison rows (median paired ratio, 90% interval, verdict)."""
+    by_name = {a.name: a for a in arms}
+    spread = {(c["arm"], c["concurrency"]): c.get("start_spread") for c in cells}
+    aa_rows = []
+    for name, base in aa_pairs(arms):
+        for conc in levels_of([by_name[name], by_name[base]]):
+            ratios, groups = pair_samples(by_name[name], by_name[base], conc)
+            if ratios:
+                aa_rows.append(
+                    {"arm": name, "of": base, "concurrency": conc, **paired.compare(ratios, groups)}
+                )
+    rows = []
+    for name, ref, why in compared_pairs(arms, baseline):
+        for conc in levels_of([by_name[name], by_name[ref]]):
+            ratios, groups = pair_samples(by_name[name], by_name[ref], conc)
+            if not ratios:
+                continue
+            result = paired.compare(ratios, groups)
+            band = paired.aa_band([a["interval"] for a in aa_rows if a["concurrency"] == conc])
+            verdict, reason = paired.verdict(result["interval"], result["pairs"], band)
+            rows.append(
+                {
+                    "arm": name,
+                    "reference": ref,
+                    "against": why,
+                    "concurrency": conc,
+                    **result,
+                    "aa_band": band,
+                    "verdict": verdict,
+                    "why": reason,
+                    "start_spread": {name: spread.get((name, conc)), ref: spread.get((ref, conc))},
+                }
+            )
+    return aa_rows, rows
+
+
+def headline(rows: list[dict], cells: list[dict], baseline: str) -> list[dict]:
+    """Per level: the fastest arm (median tok/s) against the baseline, with its verdict."""
     out = []
     for conc in sorted({r["concurrency"] for r in rows}):
-        group = sorted((r for r in rows if r["concurrency"] == conc), key=lambda r: -r["output_tok_s"])
-        if len(group) < 2:
+        mine = {r["arm"]: r for r in rows if r["concurrency"] == conc and r["reference"] == baseline}
+        speed = {c["arm"]: c["output_tok_s"] for c in cells if c["concurrency"] == conc}
+        if not mine:
             continue
-        best, second = group[0], group[1]
-        if best["repeats"] < 2 or second["repeats"] < 2:
-            verdict = "single run each: repeat (--repeats) to see the spread"
-            clear = None
-        elif best["output_tok_s_min"] > second["output_tok_s_max"]:
-            verdict, clear = "clear: its slowest run beats the runner-up's fastest", True
-        else:
-            verdict, clear = "within the run-to-run spread", False
-        out.append(
-            {
-                "concurrency": conc,
-                "winner": best["arm"],
-                "runner_up": second["arm"],
-                "margin": best["output_tok_s"] / second["output_tok_s"] if second["output_tok_s"] else None,
-                "clear": clear,
-                "verdict": verdict,
-            }
-        )
+        best = max(mine, key=lambda a: speed.get(a) or 0.0)
+        out.append(mine[best])
     return out
 
 
-def greedy_check(arms: list[Arm], baseline: str, prompts: list[str], tokens: int, allowed: bool) -> dict:
-    checked = [a for a in arms if a.greedy is not None]
+def greedy_check(arms: list[Arm], baseline: str, prompts: list, tokens: int, allowed: bool) -> dict:
+    """Every server's greedy outputs against the baseline's first server's."""
+    checked = [(a, s) for a in arms for s in a.servers if s.get("greedy") is not None]
     result = {
         "prompts": prompts,
         "max_new_tokens": tokens,
-        "arms_checked": [a.name for a in checked],
+        "arms_checked": list(dict.fromkeys(a.name for a, _ in checked)),
+        "servers_checked": len(checked),
         "reference": None,
         "mismatches": [],
         "ok": True,
@@ -92,22 +175,23 @@ def greedy_check(arms: list[Arm], baseline: str, prompts: list[str], tokens: int
         result["message"] = "greedy check off (--check-prompts 0)"
         return result
     if len(checked) < 2:
-        result["message"] = "fewer than two arms answered the greedy prompts: nothing to compare"
+        result["message"] = "fewer than two servers answered the greedy prompts: nothing to compare"
         return result
-    ref = next((a for a in checked if a.name == baseline), checked[0])
-    result["reference"] = ref.name
-    for arm in checked:
-        if arm is ref:
+    ref_arm, ref = next(((a, s) for a, s in checked if a.name == baseline), checked[0])
+    result["reference"] = ref_arm.name
+    for arm, server in checked:
+        if server is ref:
             continue
-        for i, (want, got) in enumerate(zip(ref.greedy, arm.greedy)):
+        for i, (want, got) in enumerate(zip(ref["greedy"], server["greedy"])):
             if want == got:
                 continue
             first = next((k for k, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
             result["mismatches"].append(
                 {
                     "arm": arm.name,
+                    "start": server["start"],
                     "prompt_index": i,
-                    "prompt": prompts[i],
+                    "prompt": prompts[i] if isinstance(prompts[i], str) else f"{len(prompts[i])} token ids",
                     "first_diff_token": first,
                     "reference_ids": want[first : first + 8],
                     "arm_ids": got[first : first + 8],
@@ -117,7 +201,8 @@ def greedy_check(arms: list[Arm], baseline: str, prompts: list[str], tokens: int
     if result["mismatches"]:
         result["ok"] = False
         parts = [
-            f"{m['arm']} prompt {m['prompt_index']} diverges from {ref.name} at token {m['first_diff_token']}"
+            f"{m['arm']}{' start ' + str(m['start'] + 1) if m['start'] else ''} prompt {m['prompt_index']} "
+            f"diverges from {ref_arm.name} at token {m['first_diff_token']}"
             for m in result["mismatches"]
         ]
         result["message"] = (
@@ -126,8 +211,8 @@ def greedy_check(arms: list[Arm], baseline: str, prompts: list[str], tokens: int
         )
     else:
         result["message"] = (
-            f"identical token ids in {', '.join(a.name for a in checked)} "
-            f"({n} prompts x {tokens} tokens, temperature 0)"
+            f"identical token ids in {', '.join(result['arms_checked'])} "
+            f"({len(checked)} servers, {n} prompts x {tokens} tokens, temperature 0)"
         )
     return result
 
@@ -208,26 +293,48 @@ def build_report(
     date: _dt.datetime,
     allow_greedy_mismatch: bool,
     strict_parity: bool,
+    skipped: list[str] | None = None,
+    load_generator: dict | None = None,
+    timing: dict | None = None,
 ) -> dict:
     baseline = settings["baseline"]
-    rows = summarise(arms, baseline)
+    alternating = settings.get("schedule") == "alternating"
+    cells = summarise(arms, baseline, alternating)
+    aa_rows, rows = comparisons(arms, baseline, cells)
+    stamp = {**host_stamp(), "commit": settings.get("commit_at_start") or "unknown"}
+    stamp["device_name"] = settings.get("device_name")
+    stamp["command"] = shlex.join(command)
     report = {
         "tool": "sglang_ddtree.ab",
+        "format": 2,
+        "series": settings.get("series"),
         "status": status,
         "error": error,
         "date": date.astimezone().isoformat(timespec="seconds"),
         "command": command,
-        "stamp": {**host_stamp(), "commit": settings.get("commit_at_start") or "unknown"},
+        "stamp": stamp,
         "settings": settings,
-        "summary": rows,
-        "winners": winners(rows),
+        "summary": cells,
+        "aa": aa_rows,
+        "comparisons": rows,
+        "headline": headline(rows, cells, baseline),
         "greedy_check": greedy_check(
             arms, baseline, settings["check_prompts"], settings["check_tokens"], allow_greedy_mismatch
         ),
         "parity": parity(arms, CONTEXT_KEYS),
         "arms": [a.to_json() for a in arms],
-        "servers_left_running": [a.name for a in arms if a.stopped is False],
+        "load_generator": load_generator or {},
+        "servers_left_running": [
+            f"{a.name}{' start ' + str(s['start'] + 1) if alternating else ''}"
+            for a in arms
+            for s in a.servers
+            if s.get("stopped") is False
+        ],
+        "skipped": skipped or [],
+        "timing": timing or {},
         "warnings": capacity_warnings(arms, settings["concurrency"]),
     }
+    if load_generator and load_generator.get("stopped") is False:
+        report["servers_left_running"].append("the load generator")
     report["parity"]["strict"] = strict_parity
     return report

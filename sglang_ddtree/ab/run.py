@@ -1,22 +1,27 @@
-"""Running one A/B arm: its server, the greedy side-check, and SGLang's load generator
-(``bench_serving``) once per (concurrency, prompts, repeat)."""
+"""What one A/B run is made of: its prompts, its servers (start, read back, greedy side-check,
+stop) and its load passes, each one ``sglang.bench_serving`` run through the kept-loaded
+worker (``bench_worker.py``). ``engine.py`` puts them in a schedule."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import queue
 import random
 import re
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from ..launch import ProcessGroup, ServerProcess, ServerStartError
-from .arms import BENCH_FIELDS, CHECK_PROMPTS, CONTEXT_KEYS, PARITY_KEYS, ABError, Arm
+from ..launch import ProcessGroup, ServerProcess
+from .arms import BENCH_FIELDS, CHECK_PROMPTS, CONTEXT_KEYS, PARITY_KEYS, ABError
+from .bench_worker import REPLY
 
-# --------------------------------------------------------------------------- datasets
+# --------------------------------------------------------------------------- prompts
 
 
 def bench_module() -> str:
@@ -29,10 +34,16 @@ def bench_module() -> str:
     return "sglang.bench_serving"
 
 
-def _prompt_of(row, where: str) -> str:
+def _prompt_of(row, where: str):
+    """A prompt: text, or token ids (a list of integers, or an object's ``input_ids``)."""
     if isinstance(row, str):
         return row
+    if isinstance(row, list) and row and all(isinstance(t, int) for t in row):
+        return row
     if isinstance(row, dict):
+        ids = row.get("input_ids")
+        if isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+            return ids
         convs = row.get("conversations", row.get("conversation"))
         if convs:
             first = convs[0]
@@ -40,12 +51,13 @@ def _prompt_of(row, where: str) -> str:
         for key in ("prompt", "text", "question", "instruction", "input"):
             if isinstance(row.get(key), str):
                 return row[key]
-    raise ABError(f"{where}: no prompt (expected conversations, prompt or text).")
+    raise ABError(f"{where}: no prompt (expected input_ids, conversations, prompt or text).")
 
 
-def read_prompts(path: str) -> list[str]:
-    """Prompts from a JSONL file (one per line) or a JSON array; each a string, a conversation
-    (``{"conversations": [...]}``) or an object with ``prompt``/``text``/``question``/``instruction``/``input``."""
+def read_prompts(path: str) -> list:
+    """Prompts from a JSONL file (one per line) or a JSON array; each a string, a list of token
+    ids, a conversation (``{"conversations": [...]}``) or an object with ``input_ids`` (token
+    ids, taken before any text) or ``prompt``/``text``/``question``/``instruction``/``input``."""
     text = Path(path).read_text()
     try:
         whole = json.loads(text)
@@ -65,28 +77,46 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def prepare_custom_dataset(
-    path: str | None, num_prompts: int, out: Path, seed: int
-) -> tuple[Path, dict, list[str]]:
-    """Write ``num_prompts`` conversations in the JSONL layout SGLang's ``custom`` dataset reads.
+def output_lens(n: int, output_len: int, range_ratio: float, seed: int) -> list[int]:
+    """``n`` output lengths drawn from ``[ratio * len, len]`` as bench_serving's random dataset
+    draws them (``--random-range-ratio``); all ``output_len`` at ratio 1."""
+    rng = random.Random(seed)
+    low = max(int(output_len * range_ratio), 1)
+    return [output_len if low >= output_len else rng.randint(low, output_len) for _ in range(n)]
 
-    With no file, the fixed prompts of the greedy check are used. Prompts are cycled when
-    there are fewer than ``num_prompts``. Returns the file, a description, and the prompts.
-    """
+
+def prepare_prompt_rows(
+    path: str | None, num_prompts: int, out: Path, seed: int, output_len: int, range_ratio: float
+) -> tuple[Path, dict, list]:
+    """Write ``num_prompts`` rows (prompt, output length) for the load worker's local dataset.
+
+    With no file, the fixed prompts of the greedy check are used. Prompts are cycled when there
+    are fewer than ``num_prompts``, then shuffled with ``seed``; each row's output length is
+    drawn with ``range_ratio``. Every arm and pass serves these rows, in this order (a level of
+    N prompts the first N). Returns the file, a description, and the unique prompts."""
     prompts = read_prompts(path) if path else list(CHECK_PROMPTS)
-    prompts = [p for p in prompts if p.strip()]
+    prompts = [p for p in prompts if (p.strip() if isinstance(p, str) else p)]
     if not prompts:
         raise ABError(f"no prompts in {path or 'the built-in list'}.")
     unique = len(prompts)
     rows = [prompts[i % unique] for i in range(max(num_prompts, unique))]
     random.Random(seed).shuffle(rows)
+    lens = output_lens(len(rows), output_len, range_ratio, seed)
     with open(out, "w") as f:
-        for p in rows:
-            f.write(json.dumps({"conversations": [{"value": p}, {"value": "(answer)"}]}) + "\n")
-    return out, {"unique_prompts": unique, "rows": len(rows), "source": path or "built-in prompts"}, prompts
+        for prompt, n in zip(rows, lens):
+            f.write(json.dumps({"prompt": prompt, "output_len": n}) + "\n")
+    kinds = {"token ids" if isinstance(p, list) else "text" for p in prompts}
+    info = {
+        "unique_prompts": unique,
+        "rows": len(rows),
+        "prompt_kind": " and ".join(sorted(kinds)),
+        "source": path or "built-in prompts",
+        "output_lens": [min(lens), max(lens)],
+    }
+    return out, info, prompts
 
 
-# --------------------------------------------------------------------------- running
+# --------------------------------------------------------------------------- load passes
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -98,22 +128,86 @@ def _tail(path: Path, lines: int = 30) -> str:
     return f"--- last lines of {path} ---\n" + "\n".join(text[-lines:])
 
 
-def run_bench(
-    url: str,
-    opts,
-    *,
-    concurrency: int,
-    num_prompts: int,
-    seed: int,
-    out_file: Path,
-    log_file: Path,
-    dataset_file: Path | None,
-) -> dict:
-    """One ``bench_serving`` run; returns its result record (the JSONL line it wrote)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        bench_module(),
+class LoadWorker:
+    """``bench_worker.py`` in its own process group: one ``bench_serving`` pass at a time."""
+
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None):
+        self.log_path = log_path
+        self.module = bench_module()
+        # The stock tool's module name is on the command line: it is the load generator.
+        cmd = [sys.executable, "-m", "sglang_ddtree.ab.bench_worker", "--bench-module", self.module]
+        self._log = open(log_path, "w")
+        self.group = ProcessGroup(
+            cmd,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+        )
+        self._replies: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name="ab-load-worker", daemon=True)
+        self._reader.start()
+        self.ready = False
+
+    @property
+    def pid(self) -> int:
+        return self.group.pid
+
+    def _read(self) -> None:
+        for raw in self.group.process.stdout:
+            line = raw.decode(errors="replace")
+            if line.startswith(REPLY):
+                try:
+                    self._replies.put(json.loads(line[len(REPLY) :]))
+                except json.JSONDecodeError:
+                    self._replies.put({"ok": False, "error": f"unreadable reply {line!r}"})
+            else:
+                self._log.write(line)
+                self._log.flush()
+        self._replies.put({"ok": False, "error": "the load generator exited", "exited": True})
+
+    def _reply(self, timeout: float, what: str) -> dict:
+        try:
+            return self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise ABError(f"{what}: no answer from the load generator in {timeout:.0f} s.") from None
+
+    def wait_ready(self, timeout: float) -> None:
+        if self.ready:
+            return
+        reply = self._reply(timeout, "starting bench_serving")
+        if not reply.get("ok"):
+            raise ABError(f"the load generator did not start: {reply.get('error')}\n{_tail(self.log_path)}")
+        self.ready = True
+
+    def run(self, argv: list[str], log: Path, rows: Path | None, timeout: float) -> None:
+        """One pass; raises :class:`ABError` if it failed (the pass log's tail attached)."""
+        job = {"argv": argv, "log": str(log), "rows": None if rows is None else str(rows)}
+        try:
+            self.group.process.stdin.write((json.dumps(job) + "\n").encode())
+            self.group.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise ABError(f"the load generator is gone.\n{_tail(self.log_path)}") from None
+        reply = self._reply(timeout, f"a bench_serving pass ran past {timeout:.0f} s")
+        if not reply.get("ok"):
+            raise ABError(f"bench_serving failed: {reply.get('error')}.\n{_tail(log)}")
+
+    def stop(self) -> bool:
+        try:
+            if self.group.process.stdin:
+                self.group.process.stdin.close()
+        except OSError:
+            pass
+        gone = self.group.stop(graceful_timeout=5)
+        self._reader.join(timeout=5)
+        self._log.close()
+        return gone
+
+
+def bench_argv(url: str, opts, *, concurrency: int, num_prompts: int, out_file: Path) -> list[str]:
+    """The command line of one ``bench_serving`` pass (what ``python -m sglang.bench_serving``
+    would be given)."""
+    warmup = concurrency if opts.warmup_requests == "auto" else int(opts.warmup_requests)
+    argv = [
         "--backend",
         "sglang",
         "--base-url",
@@ -123,10 +217,10 @@ def run_bench(
         "--num-prompts",
         str(num_prompts),
         "--seed",
-        str(seed),
+        str(opts.seed),
         "--flush-cache",  # after its warm-up: a cold prefix cache and a fresh accept-length average
         "--warmup-requests",
-        str(opts.warmup_requests),
+        str(warmup),
         "--disable-tqdm",
         "--ready-check-timeout-sec",
         "30",
@@ -134,7 +228,7 @@ def run_bench(
         str(out_file),
     ]
     if opts.dataset in ("random", "random-ids"):
-        cmd += [
+        argv += [
             "--dataset-name",
             opts.dataset,
             "--random-input-len",
@@ -145,28 +239,25 @@ def run_bench(
             str(opts.range_ratio),
         ]
         if opts.dataset_path:
-            cmd += ["--dataset-path", opts.dataset_path]
-    else:
-        cmd += ["--dataset-name", "custom", "--dataset-path", str(dataset_file)]
-        cmd += ["--sharegpt-output-len", str(opts.output_len)]
+            argv += ["--dataset-path", opts.dataset_path]
+    else:  # the prepared rows (bench_worker serves them in place of the stock custom dataset)
+        argv += ["--dataset-name", "custom", "--dataset-path", str(opts.dataset_file)]
         if opts.apply_chat_template:
-            cmd.append("--apply-chat-template")
+            argv.append("--apply-chat-template")
     if opts.tokenizer:
-        cmd += ["--tokenizer", opts.tokenizer]
-    cmd += shlex.split(opts.bench_args or "")
+        argv += ["--tokenizer", opts.tokenizer]
+    return argv + shlex.split(opts.bench_args or "")
+
+
+def run_pass(worker: LoadWorker, url: str, opts, *, concurrency: int, num_prompts: int, stem: str) -> dict:
+    """One timed pass against the server at ``url``; its result record (bench_serving's fields)."""
+    out_file, log_file = opts.raw / f"bench_{stem}.jsonl", opts.raw / f"bench_{stem}.log"
     out_file.unlink(missing_ok=True)
-    with open(log_file, "w") as log:
-        log.write("$ " + shlex.join(cmd) + "\n")
-        log.flush()
-        proc = ProcessGroup(cmd, stdout=log)
-    try:
-        proc.wait(timeout=opts.bench_timeout)
-    except subprocess.TimeoutExpired:
-        raise ABError(f"bench_serving ran past {opts.bench_timeout} s.\n{_tail(log_file)}") from None
-    finally:
-        proc.stop(graceful_timeout=10)
-    if proc.poll() != 0:
-        raise ABError(f"bench_serving exited with code {proc.poll()}.\n{_tail(log_file)}")
+    argv = bench_argv(url, opts, concurrency=concurrency, num_prompts=num_prompts, out_file=out_file)
+    rows = opts.dataset_file if opts.dataset == "custom" else None
+    t0 = time.perf_counter()
+    worker.run(argv, log_file, rows, opts.bench_timeout)
+    wall = time.perf_counter() - t0
     try:
         record = json.loads(out_file.read_text().strip().splitlines()[-1])
     except (OSError, IndexError, json.JSONDecodeError):
@@ -177,7 +268,11 @@ def run_bench(
         raise ABError(
             f"bench_serving completed {result['completed']} of {num_prompts} requests.\n{_tail(log_file)}"
         )
+    result["wall_seconds"] = round(wall, 2)  # the pass with its warm-up and cache flush
     return result
+
+
+# --------------------------------------------------------------------------- servers
 
 
 def _dig(obj, dotted: str):
@@ -202,14 +297,19 @@ def readback(info: dict) -> dict:
     return {k: _dig(merged, k) for k in dict.fromkeys((*PARITY_KEYS, *CONTEXT_KEYS))}
 
 
-def greedy_outputs(server: ServerProcess, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+def greedy_outputs(server: ServerProcess, prompts: list, max_new_tokens: int) -> list[list[int]]:
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
-    return [server.generate({"text": p, "sampling_params": params})["output_ids"] for p in prompts]
+    out = []
+    for p in prompts:
+        key = "text" if isinstance(p, str) else "input_ids"
+        out.append(server.generate({key: p, "sampling_params": params})["output_ids"])
+    return out
 
 
-def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, live: list) -> None:
-    """Start the arm's server, check, load it for every (concurrency, prompts, repeat); stop it."""
-    log = raw / f"server_{safe_name(arm.name)}.log"
+def new_server(arm, opts, start: int) -> tuple[ServerProcess, dict]:
+    """The ``start``-th server of ``arm`` (not launched yet) and its record in ``arm.servers``."""
+    suffix = f"_s{start}" if opts.schedule == "alternating" else ""
+    log = opts.raw / f"server_{safe_name(arm.name)}{suffix}.log"
     server = ServerProcess(
         arm.server_args,
         env=arm.env,
@@ -217,68 +317,52 @@ def run_arm(arm: Arm, opts, plan: list[tuple[int, int, int]], raw: Path, pbar, l
         start_timeout=opts.start_timeout,
         name=f"{arm.name} server",
     )
-    arm.port, arm.log = server.port, str(log)
-    arm.server_args = [*arm.server_args, "--host", "127.0.0.1", "--port", str(server.port)]
-    live.append(server)
-    pbar.set_description(f"{arm.name}: starting")
-    started = time.perf_counter()
+    record = {
+        "start": start,
+        "port": server.port,
+        "pid": None,
+        "log": str(log),
+        "start_seconds": None,
+        "check_seconds": None,
+        "stop_seconds": None,
+        "stopped": None,
+        "error": None,
+        "readback": {},
+        "greedy": None,
+    }
+    arm.servers.append(record)
+    return server, record
+
+
+def launch(server: ServerProcess, record: dict) -> None:
+    record["launched_at"] = time.perf_counter()
     try:
-        try:
-            server.start()
-        finally:
-            if server.process is not None:
-                arm.pid = server.process.pid
-        arm.start_seconds = round(time.perf_counter() - started, 1)
-        pbar.update(1)
-        arm.readback = readback(server.server_info())
-        if opts.check_prompts > 0:
-            pbar.set_description(f"{arm.name}: greedy check")
-            t0 = time.perf_counter()
-            arm.greedy = greedy_outputs(server, opts.check_texts, opts.check_tokens)
-            arm.check_seconds = round(time.perf_counter() - t0, 1)
-        for concurrency, num_prompts, rep in plan:
-            pbar.set_description(f"{arm.name}: c={concurrency} rep {rep + 1}/{opts.repeats}")
-            stem = f"{safe_name(arm.name)}_c{concurrency}_r{rep}"
-            t0 = time.perf_counter()
-            result = run_bench(
-                server.url,
-                opts,
-                concurrency=concurrency,
-                num_prompts=num_prompts,
-                seed=opts.seed,
-                out_file=raw / f"bench_{stem}.jsonl",
-                log_file=raw / f"bench_{stem}.log",
-                dataset_file=opts.dataset_file,
-            )
-            result.update(
-                concurrency_requested=concurrency,
-                num_prompts=num_prompts,
-                repeat=rep,
-                wall_seconds=round(time.perf_counter() - t0, 1),  # bench_serving start-up included
-            )
-            arm.runs.append(result)
-            pbar.update(1)
-            tok_s = result["output_throughput"]
-            accept = result["accept_length"]
-            pbar.write(
-                f"  {arm.name:<12} c={concurrency:<4} rep {rep + 1}: {tok_s:9.1f} tok/s"
-                f"  TPOT {result['median_tpot_ms']:.1f} ms  TTFT {result['median_ttft_ms']:.1f} ms"
-                + (f"  accept {accept:.2f}" if accept else "")
-            )
-    except ServerStartError as error:
-        arm.error = str(error)
-        raise ABError(f"the {arm.name!r} arm's server did not start:\n{error}") from error
-    except ABError as error:
-        arm.error = str(error)
-        raise ABError(f"the {arm.name!r} arm failed: {error}\nserver log:\n{server.log_tail(20)}") from error
-    except Exception as error:  # a request to the server failed (it died, or answered an error)
-        arm.error = f"{type(error).__name__}: {error}"
-        raise ABError(f"the {arm.name!r} arm failed: {arm.error}\n{server.log_tail(30)}") from error
+        server.launch()
     finally:
+        if server.process is not None:
+            record["pid"] = server.process.pid
+
+
+def wait_up(server: ServerProcess, record: dict) -> None:
+    """Wait for a launched server to answer; its start-up time from launch to ready."""
+    server.wait_until_ready()
+    record["start_seconds"] = round(time.perf_counter() - record.pop("launched_at"), 1)
+
+
+def check_server(server: ServerProcess, record: dict, opts) -> None:
+    """Read a ready server's settings back and run the greedy side-check."""
+    record["readback"] = readback(server.server_info())
+    if opts.check_prompts > 0:
         t0 = time.perf_counter()
-        arm.stopped = server.stop()
-        arm.stop_seconds = round(time.perf_counter() - t0, 1)
-        live.remove(server)
+        record["greedy"] = greedy_outputs(server, opts.check_texts, opts.check_tokens)
+        record["check_seconds"] = round(time.perf_counter() - t0, 1)
+
+
+def stop(server: ServerProcess, record: dict) -> None:
+    record.pop("launched_at", None)
+    t0 = time.perf_counter()
+    record["stopped"] = server.stop()
+    record["stop_seconds"] = round(time.perf_counter() - t0, 1)
 
 
 def safe_name(name: str) -> str:
@@ -295,12 +379,17 @@ def int_list(text: str, what: str) -> list[int]:
     return values
 
 
-def make_plan(concurrency: list[int], num_prompts: list[int], repeats: int) -> list[tuple[int, int, int]]:
-    if len(num_prompts) == 1:
-        num_prompts = num_prompts * len(concurrency)
-    if len(num_prompts) != len(concurrency):
+def make_levels(concurrency: list[int], num_prompts: str) -> list[tuple[int, int]]:
+    """``[(concurrency, prompts)]``: ``num_prompts`` is one value, one per level, or ``auto``
+    (four times the concurrency, at least 16)."""
+    if str(num_prompts).strip() == "auto":
+        return [(c, max(4 * c, 16)) for c in concurrency]
+    counts = int_list(num_prompts, "--num-prompts")
+    if len(counts) == 1:
+        counts = counts * len(concurrency)
+    if len(counts) != len(concurrency):
         raise ABError(
-            f"--num-prompts gives {len(num_prompts)} values for {len(concurrency)} concurrency levels; "
+            f"--num-prompts gives {len(counts)} values for {len(concurrency)} concurrency levels; "
             "give one value, or one per level."
         )
-    return [(c, n, r) for c, n in zip(concurrency, num_prompts) for r in range(repeats)]
+    return list(zip(concurrency, counts))

@@ -2,7 +2,8 @@
 
 ``stamp()`` is the provenance of one measurement; ``host_stamp()`` adds the CPU, every GPU
 and the serving stack's versions (every A/B report carries it); ``host_load()`` is the
-host's state beside a timed cell. Nothing here imports SGLang; CUDA is only queried.
+host's state beside a timed cell; ``device_name()`` the device part of a series name.
+Nothing here imports SGLang; CUDA is only queried.
 """
 
 from __future__ import annotations
@@ -130,3 +131,21 @@ def _version(dist: str) -> str | None:
         return version(dist)
     except PackageNotFoundError:
         return None
+
+
+def device_name(cpu: bool, gpus_per_server: int = 1) -> str:
+    """The device part of a series name: ``cpu``, ``h200`` (``NVIDIA H200``), ``h200x8`` for
+    servers over eight GPUs. Read from ``nvidia-smi`` (the first visible GPU)."""
+    import re
+
+    if cpu:
+        return "cpu"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    if visible.isdigit():
+        query.insert(1, f"--id={visible}")
+    out = _run(query)
+    words = re.split(r"[^a-z0-9]+", (out or "gpu").splitlines()[0].lower())
+    words = [w for w in words if w and w not in ("nvidia", "amd", "geforce", "rtx", "tesla", "instinct")]
+    name = words[0] if words else "gpu"  # NVIDIA H200 -> h200, NVIDIA A100-SXM4-80GB -> a100
+    return name + (f"x{gpus_per_server}" if gpus_per_server > 1 else "")

@@ -1,0 +1,269 @@
+"""The A/B tool's two schedules: every arm's server up at once with the passes interleaved, or
+the servers started one at a time, A B A B ..., every start measured.
+
+**interleaved**: every arm's server is started together (their start-ups overlap); then per
+concurrency level, ``--repeats`` rounds, each running one pass of every arm in an order rotated
+round by round (round ``i`` starts with arm ``i``). The passes of one round lie close in time,
+so a slow spell of the host hits every arm of the round alike; round ``i`` of one arm pairs
+with round ``i`` of another.
+
+**alternating**: one server at a time (where only one fits): ``--starts`` rounds, each starting
+every arm's server in turn, in the order given, and running all its passes (every level,
+``--repeats`` passes each) before stopping it. Start ``s`` of one arm pairs with start ``s`` of
+another, pass for pass; the spread between an arm's own starts is reported.
+
+Either way one load generator (``bench_serving`` in ``bench_worker.py``) runs the passes, one at
+a time, and every server and the load generator are stopped on any exit: success, failure,
+Ctrl-C, SIGTERM or SIGHUP (and by their watchdogs when this process is SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from ..launch import ServerStartError
+from .arms import ABError, Arm
+from .run import LoadWorker, check_server, launch, new_server, run_pass, safe_name, stop, wait_up
+
+
+class Interrupted(BaseException):
+    """SIGTERM/SIGHUP, handled like Ctrl-C: stop everything, write what was measured."""
+
+
+def _install_signal_handlers() -> dict:
+    def handler(signum, _frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:  # e.g. SIGHUP under nohup: keep ignoring it
+                continue
+            previous[sig] = signal.signal(sig, handler)
+        except (ValueError, OSError):  # not the main thread
+            pass
+    return previous
+
+
+def rotated(arms: list, i: int) -> list:
+    k = i % len(arms)
+    return arms[k:] + arms[:k]
+
+
+class Engine:
+    """One run: ``Engine(arms, opts, levels).run()`` -> (status, error text).
+
+    ``on_server_ready(arm, server, record)``, when given, is called once each server has started
+    and passed its side-check, before its passes (a preset's hook, e.g. to record what a
+    replay drafter will serve)."""
+
+    def __init__(
+        self,
+        arms: list[Arm],
+        opts,
+        levels: list[tuple[int, int]],
+        on_server_ready: Callable | None = None,
+    ):
+        self.arms, self.opts, self.levels = arms, opts, levels
+        self.on_server_ready = on_server_ready
+        self.live: list[tuple[Arm, object, dict]] = []
+        self.worker: LoadWorker | None = None
+        self.worker_record: dict = {}
+        self.skipped: list[str] = []
+        self.t0 = time.monotonic()
+        self.timing: dict = {}
+        self.pbar = None
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def passes_total(self) -> int:
+        starts = self.opts.starts if self.opts.schedule == "alternating" else 1
+        return len(self.arms) * len(self.levels) * self.opts.repeats * starts
+
+    def _past_deadline(self) -> bool:
+        limit = self.opts.time_limit
+        return limit is not None and time.monotonic() - self.t0 > limit
+
+    def run(self) -> tuple[str, str | None]:
+        from tqdm import tqdm
+
+        status, error_text = "ok", None
+        previous = _install_signal_handlers()
+        names = ", ".join(a.name for a in self.arms)
+        print(
+            f"[ab] {len(self.arms)} arms ({names}), {self.opts.schedule} schedule, "
+            f"{self.passes_total()} passes; logs in {self.opts.raw}",
+            flush=True,
+        )
+        self.pbar = tqdm(total=self.passes_total(), unit="pass", dynamic_ncols=True, file=sys.stderr)
+        try:
+            self.worker = LoadWorker(self.opts.raw / "load_worker.log")
+            self.worker_record = {"pid": self.worker.pid, "log": str(self.worker.log_path)}
+            if self.opts.schedule == "interleaved":
+                self._interleaved()
+            else:
+                self._alternating()
+        except ABError as error:
+            status, error_text = "failed", str(error)
+        except (KeyboardInterrupt, Interrupted) as error:
+            status, error_text = (
+                "interrupted",
+                f"interrupted ({str(error) or 'Ctrl-C'}); every server started was stopped",
+            )
+        finally:
+            self.timing["measured_seconds"] = round(time.monotonic() - self.t0, 1)
+            self._stop_all()
+            if self.worker is not None:
+                self.worker_record["stopped"] = self.worker.stop()
+            self.pbar.close()
+            self.timing["total_seconds"] = round(time.monotonic() - self.t0, 1)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return status, error_text
+
+    # ------------------------------------------------------------------ servers
+
+    def _wait_up(self, arm: Arm, server, record: dict) -> None:
+        try:
+            wait_up(server, record)
+        except ServerStartError as error:
+            record["error"] = arm.error = str(error)
+            raise ABError(f"the {arm.name!r} arm's server did not start:\n{error}") from error
+
+    def _check(self, arm: Arm, server, record: dict) -> None:
+        """A ready server's read-back and side-check, the preset's hook; then the load
+        generator (the first time)."""
+        self.pbar.set_description(f"{arm.name}: greedy check")
+        try:
+            check_server(server, record, self.opts)
+        except Exception as error:  # the side-check's request failed (the server died, or answered an error)
+            record["error"] = arm.error = f"{type(error).__name__}: {error}"
+            raise ABError(f"the {arm.name!r} arm failed: {arm.error}\n{server.log_tail(30)}") from error
+        if self.on_server_ready is not None:
+            self.on_server_ready(arm, server, record)
+        self.worker.wait_ready(self.opts.start_timeout)
+
+    def _wait_all_up(self, servers: list) -> None:
+        """Every launched server, waited for side by side (each one's start-up time its own);
+        the first arm (in the order given) that did not start fails the run."""
+        self.pbar.set_description(f"starting {len(servers)} servers")
+        errors: dict[str, BaseException] = {}
+
+        def wait(item):
+            arm, server, record = item
+            try:
+                self._wait_up(arm, server, record)
+            except BaseException as error:  # noqa: BLE001 - raised below, in the main thread
+                errors[arm.name] = error
+
+        threads = [
+            threading.Thread(target=wait, args=(item,), name=f"wait {item[0].name}") for item in servers
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for arm, _, _ in servers:
+            if arm.name in errors:
+                raise errors[arm.name]
+
+    def _stop_all(self) -> None:
+        """Every server still up, stopped side by side (each may take its graceful seconds)."""
+        threads = [
+            threading.Thread(target=stop, args=(server, record), name=f"stop {arm.name}")
+            for arm, server, record in self.live
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.live.clear()
+
+    def _stop(self, arm: Arm, server, record: dict) -> None:
+        stop(server, record)
+        self.live.remove((arm, server, record))
+
+    # ------------------------------------------------------------------ passes
+
+    def _measure(self, arm: Arm, server, concurrency: int, prompts: int, repeat: int, start: int, order: int):
+        label = f"c={concurrency} rep {repeat + 1}/{self.opts.repeats}"
+        if self.opts.schedule == "alternating":
+            label = f"start {start + 1}/{self.opts.starts} {label}"
+        if self._past_deadline():
+            self.skipped.append(f"{arm.name} {label}: past --time-limit")
+            self.pbar.update(1)
+            return
+        self.pbar.set_description(f"{arm.name}: {label}")
+        stem = f"{safe_name(arm.name)}_c{concurrency}_r{repeat}"
+        if self.opts.schedule == "alternating":
+            stem += f"_s{start}"
+        try:
+            result = run_pass(
+                self.worker, server.url, self.opts, concurrency=concurrency, num_prompts=prompts, stem=stem
+            )
+        except ABError as error:
+            arm.error = str(error)
+            raise ABError(
+                f"the {arm.name!r} arm failed: {error}\nserver log:\n{server.log_tail(20)}"
+            ) from error
+        result.update(
+            concurrency_requested=concurrency,
+            num_prompts=prompts,
+            repeat=repeat,
+            start=start,
+            order=order,
+            at_seconds=round(time.monotonic() - self.t0, 1),
+        )
+        arm.runs.append(result)
+        self.pbar.update(1)
+        accept = result["accept_length"]
+        where = f"start {start + 1} " if self.opts.schedule == "alternating" else ""
+        self.pbar.write(
+            f"  {arm.name:<16} c={concurrency:<4} {where}rep {repeat + 1}: {result['output_throughput']:9.1f} tok/s"
+            f"  TPOT {result['median_tpot_ms']:.1f} ms  TTFT {result['median_ttft_ms']:.1f} ms"
+            + (f"  accept {accept:.2f}" if accept else "")
+        )
+
+    # ------------------------------------------------------------------ schedules
+
+    def _interleaved(self) -> None:
+        servers = []
+        for arm in self.arms:  # every start-up at once: they overlap
+            server, record = new_server(arm, self.opts, 0)
+            self.live.append((arm, server, record))
+            launch(server, record)
+            servers.append((arm, server, record))
+        self._wait_all_up(servers)
+        self.timing["servers_up_seconds"] = round(time.monotonic() - self.t0, 1)
+        for arm, server, record in servers:
+            self._check(arm, server, record)
+        by_arm = {arm.name: server for arm, server, _ in servers}
+        self.timing["checked_seconds"] = round(time.monotonic() - self.t0, 1)
+        for concurrency, prompts in self.levels:
+            for repeat in range(self.opts.repeats):
+                for order, arm in enumerate(rotated(self.arms, repeat)):
+                    self._measure(arm, by_arm[arm.name], concurrency, prompts, repeat, 0, order)
+
+    def _alternating(self) -> None:
+        for start in range(self.opts.starts):
+            for order, arm in enumerate(self.arms):
+                if self._past_deadline():
+                    self.skipped.append(f"{arm.name} start {start + 1}: not started, past --time-limit")
+                    self.pbar.update(len(self.levels) * self.opts.repeats)
+                    continue
+                server, record = new_server(arm, self.opts, start)
+                self.live.append((arm, server, record))
+                launch(server, record)
+                self.pbar.set_description(f"{arm.name}: starting")
+                self._wait_up(arm, server, record)
+                self._check(arm, server, record)
+                try:
+                    for concurrency, prompts in self.levels:
+                        for repeat in range(self.opts.repeats):
+                            self._measure(arm, server, concurrency, prompts, repeat, start, order)
+                finally:
+                    self._stop(arm, server, record)
