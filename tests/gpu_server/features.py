@@ -296,6 +296,25 @@ def logprob_differences(want_meta: dict, got_meta: dict, upto: int, tol: float =
     return {"ok": worst <= tol and not problems, "max_abs_difference": worst, "problems": problems}
 
 
+def forward_logprobs(reference, prompt: list[int], output: list[int], top: int) -> dict:
+    """``reference``'s full forward (its prefill kernels) of ``prompt + output``: for every
+    output token its log-prob and the ``top`` best, shaped as a decode's ``meta_info``."""
+    meta = reference.generate(
+        {
+            "input_ids": prompt + output,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": len(prompt) - 1,
+            "top_logprobs_num": top,
+        }
+    )["meta_info"]
+    tokens = meta["input_token_logprobs"][len(meta["input_token_logprobs"]) - len(output) :]
+    if [entry[1] for entry in tokens] != list(output):
+        raise AssertionError("forward log-prob rows misaligned with the output tokens")
+    tops = meta["input_top_logprobs"][len(meta["input_top_logprobs"]) - len(output) :]
+    return {"output_token_logprobs": tokens, "output_top_logprobs": tops}
+
+
 # --- sampling: a chi-square goodness-of-fit of sampled token pairs ---------------------------
 
 REST = "rest"

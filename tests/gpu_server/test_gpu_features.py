@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -27,6 +28,7 @@ from .features import (
     FEATURE_TOKENS,
     FEATURES,
     GRAMMARS,
+    LOGPROB_TOL,
     MIN_EXPECTED,
     P_VALUE,
     batches,
@@ -34,6 +36,7 @@ from .features import (
     choices,
     feature_requests,
     finished_on_stop,
+    forward_logprobs,
     goodness_of_fit,
     grammar_holds,
     greedy_draft_statistic,
@@ -158,10 +161,14 @@ def test_fp32_feature_identical_to_plain(request, features, results, feature, mo
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_fp32_logprobs_match_plain(request, features, results, mode):
-    """The emitted tokens' log-probs and the top log-probs equal plain's within LOGPROB_TOL,
-    up to the first difference (a float32 tie ends the comparison, as for the tokens)."""
+def test_fp32_logprobs_match_plain(request, fleet, features, results, mode):
+    """The emitted tokens' log-probs and the top log-probs equal plain's decode, up to the first
+    difference (a float32 tie ends the comparison, as for the tokens), within what plain's own
+    two kernel paths differ by: its decode against its full forward of the same tokens (on the
+    H200 the prefill and verify kernels round float32 attention differently from the decode
+    kernel by a few 1e-3 nats), twice that, and never less than LOGPROB_TOL."""
     answers = request.getfixturevalue(f"answers_{mode}")
+    _, plain = _servers(fleet)
     checks = []
     for i, req in enumerate(features["requests"]):
         if "return_logprob" not in req.extra:
@@ -173,7 +180,12 @@ def test_fp32_logprobs_match_plain(request, features, results, mode):
             continue
         upto = verdict["first_difference"]
         upto = len(got["output_ids"]) if upto is None else upto
-        checks.append({**logprob_differences(want["meta_info"], got["meta_info"], upto), "compared": upto})
+        top = int(req.extra.get("top_logprobs_num", 0))
+        forward = forward_logprobs(plain, req.prompt, want["output_ids"][:upto], top)
+        spread = logprob_differences(want["meta_info"], forward, upto, tol=math.inf)["max_abs_difference"]
+        tol = max(LOGPROB_TOL, 2 * spread)
+        check = logprob_differences(want["meta_info"], got["meta_info"], upto, tol=tol)
+        checks.append({**check, "compared": upto, "plain_decode_vs_forward": spread, "tolerance": tol})
     results[f"{ARM}/features/{mode}/logprob_values"] = checks
     assert checks
     assert all(c["ok"] for c in checks), checks
