@@ -10,6 +10,8 @@ same rounds through SGLang's unhooked check end late, which is what the hook is 
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -48,7 +50,7 @@ def one_token_a_step(tokenizer, ids, **params) -> tuple:
     req = _req(tokenizer, **params)
     for token in ids:
         req.output_ids.append(token)
-        req.update_finish_state(1)
+        SGLANG_CHECK(req, 1)
         if req.finished():
             break
     return _finish(req)
@@ -70,12 +72,16 @@ def in_rounds(tokenizer, ids, first, round_len, check, **params) -> tuple:
     return _finish(req)
 
 
+# SGLang's own check, also where a test before this one applied the plugin's hooks in-process.
+SGLANG_CHECK = inspect.unwrap(Req.update_finish_state)
+
+
 def hooked(req, n):
-    stops.update_finish_state_like_plain(Req.update_finish_state, req, n)
+    stops.update_finish_state_like_plain(SGLANG_CHECK, req, n)
 
 
 def unhooked(req, n):
-    Req.update_finish_state(req, n)
+    SGLANG_CHECK(req, n)
 
 
 def _cases(tokenizer, ids):

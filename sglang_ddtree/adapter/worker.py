@@ -52,8 +52,8 @@ from ..config import (
 from ..kernels.backend import get_tree_backend
 from .draft_block import draft_forward_batch
 from .draft_head import DraftTreeHead, draft_topk
-from .draft_kv_graphs import committed_rows
 from .draft_kv_graphs import install as install_draft_kv_graphs
+from .kv_commit import KVCommitSteps
 from .phases import RoundPhases, timed
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
@@ -67,7 +67,7 @@ from .widths import LOG_EVERY, StepWidths
 logger = logging.getLogger("sglang_ddtree")
 
 
-class DDTreeWorker(DFlashWorkerV2):
+class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         spec, settings = get_spec(), settings_of(server_args)
@@ -422,38 +422,6 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         self._tp_sync.sync(site, posterior)
         return posterior
-
-    @timed("target kv commit")
-    def _commit_target_kv(self, plan, sources, bs):
-        """Move each accepted node's target KV to the slot of its final position."""
-        slots = plan.write_ids(self.model_runner.kv_index_translator).view(bs, self.width)
-        slots = slots[:, : sources.shape[1]]  # the step's verify width
-        src = slots.gather(1, sources).reshape(-1)
-        pool = self.model_runner.token_to_kv_pool_allocator.get_kvcache()
-        pool.move_kv_cache(slots.reshape(-1), src)
-
-    @timed("draft kv commit")
-    def _commit_draft_kv(self, plan, logits_output, sources, prefix_lens, commit_lens, bs):
-        """The drafter's context KV for the committed tokens, from the target's hidden features
-        of the accepted nodes at their final positions (replayed from a CUDA graph if captured)."""
-        hidden = logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DDTREE verify returned no target hidden states.")
-        width = sources.shape[1]  # the step's verify width
-        cache_loc = self._draft_write_ids(plan)
-        if width != self.width:
-            cache_loc = cache_loc.view(bs, self.width)[:, :width].reshape(-1)
-        graphs = self.draft_kv_graphs
-        if graphs is not None and graphs.append(hidden, sources, prefix_lens, cache_loc, commit_lens):
-            return
-        rows, positions = committed_rows(hidden, sources, prefix_lens, width, self._last_position)
-        self._append_target_hidden_to_draft_kv_by_loc(
-            target_hidden=rows.reshape(bs * width, -1),
-            cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(bs, width),
-            positions=positions.reshape(-1),
-            commit_lens=commit_lens,
-        )
 
 
 # The worker's own proposal step; a test plugin that replaces ``DDTreeWorker._propose``
