@@ -534,6 +534,31 @@ def test_alternating_pairs_starts_by_index(tmp_path, monkeypatch):
     assert "start spread" in (tmp_path / "fake_h200_ab.md").read_text()
 
 
+def test_keep_going_drops_an_arm_that_did_not_start(tmp_path, monkeypatch, capsys):
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import engine
+    from sglang_ddtree.launch import ServerStartError
+
+    same = {name: [[1]] for name in ("plain", "dflash", "ddtree")}
+    _fake_engine(monkeypatch, same)
+
+    def wait_up(server, record):
+        if "ddtree" in record["log"]:
+            raise ServerStartError("ddtree server was not ready after 300 s.\n--- last lines of its log ---")
+        record["start_seconds"] = 0.0
+
+    monkeypatch.setattr(engine, "wait_up", wait_up)
+    argv = _argv(tmp_path, "--arms", "plain,dflash,ddtree,dflash+again")
+    assert ab.main(argv) == 2  # by default the run fails
+    assert "the 'ddtree' arm's server did not start" in capsys.readouterr().err
+    assert ab.main([*argv, "--keep-going"]) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    assert list(report["dropped"]) == ["ddtree"] and "not ready after 300 s" in report["dropped"]["ddtree"]
+    assert {r["arm"] for r in report["summary"]} == {"plain", "dflash", "dflash+again"}
+    assert {(c["arm"], c["verdict"]) for c in report["comparisons"]} == {("dflash", "wins")}
+    assert "**ddtree dropped (--keep-going)**" in (tmp_path / "fake_h200_ab.md").read_text()
+
+
 def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
     from sglang_ddtree.ab import cli as ab
 
@@ -723,3 +748,24 @@ def test_dry_run_checks_every_arms_flags_with_sglangs_parser(tmp_path, capsys):
     assert ab.main([*argv, "--arm-args", "chain=--speculative-ddtree-budjet 3"]) == 2
     assert "chain: " in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_the_load_worker_stands_in_for_optional_packages_a_serving_image_lacks(tmp_path, monkeypatch):
+    """The stock load generator imports ``datasets`` (MMMU) and Pillow (images) at its top; a
+    serving image may lack them, and the tool uses neither."""
+    from sglang_ddtree.ab.bench_worker import import_with_stand_ins
+
+    (tmp_path / "fake_bench_module.py").write_text(
+        "from ab_absent_pkg import load_dataset\nimport ab_absent_img.Image\nREADY = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    optional = ("ab_absent_pkg", "ab_absent_img")
+    module, stood_in = import_with_stand_ins("fake_bench_module", optional)
+    assert module.READY and stood_in == ["ab_absent_pkg", "ab_absent_img", "ab_absent_img.Image"]
+    with pytest.raises(ImportError, match="not installed here"):
+        module.load_dataset("mmmu")
+    (tmp_path / "other_bench_module.py").write_text("import ab_required_pkg\n")
+    with pytest.raises(ModuleNotFoundError):  # a package the tool needs is not stood in for
+        import_with_stand_ins("other_bench_module", optional)
+    for name in [*stood_in, "fake_bench_module"]:
+        monkeypatch.delitem(sys.modules, name, raising=False)

@@ -13,7 +13,10 @@ line, ``{"prompt": text or token ids, "output_len": N}``) replaces the stock dat
 with those rows, in order (token ids are sent as ``input_ids``, as ``--tokenize-prompt`` does).
 
 Two lookups that are not timed are cached across passes: the tokenizer, and whether the model
-has a chat template (each loaded the tokenizer again).
+has a chat template (each loaded the tokenizer again). The stock module imports every dataset it
+knows at its top, among them two that need packages a serving image may lack (``datasets`` for
+MMMU, Pillow for images): where one is missing, an empty stand-in module takes its place (the
+datasets that need it fail if asked for; no other pass touches it), and the log says so.
 """
 
 from __future__ import annotations
@@ -27,6 +30,57 @@ import sys
 import traceback
 
 REPLY = "@@ab-pass "
+
+
+# Packages the stock load generator imports at its top for datasets the A/B tool does not use.
+OPTIONAL_PACKAGES = ("datasets", "PIL", "pybase64")
+
+
+class _Missing:
+    """Whatever a stand-in module is asked for: more of itself; called, an ImportError."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Missing(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        root = self._name.split(".")[0]
+        raise ImportError(f"{root} is not installed here (sglang_ddtree.ab.bench_worker stood in for it)")
+
+
+def _stand_in(name: str):
+    import types
+
+    module = types.ModuleType(name)
+    module.__path__ = []  # a package, whose submodules get stand-ins of their own
+
+    def attribute(attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Missing(f"{name}.{attr}")
+
+    module.__getattr__ = attribute
+    return module
+
+
+def import_with_stand_ins(name: str, optional=OPTIONAL_PACKAGES) -> tuple[object, list[str]]:
+    """``importlib.import_module(name)``, with a stand-in for each package of ``optional`` (or
+    module in one) it imports but this environment lacks; returns the module and the stand-ins.
+    (A module whose import failed is not kept by Python: the retry imports it afresh.)"""
+    stood_in: list[str] = []
+    while True:
+        try:
+            return importlib.import_module(name), stood_in
+        except ModuleNotFoundError as error:
+            missing = error.name or ""
+            if missing.split(".")[0] not in optional or missing in stood_in:
+                raise
+            sys.modules[missing] = _stand_in(missing)
+            stood_in.append(missing)
 
 
 def _parse(module, argv: list[str]):
@@ -93,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--bench-module", default="sglang.benchmark.serving")
     opts = p.parse_args(argv)
-    module = importlib.import_module(opts.bench_module)
+    module, stood_in = import_with_stand_ins(opts.bench_module)
+    if stood_in:
+        print(f"[bench_worker] not installed, stood in for: {', '.join(stood_in)}", flush=True)
     if not hasattr(module, "cli_main") or not hasattr(module, "run_benchmark"):
         print(f"{REPLY}{json.dumps({'ok': False, 'error': f'{opts.bench_module} has no cli_main'})}")
         return 2

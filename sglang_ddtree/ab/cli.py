@@ -145,6 +145,12 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
         help="alternating schedule: how many times each arm's server is started",
     )
     g.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="an arm whose server does not start (or fails its side-check) is dropped and reported, and "
+        "the others are measured (default: the run fails)",
+    )
+    g.add_argument(
         "--time-limit",
         type=float,
         default=None,
@@ -365,6 +371,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
         allow_greedy_mismatch=opts.allow_greedy_mismatch,
         strict_parity=opts.strict_parity,
         skipped=engine.skipped,
+        dropped=engine.dropped,
         load_generator=engine.worker_record,
         timing=engine.timing,
     )

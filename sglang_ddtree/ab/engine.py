@@ -74,6 +74,7 @@ class Engine:
         self.worker: LoadWorker | None = None
         self.worker_record: dict = {}
         self.skipped: list[str] = []
+        self.dropped: dict[str, str] = {}  # arm (or arm and start) -> why (--keep-going)
         self.t0 = time.monotonic()
         self.timing: dict = {}
         self.pbar = None
@@ -169,7 +170,15 @@ class Engine:
             thread.join()
         for arm, _, _ in servers:
             if arm.name in errors:
-                raise errors[arm.name]
+                self._fail_or_drop(arm, errors[arm.name])
+
+    def _fail_or_drop(self, arm: Arm, error: BaseException) -> None:
+        """An arm's server that did not start or failed its check: the run fails, or with
+        ``--keep-going`` (and :class:`ABError`s only) the arm is dropped and the run goes on."""
+        if not (getattr(self.opts, "keep_going", False) and isinstance(error, ABError)):
+            raise error
+        self.dropped[arm.name] = str(error)
+        self.pbar.write(f"[ab] {arm.name} dropped (--keep-going): {str(error).splitlines()[0]}")
 
     def _stop_all(self) -> None:
         """Every server still up, stopped side by side (each may take its graceful seconds)."""
@@ -240,12 +249,24 @@ class Engine:
         self._wait_all_up(servers)
         self.timing["servers_up_seconds"] = round(time.monotonic() - self.t0, 1)
         for arm, server, record in servers:
-            self._check(arm, server, record)
+            if arm.name not in self.dropped:
+                try:
+                    self._check(arm, server, record)
+                except ABError as error:
+                    self._fail_or_drop(arm, error)
+        for arm, server, record in servers:
+            if arm.name in self.dropped:
+                self._stop(arm, server, record)
+        arms = [arm for arm in self.arms if arm.name not in self.dropped]
+        if len(arms) < 2 and len(self.arms) >= 2:
+            raise ABError(f"fewer than two arms started: {'; '.join(self.dropped.values())}")
         by_arm = {arm.name: server for arm, server, _ in servers}
         self.timing["checked_seconds"] = round(time.monotonic() - self.t0, 1)
+        self.pbar.total = len(arms) * len(self.levels) * self.opts.repeats
+        self.pbar.refresh()
         for concurrency, prompts in self.levels:
             for repeat in range(self.opts.repeats):
-                for order, arm in enumerate(rotated(self.arms, repeat)):
+                for order, arm in enumerate(rotated(arms, repeat)):
                     self._measure(arm, by_arm[arm.name], concurrency, prompts, repeat, 0, order)
 
     def _alternating(self) -> None:
@@ -259,8 +280,15 @@ class Engine:
                 self.live.append((arm, server, record))
                 launch(server, record)
                 self.pbar.set_description(f"{arm.name}: starting")
-                self._wait_up(arm, server, record)
-                self._check(arm, server, record)
+                try:
+                    self._wait_up(arm, server, record)
+                    self._check(arm, server, record)
+                except ABError as error:
+                    self._fail_or_drop(arm, error)  # dropped: this start only
+                    self.dropped[f"{arm.name} start {start + 1}"] = self.dropped.pop(arm.name)
+                    self._stop(arm, server, record)
+                    self.pbar.update(len(self.levels) * self.opts.repeats)
+                    continue
                 try:
                     for concurrency, prompts in self.levels:
                         for repeat in range(self.opts.repeats):

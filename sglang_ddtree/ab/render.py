@@ -90,6 +90,8 @@ def _md_alerts(report: dict) -> list[str]:
         lines += [f"**left running: {', '.join(report['servers_left_running'])}**", ""]
     if report.get("skipped"):
         lines += [f"**{len(report['skipped'])} passes skipped** (Skipped, below).", ""]
+    for name, why in (report.get("dropped") or {}).items():
+        lines += [f"**{name} dropped (--keep-going)**:", "", "```", why.rstrip()[-3000:], "```", ""]
     lines += [f"Warning: {w}" for w in report["warnings"]] + ([""] if report["warnings"] else [])
     return lines
 
@@ -402,6 +404,8 @@ def console_summary(report: dict) -> str:
     out += [f"warning: {w}" for w in report["warnings"]]
     if report.get("skipped"):
         out.append(f"skipped: {len(report['skipped'])} passes (past --time-limit)")
+    for name, why in (report.get("dropped") or {}).items():
+        out.append(f"DROPPED {name}: {why.splitlines()[0]}")
     if report["servers_left_running"]:
         out.append(f"LEFT RUNNING: {', '.join(report['servers_left_running'])}")
     return "\n".join(out)

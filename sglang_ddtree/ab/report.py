@@ -294,6 +294,7 @@ def build_report(
     allow_greedy_mismatch: bool,
     strict_parity: bool,
     skipped: list[str] | None = None,
+    dropped: dict[str, str] | None = None,
     load_generator: dict | None = None,
     timing: dict | None = None,
 ) -> dict:
@@ -331,6 +332,7 @@ def build_report(
             if s.get("stopped") is False
         ],
         "skipped": skipped or [],
+        "dropped": dropped or {},
         "timing": timing or {},
         "warnings": capacity_warnings(arms, settings["concurrency"]),
     }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU job: the A/B tool (python -m sglang_ddtree.ab) on the trained pair (lab/models/pairs/pycode-4l),
+# bf16, CUDA graphs up to bs 64, triton attention and the pytorch sampler as the GPU suite serves:
+# plain, stock DFLASH, the chain as DDTREE (max-topk 1), DDTREE@16/32/64, the online budget
+# (ddtree@auto64) and a second DFLASH server (dflash+again: the run's A/A), all eight servers up at
+# once (interleaved: 8 x --mem-fraction-static 0.08 = 0.64 of the H200), c = 1, 4, 16, 64 in that
+# order, REPEATS passes per arm and level, each repeat one pass of every arm in a rotated order.
+# Load: the held-out Python prompts (token ids) through sglang.bench_serving, output lengths drawn
+# from [OUTPUT_LEN/2, OUTPUT_LEN] (the same for every arm).
+# Writes the series pycode-4l_h200_ab.{json,md,png} and its server/bench logs
+# (pycode-4l_h200_ab_logs.tar.gz) to $OUT. Run through the device command, carrying the bundle
+# and the compile caches (docs/gpu.md, "What a call carries"):
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/ab_pair.sh
+# Time: the servers start together (~1-2 min with the caches carried; the online budget's arm
+# captures a verify graph set per width and starts last), then 8 arms x 4 levels x REPEATS
+# passes of ~2.5 s each (a pass: bench_serving's warm-up at the level's concurrency, the cache
+# flush, its 1 s pause, then the timed requests): ~5.5 min at REPEATS=4. No pass starts after
+# TIME_LIMIT_S (400) from the tool's start, and the tool is stopped at AB_S (440; it writes what
+# was measured): the job ends within ~8 min. Passes past the limit are listed as skipped; an arm
+# whose server does not start within 360 s is dropped and reported (--keep-going), the rest measured.
+# Variables: REPEATS (4), CONC (1,4,16,64), PROMPTS (8,16,48,128: requests per pass, one per
+# level), OUTPUT_LEN (128), ARMS, TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
+set -o pipefail
+P=lab/models/pairs/pycode-4l
+SERIES=pycode-4l_h200_ab
+RAW=/tmp/ab_pair_raw
+rm -rf "$RAW"
+COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 65536"
+COMMON="$COMMON --mem-fraction-static 0.08 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
+timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
+  --model "$P/target" --drafter "$P/drafter" --server-args "$COMMON" \
+  --arms "${ARMS:-plain,dflash,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,dflash+again}" \
+  --schedule interleaved --concurrency "${CONC:-1,4,16,64}" --num-prompts "${PROMPTS:-8,16,48,128}" \
+  --repeats "${REPEATS:-4}" --time-limit "${TIME_LIMIT_S:-400}" \
+  --dataset custom --dataset-path "$P/heldout_prompts.json" \
+  --output-len "${OUTPUT_LEN:-128}" --range-ratio 0.5 \
+  --check-prompts 4 --check-tokens 32 --allow-greedy-mismatch --start-timeout 360 --keep-going \
+  --label pycode-4l --device-name h200 --series "$SERIES" \
+  --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
+rc=$?
+if [ -d "$RAW" ]; then
+  tar czf "$OUT/${SERIES}_logs.tar.gz" -C "$(dirname "$RAW")" "$(basename "$RAW")"
+  if [ "$(stat -c %s "$OUT/${SERIES}_logs.tar.gz")" -gt $((16 * 1024 * 1024)) ]; then
+    echo "logs over 16 MiB: not brought back"; rm -f "$OUT/${SERIES}_logs.tar.gz"
+  fi
+fi
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
+head -60 "$OUT/$SERIES.md" 2>/dev/null
+exit $rc
