@@ -559,6 +559,47 @@ def test_keep_going_drops_an_arm_that_did_not_start(tmp_path, monkeypatch, capsy
     assert "**ddtree dropped (--keep-going)**" in (tmp_path / "fake_h200_ab.md").read_text()
 
 
+def test_runs_of_one_series_merge_start_after_start(tmp_path, monkeypatch, capsys):
+    """A series too long for one call: each call's servers become the next starts."""
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import merge
+
+    same = {name: [[1]] for name in ("plain", "dflash", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    base = [*FAKE, "--raw-dir", str(tmp_path / "raw"), "--arms", "plain,ddtree,ddtree+again"]
+    base += ["--repeats", "2", "--schedule", "alternating", "--starts", "1"]
+    assert ab.main([*base, "--results-dir", str(tmp_path / "a")]) == 0
+    assert ab.main([*base, "--results-dir", str(tmp_path / "b")]) == 0
+    runs = [str(tmp_path / d / "fake_h200_ab.json") for d in ("a", "b")]
+    out = tmp_path / "merged"
+    assert merge.main([*runs, "--series", "fake_h200_ab", "--results-dir", str(out)]) == 0
+    report = _series(out, "fake_h200_ab")
+    assert report["settings"]["schedule"] == "alternating" and report["settings"]["starts"] == 2
+    arms = {a["name"]: a for a in report["arms"]}
+    assert [s["start"] for s in arms["ddtree"]["servers"]] == [0, 1]
+    assert [(r["start"], r["repeat"]) for r in arms["ddtree"]["runs"] if r["concurrency_requested"] == 1] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    cell = next(c for c in report["summary"] if (c["arm"], c["concurrency"]) == ("ddtree", 1))
+    assert len(cell["start_tok_s"]) == 2 and cell["start_spread"] == pytest.approx(1.0)
+    comps = {(c["arm"], c["concurrency"]): c for c in report["comparisons"]}
+    assert comps[("ddtree", 1)]["pairs"] == 4 and comps[("ddtree", 1)]["verdict"] == "wins"
+    assert [m["series"] for m in report["settings"]["merged_from"]] == ["fake_h200_ab", "fake_h200_ab"]
+    assert report["stamp"]["device_name"] == "h200" and "sglang_ddtree.ab.merge" in report["stamp"]["command"]
+    # runs of other requests, or of other flags, do not merge
+    other, interleaved = tmp_path / "c", tmp_path / "i"
+    assert ab.main([*base, "--results-dir", str(other), "--output-len", "64"]) == 0
+    x = ["--series", "x", "--results-dir", str(out)]
+    assert merge.main([runs[0], str(other / "fake_h200_ab.json"), *x]) == 2
+    assert "output_len 64 differs from 256" in capsys.readouterr().err
+    assert ab.main([*base, "--schedule", "interleaved", "--results-dir", str(interleaved)]) == 0
+    assert merge.main([runs[0], str(interleaved / "fake_h200_ab.json"), *x]) == 2  # --sleep-on-idle
+    assert "plain: other flags or environment" in capsys.readouterr().err
+
+
 def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
     from sglang_ddtree.ab import cli as ab
 

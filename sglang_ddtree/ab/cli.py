@@ -356,6 +356,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
         "bench_args": opts.bench_args,
         "check_prompts": opts.check_texts,
         "check_tokens": opts.check_tokens,
+        "allow_greedy_mismatch": opts.allow_greedy_mismatch,
         "raw_dir": str(raw),
         "commit_at_start": git_commit(),  # the code that ran
     }

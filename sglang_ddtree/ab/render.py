@@ -268,6 +268,10 @@ def _md_provenance(report: dict) -> list[str]:
         "(`sglang_ddtree.ab.bench_worker`); the prefix cache flushed after each pass's warm-up "
         f"({s['warmup_requests']} warm-up requests a pass)",
         f"- raw logs: `{s['raw_dir']}`",
+        *[
+            f"- merged from `{m['series']}` (commit `{m['commit']}`, {m['date']}, {m['status']}): `{m['command']}`"
+            for m in s.get("merged_from", [])
+        ],
         "- time: "
         + (", ".join(f"{k.replace('_', ' ')} {v}" for k, v in report.get("timing", {}).items()) or "-"),
         "",

@@ -297,13 +297,17 @@ def build_report(
     dropped: dict[str, str] | None = None,
     load_generator: dict | None = None,
     timing: dict | None = None,
+    stamp: dict | None = None,
 ) -> dict:
     baseline = settings["baseline"]
     alternating = settings.get("schedule") == "alternating"
     cells = summarise(arms, baseline, alternating)
     aa_rows, rows = comparisons(arms, baseline, cells)
-    stamp = {**host_stamp(), "commit": settings.get("commit_at_start") or "unknown"}
-    stamp["device_name"] = settings.get("device_name")
+    if stamp is None:  # this host, now (the servers have stopped)
+        stamp = {**host_stamp(), "commit": settings.get("commit_at_start") or "unknown"}
+        stamp["device_name"] = settings.get("device_name")
+    else:  # a merge keeps its first run's
+        stamp = dict(stamp)
     stamp["command"] = shlex.join(command)
     report = {
         "tool": "sglang_ddtree.ab",

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU job: the A/B tool on one Kimi K2.6 TP-8 rank (61 layers, INT4 Marlin experts, dummy weights)
+# through its preset (python -m lab.ab_k26): the replay drafter on every speculative arm, plain
+# first (its first server records the continuations the others replay), the servers one at a time
+# (alternating: the rank fills the H200), every start measured. One call holds about four server
+# starts (~90-110 s each with the Marlin cache carried; the online budget's arms ~200 s), so a
+# series is made of calls, each with plain, the chain and its A/A (chain+again) beside one or two
+# DDTREE arms, merged afterwards (each call's servers the next start of their arms):
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call1 ARMS=plain,chain,ddtree@7,chain+again bash gpu/jobs/ab_k26.sh
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call2 ARMS=plain,chain,ddtree@16,chain+again bash gpu/jobs/ab_k26.sh
+#   python -m sglang_ddtree.ab.merge <call1>.json <call2>.json ... --series k26-rank_h200_ab
+# Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
+# Writes k26-rank_h200_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
+# starts after TIME_LIMIT_S (480) from the tool's start; the tool is stopped at AB_S (530).
+# Variables: ARMS, STARTS (1), REPEATS (2), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
+# OUTPUT_LEN (64, drawn from [32, 64]), PROMPT_LEN (96), PROFILE (dflash-k25-code or
+# pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), WHAT (ab), AB_ARGS.
+set -o pipefail
+MODEL="${K26_MODEL_DIR:-/tmp/k26-rank}"
+SERIES="k26-rank_h200_${WHAT:-ab}"
+RAW=/tmp/ab_k26_raw
+rm -rf "$RAW"
+python -m lab.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
+timeout -s TERM "${AB_S:-530}" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
+  --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work /tmp/ab_k26 \
+  --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-2}" \
+  --concurrency "${CONC:-1,8,32,64}" --num-prompts "${PROMPTS:-8,16,32,64}" --output-len "${OUTPUT_LEN:-64}" \
+  --time-limit "${TIME_LIMIT_S:-480}" --start-timeout 400 --keep-going \
+  --device-name h200 --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
+rc=$?
+if [ -d "$RAW" ]; then
+  tar czf "$OUT/${SERIES}_logs.tar.gz" -C "$(dirname "$RAW")" "$(basename "$RAW")"
+  if [ "$(stat -c %s "$OUT/${SERIES}_logs.tar.gz")" -gt $((16 * 1024 * 1024)) ]; then
+    echo "logs over 16 MiB: not brought back"; rm -f "$OUT/${SERIES}_logs.tar.gz"
+  fi
+fi
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
+head -60 "$OUT/$SERIES.md" 2>/dev/null
+exit $rc

@@ -1,0 +1,186 @@
+"""The A/B tool on one Kimi K2.6 TP-8 rank (``lab.models.k26_rank``): a preset of the engine.
+
+    python -m lab.ab_k26 --model K/target --drafter K/drafter [--prompt-len 96]
+        [--profile dflash-k25-code] [--prompts 32] [--recording FILE] [A/B options]
+
+The rank is served with ``--load-format dummy``: its drafter accepts nothing of its own, so
+every speculative arm runs the replay drafter (``lab.bench.replay_drafter``, through the
+test-plugin seam) on a recording of plain's greedy continuations, with the acceptance profile
+``--profile`` (``lab.bench.replay_profiles``); greedy outputs stay the target's. The rank fills
+the GPU, so the servers run one at a time: the alternating schedule, ``plain`` first (its
+first server records the continuations the others replay, unless ``--recording`` names an
+earlier call's), then every other arm, ``--starts`` times over.
+
+Prompts: ``--prompts`` token-id prompts of ``--prompt-len`` tokens tiled from the trained
+pair's held-out prompts (the rank's tokenizer is the pair's), each beginning with the
+profile's own first token. The chain is DDTREE with one candidate per depth at the drafter's
+block (stock DFLASH cannot take the replay drafter).
+
+Every option after the preset's own goes to ``python -m sglang_ddtree.ab`` and overrides the
+preset's defaults (:func:`ab_args`). The series is ``k26-rank_<device>_ab`` unless
+``--label``/``--what``/``--series`` say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from lab.bench.replay_drafter import ENV_PROFILE, ENV_TOKENS, recorded_row
+from sglang_ddtree.ab.arms import parse_arm_names, split_variant
+from sglang_ddtree.ab.cli import main as ab_main
+from sglang_ddtree.config import ENV_TEST_PLUGIN
+
+PAIR_PROMPTS = Path(__file__).resolve().parent / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
+REPLAY_PLUGIN = "lab.bench.replay_drafter"
+PROFILES = ("dflash-k25-code", "pycode-4l-ranks")
+
+# Every arm's server: the rank with dummy weights, bf16, triton attention and the pytorch
+# sampler as the GPU bundle serves, CUDA graphs for decode up to bs 64 in every arm.
+COMMON = [
+    "--load-format", "dummy",
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--dtype", "bfloat16",
+    "--mem-fraction-static", "0.88",
+    "--max-running-requests", "64",
+    "--cuda-graph-max-bs-decode", "64",
+    "--max-total-tokens", "200000",
+    "--chunked-prefill-size", "16384",
+    # Prefill graphs are not what is compared, and their first capture at the rank's size
+    # outlasts a short GPU job.
+    "--disable-prefill-cuda-graph",
+]  # fmt: skip
+
+DEFAULTS = [
+    "--arms", "plain,chain,ddtree@7,ddtree@16,ddtree@32,ddtree@auto7,chain+again",
+    "--schedule", "alternating",
+    "--starts", "2",
+    "--repeats", "2",
+    "--concurrency", "1,8,32,64",
+    "--num-prompts", "16,32,64,128",
+    "--output-len", "64",
+    "--range-ratio", "0.5",
+    "--check-prompts", "4",
+    "--allow-greedy-mismatch",  # bf16: a batched verify can flip a near-tied argmax
+    "--label", "k26-rank",
+]  # fmt: skip
+
+
+def prompt_ids(base: list[list[int]], length: int, profile_index: int, count: int) -> list[list[int]]:
+    """``count`` prompts of ``length`` ids tiled from ``base``, each starting with the profile's
+    own token (``profile_index + 1``), so that a recording holds each profile's prompts apart."""
+    prompts = []
+    for i in range(count):
+        ids = [profile_index + 1]
+        while len(ids) < length:
+            ids += base[(i + len(ids)) % len(base)]
+        prompts.append(ids[:length])
+    return prompts
+
+
+def replay_env(recording: Path, profile: str) -> str:
+    """The environment every speculative arm's server gets (one ``--arm-env`` value)."""
+    plugins = ",".join(filter(None, [os.environ.get(ENV_TEST_PLUGIN), REPLAY_PLUGIN]))
+    return shlex.join(
+        [f"{ENV_TEST_PLUGIN}={plugins}", f"{ENV_TOKENS}={recording}", f"{ENV_PROFILE}={profile}"]
+    )
+
+
+def ab_args(
+    model: str, drafter: str, prompts_file: Path, recording: Path, profile: str, rest: list[str]
+) -> list[str]:
+    """The engine's command line: the preset's defaults, then ``rest`` (later flags win), and the
+    replay environment for every speculative arm of the arms finally asked for."""
+    args = ["--model", model, "--drafter", drafter, "--server-args", shlex.join(COMMON), *DEFAULTS]
+    args += ["--dataset", "custom", "--dataset-path", str(prompts_file), *rest]
+    names = [n for n, kind, _ in parse_arm_names(final(args).arms) if kind != "plain"]
+    for base in dict.fromkeys(split_variant(n)[0] for n in names):
+        args += ["--arm-env", f"{base}={replay_env(recording, profile)}"]
+    return args
+
+
+def final(args: list[str]) -> argparse.Namespace:
+    """The values of ``--arms`` and ``--output-len`` the engine will see (the last ones given)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--arms")
+    parser.add_argument("--output-len", type=int)
+    return parser.parse_known_args(args)[0]
+
+
+def record_plain(server, prompts: list[list[int]], output_len: int, profile: str) -> dict:
+    """Plain's greedy continuation of every prompt (16 in flight): what the replay drafter's
+    acceptance follows."""
+    params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
+
+    def one(prompt):
+        return prompt + server.generate({"input_ids": prompt, "sampling_params": params})["output_ids"]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        sequences = list(pool.map(one, prompts))
+    return {"sequences": sequences, "profiles": [profile] * len(sequences)}
+
+
+def check_recording(recording: dict, prompts: list[list[int]], output_len: int) -> None:
+    """An earlier call's recording must hold every prompt with ``output_len`` tokens after it."""
+    for prompt in prompts:
+        row = recorded_row(recording["sequences"], prompt)
+        if row < 0 or len(recording["sequences"][row]) - len(prompt) < output_len:
+            raise SystemExit(f"the recording has no continuation of {output_len} tokens for a prompt")
+
+
+def recorder(prompts: list[list[int]], output_len: int, profile: str, path: Path):
+    """The engine's hook: plain's first server records, before any speculative server starts."""
+
+    def on_server_ready(arm, server, record) -> None:
+        if arm.name == "plain" and not path.exists():
+            print(f"[ab_k26] recording plain's continuations of {len(prompts)} prompts", flush=True)
+            path.write_text(json.dumps(record_plain(server, prompts, output_len, profile)))
+
+    return on_server_ready
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=True)
+    p.add_argument("--model", required=True, help="the rank's target folder (python -m lab.models.k26_rank)")
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument(
+        "--profile", default=PROFILES[0], help=f"replay acceptance profile ({', '.join(PROFILES)})"
+    )
+    p.add_argument("--prompts", type=int, default=32, help="distinct prompts (cycled to each level's count)")
+    p.add_argument("--recording", type=Path, default=None, help="plain's recording from an earlier call")
+    p.add_argument("--work", type=Path, default=Path("/tmp/ab_k26"), help="prompts and recording go here")
+    opts, rest = p.parse_known_args(argv)
+    opts.work.mkdir(parents=True, exist_ok=True)
+    base = [q["input_ids"] for q in json.loads(PAIR_PROMPTS.read_text())]
+    prompts = prompt_ids(base, opts.prompt_len, PROFILES.index(opts.profile), opts.prompts)
+    prompts_file = opts.work / f"prompts_{opts.prompt_len}_{opts.profile}.json"
+    prompts_file.write_text(json.dumps([{"input_ids": q} for q in prompts]))
+    recording = opts.work / "recording.json"
+    args = ab_args(opts.model, opts.drafter, prompts_file, recording, opts.profile, rest)
+    output_len = final(args).output_len
+    if opts.recording:
+        check_recording(json.loads(opts.recording.read_text()), prompts, output_len)
+        recording.write_text(opts.recording.read_text())
+    else:
+        recording.unlink(missing_ok=True)  # this call's plain records afresh
+        arms = [n for n, _, _ in parse_arm_names(final(args).arms)]
+        if arms[0] != "plain" and "--dry-run" not in rest:
+            raise SystemExit(
+                "--arms must begin with plain (it records what the others replay), or pass --recording"
+            )
+    return ab_main(
+        args,
+        command=["python", "-m", "lab.ab_k26", *argv],
+        on_server_ready=recorder(prompts, output_len, opts.profile, recording),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
