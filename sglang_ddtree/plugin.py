@@ -55,7 +55,7 @@ def _install_test_plugin() -> None:
 def _install_cli_hooks() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from .adapter import server_args
+    from .adapter import server_args, server_info
     from .adapter.spec import ALGORITHM_NAME
 
     def add_cli_args(original, *args, **kwargs):
@@ -84,7 +84,7 @@ def _install_cli_hooks() -> None:
         if algorithm == ALGORITHM_NAME and isinstance(result, dict):
             # Without a budget flag the launcher's arguments keep the width unset (the
             # scheduler's copy is resolved): resolve it the same way here.
-            result["ddtree"] = server_args.server_info_section(
+            result["ddtree"] = server_info.server_info_section(
                 server_args.resolve_config(server_args_obj).verify_width,
                 settings_of(server_args_obj),
                 cuda_graphs=server_args.serves_cuda_graphs(server_args_obj),

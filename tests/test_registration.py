@@ -17,6 +17,7 @@ from background import BACKGROUND
 
 from lab.models.tiny import build_tiny_models
 from sglang_ddtree.adapter import server_args as ddtree_args
+from sglang_ddtree.adapter.server_info import server_info_section
 from sglang_ddtree.config import DDTreeConfig, DDTreeConfigError, Settings
 
 
@@ -127,7 +128,7 @@ def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
     args.speculative_num_draft_tokens = 17
     ddtree_args.apply_budget_flag(args)
     assert args.speculative_num_draft_tokens == 17 and not ddtree_args.serves_cuda_graphs(args)
-    info = ddtree_args.server_info_section(17, ddtree_args.settings_from_flags(args))
+    info = server_info_section(17, ddtree_args.settings_from_flags(args))
     assert info["budget"] == "auto"
     assert info["online_budget"] == {
         "max_budget": 16,
@@ -141,9 +142,7 @@ def test_budget_auto_is_served_eagerly_and_with_graphs(monkeypatch, tmp_path):
     assert not ddtree_args.serves_cuda_graphs(
         SimpleNamespace(device="cuda", cuda_graph_backend_decode="disabled")
     )
-    info = ddtree_args.server_info_section(17, Settings(online_budget=True), cuda_graphs=True)[
-        "online_budget"
-    ]
+    info = server_info_section(17, Settings(online_budget=True), cuda_graphs=True)["online_budget"]
     assert info["verify_graphs"] == "per width" and info["cost_table"].startswith("timed at start-up")
     # a fixed budget next to the variable set by hand is a contradiction
     monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET", "1")
@@ -168,7 +167,7 @@ def test_budget_auto_checks_an_injected_cost_table(monkeypatch, tmp_path):
         ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
     table.write_text(json.dumps({"batch_sizes": [1], "widths": [1, 2, 4, 8, 9], "ms": [[1.0, 2, 3, 4, 5]]}))
     ddtree_args.apply_budget_flag(_auto_args(speculative_num_draft_tokens=9))
-    section = ddtree_args.server_info_section(9, Settings(online_budget=True))
+    section = server_info_section(9, Settings(online_budget=True))
     assert section["online_budget"]["cost_table"] == "fixed"
 
 
@@ -472,7 +471,7 @@ def test_option_flags_reach_the_configuration(monkeypatch):
     settings = settings_of(pickle.loads(pickle.dumps(record)))
     assert settings == Settings(online_budget=False, max_topk=2, stats_interval=5)
     assert DDTreeConfig.from_spec_fields(17, 8, settings.max_topk).max_topk == 2
-    assert ddtree_args.server_info_section(17, settings)["stats_interval"] == 5
+    assert server_info_section(17, settings)["stats_interval"] == 5
     assert settings_of(ServerArgs(model_path="unused")) == Settings()  # no flags, no variables
     monkeypatch.setenv("SGLANG_DDTREE_MAX_TOPK", "3")
     with pytest.raises(DDTreeConfigError, match="contradicts SGLANG_DDTREE_MAX_TOPK=3"):

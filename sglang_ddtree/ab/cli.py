@@ -60,9 +60,10 @@ from .arms import (
     has_flag,
     is_cpu_run,
 )
+from .dry_run import dry_run
 from .engine import Engine
 from .index import write_index
-from .run import bench_module, int_list, make_levels, prepare_prompt_rows, read_prompts, safe_name
+from .run import bench_module, int_list, make_levels, prepare_prompt_rows, safe_name
 from .stamp import device_name, git_commit
 
 
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
     series = safe_name(opts.series or f"{opts.label}_{opts.device_name}_{opts.what}")
     print(f"[ab] series {series}: {chosen.name} schedule ({chosen.reason})", flush=True)
     if opts.dry_run:
-        return _dry_run(arms, levels, opts, series, chosen, added)
+        return dry_run(arms, levels, opts, series, chosen, added)
 
     date = _dt.datetime.now()
     raw = Path(opts.raw_dir) if opts.raw_dir else Path(tempfile.mkdtemp(prefix=f"ab_{series}_"))
@@ -325,41 +326,8 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
     except (ABError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    settings = {
-        "series": series,
-        "label": opts.label,
-        "device_name": opts.device_name,
-        "model": model,
-        "drafter": drafter,
-        "cpu": cpu,
-        "arms": [a.name for a in arms],
-        "baseline": baseline,
-        "chain": chain_reference([a.name for a in arms]),
-        "schedule": chosen.name,
-        "schedule_reason": chosen.reason,
-        "schedule_added_args": added,
-        "server_args_common": common,
-        "dataset": opts.dataset,
-        "dataset_path": opts.dataset_path,
-        "dataset_info": dataset_info,
-        "input_len": opts.input_len if opts.dataset != "custom" else None,
-        "output_len": opts.output_len,
-        "range_ratio": opts.range_ratio,
-        "concurrency": [c for c, _ in levels],
-        "num_prompts": [n for _, n in levels],
-        "repeats": opts.repeats,
-        "starts": opts.starts if chosen.name == "alternating" else 1,
-        "time_limit": opts.time_limit,
-        "seed": opts.seed,
-        "warmup_requests": opts.warmup_requests,
-        "bench_module": bench_module(),
-        "bench_args": opts.bench_args,
-        "check_prompts": opts.check_texts,
-        "check_tokens": opts.check_tokens,
-        "allow_greedy_mismatch": opts.allow_greedy_mismatch,
-        "raw_dir": str(raw),
-        "commit_at_start": git_commit(),  # the code that ran
-    }
+    settings = _settings(opts, series, model, drafter, cpu, arms, baseline, chosen, added, common, levels)
+    settings |= {"dataset_info": dataset_info, "raw_dir": str(raw), "commit_at_start": git_commit()}
     engine = Engine(arms, opts, levels, on_server_ready=on_server_ready)
     status, error_text = engine.run()
     report = ab_report.build_report(
@@ -384,6 +352,43 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
     for path in paths:
         print(f"[ab] wrote {path}")
     return _exit_code(opts, report, status, error_text)
+
+
+def _settings(opts, series, model, drafter, cpu, arms, baseline, chosen, added, common, levels) -> dict:
+    """What the run was asked to do, as the report records it (with the dataset read, the raw
+    folder and the commit that ran, added by the caller)."""
+    return {
+        "series": series,
+        "label": opts.label,
+        "device_name": opts.device_name,
+        "model": model,
+        "drafter": drafter,
+        "cpu": cpu,
+        "arms": [a.name for a in arms],
+        "baseline": baseline,
+        "chain": chain_reference([a.name for a in arms]),
+        "schedule": chosen.name,
+        "schedule_reason": chosen.reason,
+        "schedule_added_args": added,
+        "server_args_common": common,
+        "dataset": opts.dataset,
+        "dataset_path": opts.dataset_path,
+        "input_len": opts.input_len if opts.dataset != "custom" else None,
+        "output_len": opts.output_len,
+        "range_ratio": opts.range_ratio,
+        "concurrency": [c for c, _ in levels],
+        "num_prompts": [n for _, n in levels],
+        "repeats": opts.repeats,
+        "starts": opts.starts if chosen.name == "alternating" else 1,
+        "time_limit": opts.time_limit,
+        "seed": opts.seed,
+        "warmup_requests": opts.warmup_requests,
+        "bench_module": bench_module(),
+        "bench_args": opts.bench_args,
+        "check_prompts": opts.check_texts,
+        "check_tokens": opts.check_tokens,
+        "allow_greedy_mismatch": opts.allow_greedy_mismatch,
+    }
 
 
 def _baseline(requested: str | None, names: list[str]) -> str:
@@ -425,61 +430,3 @@ def _exit_code(opts, report: dict, status: str, error_text: str | None) -> int:
         print(f"error: {report['parity']['message']}", file=sys.stderr)
         return 3
     return 0
-
-
-def check_server_flags(arms) -> list[str]:
-    """Each arm's server flags through SGLang's own parser (with DDTREE's flags): the problems
-    found, one line per arm. Nothing is started; SGLang's checks of the values, which need the
-    model and the device, are not run."""
-    import argparse as _argparse
-    import contextlib
-    import io
-
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except Exception as error:  # noqa: BLE001 - SGLang absent or broken here: say so
-        return [f"SGLang's argument parser could not be loaded ({type(error).__name__}: {error})"]
-    from ..adapter.server_args import add_cli_args
-
-    problems = []
-    for arm in arms:
-        parser = _argparse.ArgumentParser(prog=f"{arm.name} server")
-        ServerArgs.add_cli_args(parser)
-        add_cli_args(parser)
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                parser.parse_args(arm.server_args)
-        except SystemExit:
-            problems.append(f"{arm.name}: {err.getvalue().strip().splitlines()[-1]}")
-    return problems
-
-
-def _dry_run(arms, levels, opts, series: str, chosen, added: list[str]) -> int:
-    starts = opts.starts if chosen.name == "alternating" else 1
-    passes = len(arms) * len(levels) * opts.repeats * starts
-    print(f"series {series} -> {Path(opts.results_dir) / series}.{{json,md,png}}")
-    print(f"schedule {chosen.name}: {chosen.reason}" + (f"; added {' '.join(added)}" if added else ""))
-    print(
-        "levels: "
-        + ", ".join(f"c={c} x {n} prompts" for c, n in levels)
-        + f"; {opts.repeats} repeats"
-        + (f" x {starts} starts" if starts > 1 else "")
-        + f": {passes} passes"
-    )
-    info = f"{opts.dataset}" + (f" from {opts.dataset_path}" if opts.dataset_path else "")
-    if opts.dataset == "custom" and opts.dataset_path:
-        try:
-            info += f" ({len(read_prompts(opts.dataset_path))} prompts)"
-        except (ABError, OSError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    print(f"load: {info}, output {opts.output_len} tokens (range ratio {opts.range_ratio})")
-    for arm in arms:
-        env = " ".join(f"{k}={v}" for k, v in arm.env.items())
-        print(f"[{arm.name}] {arm.description}\n    {env + ' ' if env else ''}{shlex.join(arm.command())}")
-    problems = check_server_flags(arms)
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    print("server flags: " + ("refused, above" if problems else "every arm's parse"))
-    return 2 if problems else 0

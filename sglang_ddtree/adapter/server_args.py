@@ -404,37 +404,6 @@ def serves_cuda_graphs(cfg) -> bool:
     return str(getattr(cfg, "cuda_graph_backend_decode", None) or "").lower() != "disabled"
 
 
-def server_info_section(verify_width: int, settings: Settings, cuda_graphs: bool = False) -> dict:
-    """DDTREE's settings as ``/server_info`` shows them (key ``ddtree``). With the online
-    budget: its candidate widths, whether each runs in its own verify graphs, and where its
-    round costs come from (the per-step choices live in the scheduler process; its stats log
-    line counts them)."""
-    section = {
-        "budget": int(verify_width) - 1,
-        "budget_flag": BUDGET_FLAG,
-        "max_topk": settings.max_topk,
-        "stats_interval": settings.stats_interval,
-        "tree_backend": tree_backend_override(),
-    }
-    if settings.online_budget:
-        from ..budget import candidate_widths
-
-        section["budget"] = AUTO_BUDGET
-        section["online_budget"] = {
-            "max_budget": int(verify_width) - 1,
-            "widths": list(candidate_widths(int(verify_width) - 1)),
-            "verify_graphs": "per width" if cuda_graphs else "none (eager)",
-            "cost_table": _cost_source(cuda_graphs),
-        }
-    return section
-
-
-def _cost_source(cuda_graphs: bool) -> str:
-    if budget_cost_table() is not None:
-        return "fixed"
-    return "timed at start-up, refined by the rounds served" if cuda_graphs else "measured"
-
-
 def resolve_server_args(cfg) -> None:
     """SGLang's ``handle_server_args`` hook: set what DFLASH's handler would set,
     with DDTREE's verify width. ``cfg`` records the writes."""

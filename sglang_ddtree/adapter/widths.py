@@ -391,7 +391,7 @@ class StepWidths:
         if self.measured:
             summary["round_ms"] = self._measured_costs()
         if isinstance(self.cost, TimedCostTable):
-            summary |= _timed_table_summary(self.cost)
+            summary |= self.cost.summary()
         return summary
 
     def _measured_costs(self) -> dict[int, dict[int, float]]:
@@ -415,22 +415,6 @@ class StepWidths:
     def cost_rows(self) -> dict[int, dict[int, float]]:
         """Every row of the cost table: batch size -> width -> ms."""
         return {bs: {w: round(self.cost(bs, w), 3) for w in self.cost.widths} for bs in self.cost.batch_sizes}
-
-
-def _timed_table_summary(table: TimedCostTable) -> dict:
-    """A timed table's cells that cost their own rounds, the cells cleared to be probed again,
-    and the steps given to probes (each a step at a width the chooser did not pick), per row."""
-    summary = {
-        "own_cost_widths_by_bs": {
-            bs: [w for w, own in zip(table.widths, cells) if own]
-            for bs, cells, served in zip(table.batch_sizes, table.trusted(), table.rows_served())
-            if served
-        }
-    }
-    for name, counts in (("reprobes_by_bs", table.reprobes), ("probe_steps_by_bs", table.probed_steps)):
-        if counts.any():
-            summary[name] = {bs: int(n) for bs, n in zip(table.batch_sizes, counts) if n}
-    return summary
 
 
 def cost_table(widths) -> RoundCostTable:

@@ -273,6 +273,21 @@ class TimedCostTable(RoundCostTable):
     def _kind(self, width: int) -> int:
         return self._WIDTH1 if width == 1 else self._TREE
 
+    def summary(self) -> dict:
+        """A timed table's cells that cost their own rounds, the cells cleared to be probed again,
+        and the steps given to probes (each a step at a width the chooser did not pick), per row."""
+        summary = {
+            "own_cost_widths_by_bs": {
+                bs: [w for w, own in zip(self.widths, cells) if own]
+                for bs, cells, served in zip(self.batch_sizes, self.trusted(), self.rows_served())
+                if served
+            }
+        }
+        for name, counts in (("reprobes_by_bs", self.reprobes), ("probe_steps_by_bs", self.probed_steps)):
+            if counts.any():
+                summary[name] = {bs: int(n) for bs, n in zip(self.batch_sizes, counts) if n}
+        return summary
+
 
 class _Excesses:
     """Per slot (``shape``): the last ``window`` excesses, their median and how many there were."""
