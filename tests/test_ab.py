@@ -206,7 +206,10 @@ def test_ab_alternating_end_to_end():
     assert cells["ddtree"]["start_spread"] >= 1.0
     (cmp_,) = report["comparisons"]
     assert (cmp_["arm"], cmp_["reference"], cmp_["pairs"]) == ("ddtree", "plain", 4)
-    assert cmp_["verdict"] == "unresolved" and "no A/A arm" in cmp_["why"]
+    # no A/A arm here: never a verdict (the reason depends on the measured interval: one that
+    # includes 1 is reported as such first; tests/test_paired.py covers each reason)
+    assert cmp_["verdict"] == "unresolved"
+    assert "no A/A arm" in cmp_["why"] or cmp_["why"] == "the interval includes 1", cmp_["why"]
     assert set(cmp_["start_spread"]) == {"ddtree", "plain"}
     md = (job.folder / "results" / "tiny_cpu_alt.md").read_text()
     assert "start spread" in md and "Schedule **alternating**" in md
