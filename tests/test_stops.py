@@ -50,7 +50,7 @@ def one_token_a_step(tokenizer, ids, **params) -> tuple:
     req = _req(tokenizer, **params)
     for token in ids:
         req.output_ids.append(token)
-        SGLANG_CHECK(req, 1)
+        sglang_check(req, 1)
         if req.finished():
             break
     return _finish(req)
@@ -72,16 +72,18 @@ def in_rounds(tokenizer, ids, first, round_len, check, **params) -> tuple:
     return _finish(req)
 
 
-# SGLang's own check, also where a test before this one applied the plugin's hooks in-process.
-SGLANG_CHECK = inspect.unwrap(Req.update_finish_state)
+def sglang_check(req, n):
+    """SGLang's own check, also where the plugin's hooks were applied in this process (read at
+    each call: applying hooks rebinds every module global that holds the original function)."""
+    return inspect.unwrap(Req.update_finish_state)(req, n)
 
 
 def hooked(req, n):
-    stops.update_finish_state_like_plain(SGLANG_CHECK, req, n)
+    stops.update_finish_state_like_plain(sglang_check, req, n)
 
 
 def unhooked(req, n):
-    SGLANG_CHECK(req, n)
+    sglang_check(req, n)
 
 
 def _cases(tokenizer, ids):
