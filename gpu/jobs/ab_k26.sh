@@ -28,12 +28,8 @@ timeout -s TERM "${AB_S:-530}" python -m lab.ab_k26 --model "$MODEL/target" --dr
   --time-limit "${TIME_LIMIT_S:-480}" --start-timeout 400 --keep-going \
   --device-name h200 --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
-if [ -d "$RAW" ]; then
-  tar czf "$OUT/${SERIES}_logs.tar.gz" -C "$(dirname "$RAW")" "$(basename "$RAW")"
-  if [ "$(stat -c %s "$OUT/${SERIES}_logs.tar.gz")" -gt $((16 * 1024 * 1024)) ]; then
-    echo "logs over 16 MiB: not brought back"; rm -f "$OUT/${SERIES}_logs.tar.gz"
-  fi
-fi
+source "$(dirname "$0")/ab_logs.sh"
+bring_back_logs "$RAW" "$SERIES"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 head -60 "$OUT/$SERIES.md" 2>/dev/null
 exit $rc

@@ -38,12 +38,8 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --label pycode-4l --device-name h200 --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
-if [ -d "$RAW" ]; then
-  tar czf "$OUT/${SERIES}_logs.tar.gz" -C "$(dirname "$RAW")" "$(basename "$RAW")"
-  if [ "$(stat -c %s "$OUT/${SERIES}_logs.tar.gz")" -gt $((16 * 1024 * 1024)) ]; then
-    echo "logs over 16 MiB: not brought back"; rm -f "$OUT/${SERIES}_logs.tar.gz"
-  fi
-fi
+source "$(dirname "$0")/ab_logs.sh"
+bring_back_logs "$RAW" "$SERIES"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 head -60 "$OUT/$SERIES.md" 2>/dev/null
 exit $rc
