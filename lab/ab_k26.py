@@ -47,10 +47,8 @@ COMMON = [
     "--attention-backend", "triton",
     "--sampling-backend", "pytorch",
     "--dtype", "bfloat16",
-    "--mem-fraction-static", "0.88",
     "--max-running-requests", "64",
     "--cuda-graph-max-bs-decode", "64",
-    "--max-total-tokens", "200000",
     "--chunked-prefill-size", "16384",
     # Prefill graphs are not what is compared, and their first capture at the rank's size
     # outlasts a short GPU job.
@@ -93,11 +91,21 @@ def replay_env(recording: Path, profile: str) -> str:
 
 
 def ab_args(
-    model: str, drafter: str, prompts_file: Path, recording: Path, profile: str, rest: list[str]
+    model: str,
+    drafter: str,
+    prompts_file: Path,
+    recording: Path,
+    profile: str,
+    rest: list[str],
+    memory: tuple[float, int] = (0.88, 200000),
 ) -> list[str]:
     """The engine's command line: the preset's defaults, then ``rest`` (later flags win), and the
-    replay environment for every speculative arm of the arms finally asked for."""
-    args = ["--model", model, "--drafter", drafter, "--server-args", shlex.join(COMMON), *DEFAULTS]
+    replay environment for every speculative arm of the arms finally asked for. ``memory``: each
+    server's ``--mem-fraction-static`` and ``--max-total-tokens`` (a short rank beside other
+    servers takes a small share)."""
+    fraction, tokens = memory
+    server = [*COMMON, "--mem-fraction-static", str(fraction), "--max-total-tokens", str(tokens)]
+    args = ["--model", model, "--drafter", drafter, "--server-args", shlex.join(server), *DEFAULTS]
     args += ["--dataset", "custom", "--dataset-path", str(prompts_file), *rest]
     names = [n for n, kind, _ in parse_arm_names(final(args).arms) if kind != "plain"]
     for base in dict.fromkeys(split_variant(n)[0] for n in names):
@@ -155,6 +163,8 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--prompts", type=int, default=32, help="distinct prompts (cycled to each level's count)")
     p.add_argument("--recording", type=Path, default=None, help="plain's recording from an earlier call")
+    p.add_argument("--mem-fraction-static", type=float, default=0.88, help="each server's share of the GPU")
+    p.add_argument("--max-total-tokens", type=int, default=200000, help="each server's KV pool")
     p.add_argument("--work", type=Path, default=Path("/tmp/ab_k26"), help="prompts and recording go here")
     opts, rest = p.parse_known_args(argv)
     opts.work.mkdir(parents=True, exist_ok=True)
@@ -163,7 +173,8 @@ def main(argv: list[str]) -> int:
     prompts_file = opts.work / f"prompts_{opts.prompt_len}_{opts.profile}.json"
     prompts_file.write_text(json.dumps([{"input_ids": q} for q in prompts]))
     recording = opts.work / "recording.json"
-    args = ab_args(opts.model, opts.drafter, prompts_file, recording, opts.profile, rest)
+    memory = (opts.mem_fraction_static, opts.max_total_tokens)
+    args = ab_args(opts.model, opts.drafter, prompts_file, recording, opts.profile, rest, memory)
     output_len = final(args).output_len
     if opts.recording:
         check_recording(json.loads(opts.recording.read_text()), prompts, output_len)

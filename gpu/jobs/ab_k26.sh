@@ -14,15 +14,17 @@
 # starts after TIME_LIMIT_S (480) from the tool's start; the tool is stopped at AB_S (530).
 # Variables: ARMS, STARTS (1), REPEATS (2), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
 # OUTPUT_LEN (64, drawn from [32, 64]), PROMPT_LEN (96), PROFILE (dflash-k25-code or
-# pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), WHAT (ab), AB_ARGS.
+# pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), MEM (0.88: each server's
+# --mem-fraction-static), MAX_TOKENS (200000), MODEL_DIR (/tmp/k26-rank), WHAT (ab), AB_ARGS.
 set -o pipefail
-MODEL="${K26_MODEL_DIR:-/tmp/k26-rank}"
+MODEL="${MODEL_DIR:-/tmp/k26-rank}"
 SERIES="k26-rank_h200_${WHAT:-ab}"
-RAW=/tmp/ab_k26_raw
+RAW="/tmp/${SERIES}_raw"
 rm -rf "$RAW"
 python -m lab.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
 timeout -s TERM "${AB_S:-530}" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
-  --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work /tmp/ab_k26 \
+  --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work "/tmp/${SERIES}_work" \
+  --mem-fraction-static "${MEM:-0.88}" --max-total-tokens "${MAX_TOKENS:-200000}" \
   --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-2}" \
   --concurrency "${CONC:-1,8,32,64}" --num-prompts "${PROMPTS:-8,16,32,64}" --output-len "${OUTPUT_LEN:-64}" \
   --time-limit "${TIME_LIMIT_S:-480}" --start-timeout 400 --keep-going \
