@@ -15,13 +15,20 @@
 # Variables: ARMS, STARTS (1), REPEATS (2), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
 # OUTPUT_LEN (64, drawn from [32, 64]), PROMPT_LEN (96), PROFILE (dflash-k25-code or
 # pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), MEM (0.88: each server's
-# --mem-fraction-static), MAX_TOKENS (200000), MODEL_DIR (/tmp/k26-rank), WHAT (ab), AB_ARGS.
+# --mem-fraction-static), MAX_TOKENS (200000), MODEL_DIR (/tmp/k26-rank), WHAT (ab), AB_ARGS,
+# PRECOMPILE=1 (a machine without the Marlin cache: build its kernels first, ~4.5 minutes, in
+# parallel, instead of letting the first server build them one after the other).
 set -o pipefail
 MODEL="${MODEL_DIR:-/tmp/k26-rank}"
 SERIES="k26-rank_h200_${WHAT:-ab}"
 RAW="/tmp/${SERIES}_raw"
 rm -rf "$RAW"
+if [ "${PRECOMPILE:-0}" = 1 ]; then
+  source "$(dirname "$0")/precompile_k26.sh"
+  precompile_k26 400
+fi
 python -m lab.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
+wait && [ "${PRECOMPILE:-0}" = 1 ] && tail -2 /tmp/precompile_k26.log
 timeout -s TERM "${AB_S:-530}" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
   --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work "/tmp/${SERIES}_work" \
   --mem-fraction-static "${MEM:-0.88}" --max-total-tokens "${MAX_TOKENS:-200000}" \
