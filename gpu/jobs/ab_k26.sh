@@ -11,8 +11,11 @@
 #   python -m sglang_ddtree.ab.merge <call1>.json <call2>.json ... --series k26-rank_h200_ab
 # Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
 # Writes k26-rank_h200_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
-# starts after TIME_LIMIT_S (480) from the tool's start; the tool is stopped at AB_S (530).
-# Variables: ARMS, STARTS (1), REPEATS (2), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
+# starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
+# is left of the call (JOB_S, 560 s from the call's start, less the Marlin build under PRECOMPILE=1),
+# so that the report and the caches always come back: AB_S = what is left, TIME_LIMIT_S = AB_S - 180
+# (a 61-layer server takes ~90-140 s to start and answer the greedy check, then its passes).
+# Variables: ARMS, STARTS (1), REPEATS (3: a paired interval needs 3 pairs of passes), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
 # OUTPUT_LEN (64, drawn from [32, 64]), PROMPT_LEN (96), PROFILE (dflash-k25-code or
 # pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), MEM (0.88: each server's
 # --mem-fraction-static), MAX_TOKENS (200000), MODEL_DIR (/tmp/k26-rank), WHAT (ab), AB_ARGS,
@@ -29,12 +32,16 @@ if [ "${PRECOMPILE:-0}" = 1 ]; then
 fi
 python -m lab.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
 wait && [ "${PRECOMPILE:-0}" = 1 ] && tail -2 /tmp/precompile_k26.log
-timeout -s TERM "${AB_S:-530}" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
+left=$(( ${JOB_S:-560} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
+AB_S="${AB_S:-$(( left > 60 ? left : 60 ))}"
+TIME_LIMIT_S="${TIME_LIMIT_S:-$(( AB_S > 240 ? AB_S - 180 : 60 ))}"
+echo "[ab_k26] the tool gets ${AB_S} s; no server starts after ${TIME_LIMIT_S} s"
+timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
   --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work "/tmp/${SERIES}_work" \
   --mem-fraction-static "${MEM:-0.88}" --max-total-tokens "${MAX_TOKENS:-200000}" \
-  --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-2}" \
+  --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-3}" \
   --concurrency "${CONC:-1,8,32,64}" --num-prompts "${PROMPTS:-8,16,32,64}" --output-len "${OUTPUT_LEN:-64}" \
-  --time-limit "${TIME_LIMIT_S:-480}" --start-timeout 400 --keep-going \
+  --time-limit "$TIME_LIMIT_S" --start-timeout 400 --keep-going \
   --device-name h200 --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
 source "$(dirname "$0")/ab_logs.sh"

@@ -6,7 +6,7 @@
 # gpu/jobs/precompile_k26.py beside it for the Marlin MoE kernels, ~5 minutes of nvcc) and shows
 # that the rank's shapes serve through the preset before a whole call is spent on the full rank.
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/k26_warm.sh
-# $OUT: k26-rank_h200_warm.{json,md,png}, k26-rank_h200_warm_logs.tar.gz.
+# $OUT: k26-rank_h200_warm.tar.gz (the series' json, md, png and logs).
 set -o pipefail
 S=${K26_WARM_S:-520}
 source gpu/jobs/precompile_k26.sh
@@ -18,3 +18,7 @@ LAYERS="${K26_WARM_LAYERS:-3}" MODEL_DIR=/tmp/k26-warm WHAT=warm MEM=0.12 MAX_TO
   TIME_LIMIT_S=$(( left > 90 ? left - 60 : 30 )) AB_S=$(( left > 60 ? left : 60 )) \
   AB_ARGS="--prompts 8 --start-timeout 300" bash gpu/jobs/ab_k26.sh
 tail -3 /tmp/precompile_k26.log
+# One file back, not four: beside the suite's files and the caches a call brings back at most 8, and
+# the Marlin cache this job built must be one of them.
+W=(k26-rank_h200_warm.json k26-rank_h200_warm.md k26-rank_h200_warm.png k26-rank_h200_warm_logs.tar.gz)
+( cd "$OUT" && tar czf k26-rank_h200_warm.tar.gz --ignore-failed-read "${W[@]}" 2>/dev/null; rm -f "${W[@]}" )

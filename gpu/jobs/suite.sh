@@ -12,8 +12,8 @@
 # KERNEL_TESTS_S=0 leaves the kernel tests out (run in the session's first call instead:
 # `PRECOMPILE_K26=1 KERNEL_TESTS=1 bash gpu/jobs/topk.sh`).
 # $OUT: gpu_tests.log (kernel tests + suite, and whether every collected test finished),
-# gpu_server.json, gpu_server_logs.tar.gz, k26_warm.{json,md,png}, k26_warm_logs.tar.gz: with the
-# caches the 8 files a call brings back (the rest stays in /tmp; the job prints its end).
+# gpu_server.json, gpu_server_logs.tar.gz, k26-rank_h200_warm.tar.gz: with the cache, Marlin's
+# and Triton's, 7 of the 8 files a call brings back (the rest stays in /tmp; the job prints its end).
 set -o pipefail
 ALL_ARMS=$(python -c "from tests.gpu_server.arms import ARMS; print(','.join(ARMS))")
 # K26_WARM=0 leaves the short K2.6 rank out (after a first call's `topk.sh PRECOMPILE_K26=1` the
