@@ -1,0 +1,97 @@
+"""The README's speed table, generated from the A/B series in ``results/``:
+``python -m lab.speed_table`` rewrites the table between its two marker lines in README.md.
+
+Each row is one comparison of one committed series (:data:`ROWS`): per concurrency level, the
+median paired ratio of tok/s with its 90% interval, the run's own A/A spread and the tool's
+verdict, exactly as the series' JSON holds them. ``tests/test_speed_table.py`` fails when the
+README's table is not what this writes from the committed files, so the table cannot drift
+from its series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from sglang_ddtree.ab.paired import MIN_PAIRS
+
+ROOT = Path(__file__).resolve().parent.parent
+START = "<!-- speed table: written by python -m lab.speed_table from results/; edits here are replaced -->"
+END = "<!-- end of the speed table -->"
+
+
+@dataclass(frozen=True)
+class Row:
+    series: str
+    arm: str
+    reference: str
+    what: str
+
+
+ROWS = (
+    Row("pycode-4l_h200_ab", "ddtree@32", "dflash", "trained pair, one H200: DDTREE@32 / stock DFLASH"),
+    Row("pycode-4l_h200_ab", "ddtree@32", "plain", "trained pair, one H200: DDTREE@32 / plain"),
+    Row("pycode-4l_h200_ab", "ddtree@auto64", "plain", "trained pair, one H200: online budget / plain"),
+    Row("pycode-4l_h200_ab", "dflash", "plain", "trained pair, one H200: stock DFLASH / plain"),
+    Row("k26-rank_h200_ab", "ddtree@7", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@7 / chain"),
+)
+
+
+def _interval(iv) -> str:
+    return f"[{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "-"
+
+
+def level_text(comparison: dict) -> str:
+    """One level of a row: ``c=1: 1.28x [1.08, 1.45], A/A [0.79, 1.26], unresolved``."""
+    verdict = comparison["verdict"]
+    verdict = verdict if verdict == "unresolved" else f"**{verdict}**"
+    interval = _interval(comparison.get("interval"))
+    if comparison.get("pairs", 0) < MIN_PAIRS:  # the tool gives no interval below 3 pairs
+        interval = f"({comparison.get('pairs', 0)} pairs, no interval)"
+    return (
+        f"c={comparison['concurrency']}: {comparison['ratio']:.2f}x {interval}, "
+        f"A/A {_interval(comparison.get('aa_band'))}, {verdict}"
+    )
+
+
+def row_text(row: Row, report: dict) -> str:
+    found = [
+        c
+        for c in report["comparisons"]
+        if c["arm"] == row.arm and c["reference"] == row.reference and c.get("ratio") is not None
+    ]
+    if not found:
+        raise ValueError(f"{row.series} holds no comparison of {row.arm} with {row.reference}")
+    levels = "<br>".join(level_text(c) for c in sorted(found, key=lambda c: c["concurrency"]))
+    return f"| {row.what} | {levels} | [`{row.series}`](results/{row.series}.md) |"
+
+
+def table(results: Path, rows=ROWS) -> str:
+    """The table, markers included, from the series' JSON files in ``results``."""
+    reports = {name: json.loads((results / f"{name}.json").read_text()) for name in {r.series for r in rows}}
+    lines = [START, "| comparison | per concurrency c: ratio of tok/s [90%], A/A spread, verdict | series |"]
+    lines += ["|---|---|---|", *(row_text(r, reports[r.series]) for r in rows), END]
+    return "\n".join(lines)
+
+
+def replaced(readme: str, new_table: str) -> str:
+    if START not in readme or END not in readme:
+        raise ValueError("README.md has no speed-table markers")
+    head, rest = readme.split(START, 1)
+    return head + new_table + rest.split(END, 1)[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    p.add_argument("--results", type=Path, default=ROOT / "results")
+    args = p.parse_args(argv)
+    args.readme.write_text(replaced(args.readme.read_text(), table(args.results)))
+    print(f"wrote the speed table of {args.readme}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
