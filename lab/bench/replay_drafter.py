@@ -22,6 +22,10 @@ disagreed with the recording, so a run can say how much of its acceptance was on
 ``SGLANG_DDTREE_REPLAY_PROFILE``: a profile name of :data:`.replay_profiles.PROFILES`; a
 recording may name one per sequence (``"profiles": [...]``), so that one server serves
 several profiles, each on its own prompts.
+
+``SGLANG_DDTREE_REPLAY_TRACE``: a trace of a real drafter's draws (:mod:`.draw_trace`) in place
+of a profile: per round, the recorded log-probs and the true token at the recorded rank
+(:mod:`.trace_replay`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from lab.bench.replay_profiles import PROFILES, RankSampler, mix32, place_true_t
 
 ENV_TOKENS = "SGLANG_DDTREE_REPLAY_TOKENS"
 ENV_PROFILE = "SGLANG_DDTREE_REPLAY_PROFILE"
+ENV_TRACE = "SGLANG_DDTREE_REPLAY_TRACE"  # a trace of real draws (trace_replay.py) in place of a profile
 LOG_EVERY = 512  # rounds between drift reports (each reads two device counters)
 logger = logging.getLogger("sglang_ddtree")
 
@@ -115,16 +120,19 @@ class ReplayDrafter:
 
     def register(self, reqs) -> None:
         """Point each request's pool slot at its recorded row (host, once per request)."""
-        slots, rows = [], []
+        moved = []
         for req in reqs:
             slot = req.kv.req_pool_idx  # the request's req_to_token row (SGLang 0.5.23)
             if getattr(req, "_ddtree_replay_slot", None) != slot:
-                slots.append(slot)
-                rows.append(self.recording.row(req))
+                moved.append(req)
                 req._ddtree_replay_slot = slot
-        if slots:
-            device = self.row_of_slot.device
-            self.row_of_slot[torch.tensor(slots, device=device)] = torch.tensor(rows, device=device)
+        if moved:
+            self._fill_slots(moved)
+
+    def _fill_slots(self, reqs) -> None:
+        device = self.row_of_slot.device
+        slots = torch.tensor([req.kv.req_pool_idx for req in reqs], device=device)
+        self.row_of_slot[slots] = torch.tensor([self.recording.row(req) for req in reqs], device=device)
 
     def replace(self, candidates, roots, prefix_lens, req_pool_indices, depth: int, k: int):
         """The drafter's top-(k+1) ``candidates`` ``[bs * depth, k+1]`` -> top-k log-probs
@@ -155,8 +163,11 @@ class ReplayDrafter:
         self._drift[1] += on_record.numel()
         self._rounds += 1
         if self._rounds % LOG_EVERY == 0:
-            on, total = (int(x) for x in self._drift.tolist())
-            logger.warning("DDTREE replay: %d of %d request-rounds on the recording", on, total)
+            logger.warning("DDTREE replay: %s", self.log_line())
+
+    def log_line(self) -> str:
+        on, total = (int(x) for x in self._drift.tolist())
+        return f"{on} of {total} request-rounds on the recording"
 
 
 def draw_keys(rows: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
@@ -167,33 +178,41 @@ def draw_keys(rows: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
 def install() -> None:
     """Make the worker's proposals the replay drafter's (called by the plugin's ``register``):
     through its capturable seam, so the tree step stays in the drafter's CUDA graph as it does
-    in a normal launch."""
+    in a normal launch. With ``SGLANG_DDTREE_REPLAY_TRACE`` the draws are a trace's
+    (:mod:`.trace_replay`), else a profile's."""
     from sglang_ddtree.adapter.worker import DDTreeWorker
 
     with open(os.environ[ENV_TOKENS]) as f:
         spec = json.load(f)
     default = os.environ.get(ENV_PROFILE, "dflash-k25-code")
-    logger.warning(
-        "DDTREE replay drafter active: %d recorded sequences, profiles %s.",
-        len(spec["sequences"]),
-        sorted(set(spec.get("profiles") or [default])),
-    )
+    trace = _read_trace(os.environ.get(ENV_TRACE))
+    profiles = sorted(set(spec.get("profiles") or [default]))
+    source = f"a trace of {len(trace['requests'])} requests" if trace else f"profiles {profiles}"
+    logger.warning("DDTREE replay drafter active: %d recorded sequences, %s.", len(spec["sequences"]), source)
     state: dict = {}
 
     def drafter_of(worker) -> ReplayDrafter:
         if "drafter" not in state:
             recording = Recording(spec["sequences"], worker.device, spec.get("profiles"))
             pool_rows = int(worker.model_runner.req_to_token_pool.req_to_token.shape[0])
-            drafter = ReplayDrafter(recording, default, pool_rows)
-            for head in worker.widths.heads.values():  # every head keeps the server head's k
-                drafter.sampler(worker.block_size - 1, head.k)  # device tables before any capture
-            state["drafter"] = drafter
+            ks = [head.k for head in worker.widths.heads.values()]  # every head keeps the server head's k
+            if trace:
+                from lab.bench.trace_replay import TraceReplayDrafter
+
+                state["drafter"] = TraceReplayDrafter(recording, trace, pool_rows, max(ks), default)
+            else:
+                state["drafter"] = ReplayDrafter(recording, default, pool_rows)
+                for k in ks:
+                    state["drafter"].sampler(worker.block_size - 1, k)  # device tables before any capture
         return state["drafter"]
 
     def proposal(self, hidden, k, *, roots, prefix_lens, req_pool_indices):
-        _, candidates = self._lm_head_topk(hidden, k + 1)  # the drafter's real head and top-k
-        depth = self.block_size - 1
-        return drafter_of(self).replace(candidates, roots, prefix_lens, req_pool_indices, depth, k)
+        log_probs, candidates = self._lm_head_topk(hidden, k + 1)  # the drafter's real head and top-k
+        drafter, depth = drafter_of(self), self.block_size - 1
+        if trace:
+            own = log_probs[:, :k]
+            return drafter.replace_from_trace(own, candidates, roots, prefix_lens, req_pool_indices, depth, k)
+        return drafter.replace(candidates, roots, prefix_lens, req_pool_indices, depth, k)
 
     own_round, own_fold = DDTreeWorker._tree_round, DDTreeWorker._maybe_build_draft_sampler
 
@@ -210,3 +229,11 @@ def install() -> None:
     DDTreeWorker.replay_proposal = proposal
     DDTreeWorker._tree_round = tree_round
     DDTreeWorker._maybe_build_draft_sampler = fold
+
+
+def _read_trace(path: str | None) -> dict | None:
+    if not path:
+        return None
+    from lab.bench.draw_trace import read_json
+
+    return read_json(path)
