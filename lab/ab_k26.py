@@ -1,12 +1,14 @@
 """The A/B tool on one Kimi K2.6 TP-8 rank (``lab.models.k26_rank``): a preset of the engine.
 
     python -m lab.ab_k26 --model K/target --drafter K/drafter [--prompt-len 96]
-        [--profile dflash-k25-code] [--prompts 32] [--recording FILE] [A/B options]
+        [--profile dflash-k25-code | --trace FILE] [--prompts 32] [--recording FILE] [A/B options]
 
 The rank is served with ``--load-format dummy``: its drafter accepts nothing of its own, so
 every speculative arm runs the replay drafter (``lab.bench.replay_drafter``, through the
 test-plugin seam) on a recording of plain's greedy continuations, with the acceptance profile
-``--profile`` (``lab.bench.replay_profiles``); greedy outputs stay the target's. The rank fills
+``--profile`` (``lab.bench.replay_profiles``), or the real draws of a trace (``--trace``: a
+drafter's recorded log-probs and true-token ranks, ``lab.bench.trace_replay``; the i-th prompt
+plays the i-th trace request, cycling); greedy outputs stay the target's. The rank fills
 the GPU, so the servers run one at a time: the alternating schedule, ``plain`` first (its
 first server records the continuations the others replay, unless ``--recording`` names an
 earlier call's), then every other arm, ``--starts`` times over.
@@ -31,7 +33,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lab.bench.replay_drafter import ENV_PROFILE, ENV_TOKENS, recorded_row
+from lab.bench.replay_drafter import ENV_PROFILE, ENV_TOKENS, ENV_TRACE, recorded_row
 from sglang_ddtree.ab.arms import parse_arm_names, split_variant
 from sglang_ddtree.ab.cli import main as ab_main
 from sglang_ddtree.config import ENV_TEST_PLUGIN
@@ -82,12 +84,11 @@ def prompt_ids(base: list[list[int]], length: int, profile_index: int, count: in
     return prompts
 
 
-def replay_env(recording: Path, profile: str) -> str:
+def replay_env(recording: Path, profile: str, trace: Path | None = None) -> str:
     """The environment every speculative arm's server gets (one ``--arm-env`` value)."""
     plugins = ",".join(filter(None, [os.environ.get(ENV_TEST_PLUGIN), REPLAY_PLUGIN]))
-    return shlex.join(
-        [f"{ENV_TEST_PLUGIN}={plugins}", f"{ENV_TOKENS}={recording}", f"{ENV_PROFILE}={profile}"]
-    )
+    env = [f"{ENV_TEST_PLUGIN}={plugins}", f"{ENV_TOKENS}={recording}", f"{ENV_PROFILE}={profile}"]
+    return shlex.join(env + ([f"{ENV_TRACE}={trace}"] if trace else []))
 
 
 def ab_args(
@@ -98,18 +99,19 @@ def ab_args(
     profile: str,
     rest: list[str],
     memory: tuple[float, int] = (0.88, 200000),
+    trace: Path | None = None,
 ) -> list[str]:
     """The engine's command line: the preset's defaults, then ``rest`` (later flags win), and the
     replay environment for every speculative arm of the arms finally asked for. ``memory``: each
     server's ``--mem-fraction-static`` and ``--max-total-tokens`` (a short rank beside other
-    servers takes a small share)."""
+    servers takes a small share); ``trace``: real draws in place of the profile."""
     fraction, tokens = memory
     server = [*COMMON, "--mem-fraction-static", str(fraction), "--max-total-tokens", str(tokens)]
     args = ["--model", model, "--drafter", drafter, "--server-args", shlex.join(server), *DEFAULTS]
     args += ["--dataset", "custom", "--dataset-path", str(prompts_file), *rest]
     names = [n for n, kind, _ in parse_arm_names(final(args).arms) if kind != "plain"]
     for base in dict.fromkeys(split_variant(n)[0] for n in names):
-        args += ["--arm-env", f"{base}={replay_env(recording, profile)}"]
+        args += ["--arm-env", f"{base}={replay_env(recording, profile, trace)}"]
     return args
 
 
@@ -142,6 +144,17 @@ def check_recording(recording: dict, prompts: list[list[int]], output_len: int) 
             raise SystemExit(f"the recording has no continuation of {output_len} tokens for a prompt")
 
 
+def check_trace(trace: dict, output_len: int) -> None:
+    """A trace must hold ``output_len`` tokens of every request's continuation: past its end a
+    request gets the dummy drafter's own proposals (nothing accepted)."""
+    from lab.bench.draw_trace import FORMAT
+
+    if trace.get("format") != FORMAT:
+        raise SystemExit(f"--trace: not a {FORMAT} trace")
+    if min(r["length"] for r in trace["requests"]) < output_len:
+        raise SystemExit(f"--trace: a request's continuation is shorter than --output-len {output_len}")
+
+
 def recorder(prompts: list[list[int]], output_len: int, profile: str, path: Path):
     """The engine's hook: plain's first server records, before any speculative server starts."""
 
@@ -161,6 +174,7 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--profile", default=PROFILES[0], help=f"replay acceptance profile ({', '.join(PROFILES)})"
     )
+    p.add_argument("--trace", type=Path, default=None, help="replay a trace of real draws, not the profile")
     p.add_argument("--prompts", type=int, default=32, help="distinct prompts (cycled to each level's count)")
     p.add_argument("--recording", type=Path, default=None, help="plain's recording from an earlier call")
     p.add_argument("--mem-fraction-static", type=float, default=0.88, help="each server's share of the GPU")
@@ -174,8 +188,13 @@ def main(argv: list[str]) -> int:
     prompts_file.write_text(json.dumps([{"input_ids": q} for q in prompts]))
     recording = opts.work / "recording.json"
     memory = (opts.mem_fraction_static, opts.max_total_tokens)
-    args = ab_args(opts.model, opts.drafter, prompts_file, recording, opts.profile, rest, memory)
+    trace = opts.trace.resolve() if opts.trace else None
+    args = ab_args(opts.model, opts.drafter, prompts_file, recording, opts.profile, rest, memory, trace)
     output_len = final(args).output_len
+    if trace:
+        from lab.bench.draw_trace import read_json
+
+        check_trace(read_json(trace), output_len)
     if opts.recording:
         check_recording(json.loads(opts.recording.read_text()), prompts, output_len)
         recording.write_text(opts.recording.read_text())

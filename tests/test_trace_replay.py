@@ -129,6 +129,25 @@ def test_the_replay_puts_the_true_token_at_the_recorded_rank_under_the_recorded_
     assert torch.equal(past[0], own)  # past the trace's continuation: the drafter's own
 
 
+def test_the_k26_preset_replays_a_trace_on_every_speculative_arm(tmp_path):
+    from lab import ab_k26
+    from sglang_ddtree.ab.arms import parse_arm_env
+    from sglang_ddtree.ab.cli import build_parser
+
+    trace = tmp_path / "trace.json.gz"
+    args = ab_k26.ab_args(
+        "T", "D", tmp_path / "p.json", tmp_path / "r.json", "dflash-k25-code", [], trace=trace
+    )
+    env = parse_arm_env(build_parser().parse_args(args).arm_env)
+    assert env and all(values["SGLANG_DDTREE_REPLAY_TRACE"] == str(trace) for values in env.values())
+    plain = ab_k26.ab_args("T", "D", tmp_path / "p.json", tmp_path / "r.json", "dflash-k25-code", [])
+    assert "SGLANG_DDTREE_REPLAY_TRACE" not in " ".join(plain)
+    short = {"format": "ddtree-trace/1", "requests": [{"length": 64}, {"length": 32}]}
+    ab_k26.check_trace(short, 32)
+    with pytest.raises(SystemExit, match="shorter than --output-len 64"):
+        ab_k26.check_trace(short, 64)
+
+
 # --------------------------------------------------------------------------- the pair itself
 
 ARMS_TEXT, PROMPTS, OUTPUT_LEN = "7,16", 4, 32
