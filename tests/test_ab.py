@@ -407,12 +407,15 @@ def _fake_engine(monkeypatch, greedy_by_arm: dict, readback_by_arm: dict | None 
 
     speeds = speeds or {"plain": 100.0, "dflash": 150.0, "dflash+again": 150.0}
     spells = [1.0, 0.6, 1.4, 0.8, 1.2]
-    by_server = {}
+    by_server, logs = {}, {}
 
     def new_server(arm, opts, start):
         server, record = run.new_server(arm, opts, start)
         fake = _FakeServer()
+        fake.log_path = Path(record["log"])
+        fake.log_path.write_text("server log\n")
         by_server[id(fake)] = arm
+        logs[arm.name] = fake.log_path  # its latest start's
         return fake, record
 
     def check_server(server, record, opts):
@@ -423,8 +426,13 @@ def _fake_engine(monkeypatch, greedy_by_arm: dict, readback_by_arm: dict | None 
 
     def run_pass(worker, url, opts, *, concurrency, num_prompts, stem):
         rep = int(stem.split("_r")[-1].split("_")[0])
-        name = next(a for a in by_server.values() if stem.startswith(run.safe_name(a.name) + "_c")).name
+        arm = next(a for a in by_server.values() if stem.startswith(run.safe_name(a.name) + "_c"))
+        name = arm.name
         speed = speeds.get(name, 200.0) * spells[rep % len(spells)]
+        if "SGLANG_DDTREE_PHASE_TIMES" in arm.env:  # the phase timer's lines of this pass
+            with open(logs[name], "a") as f:
+                for build in (40.0, 60.0 + rep):
+                    f.write(f"[x] WARNING DDTREE phase host us/round: {{'build': {build}, 'round': 900.0}}\n")
         return {
             "completed": num_prompts,
             "output_throughput": speed,
@@ -813,3 +821,331 @@ def test_the_load_worker_stands_in_for_optional_packages_a_serving_image_lacks(t
         import_with_stand_ins("other_bench_module", optional)
     for name in [*stood_in, "fake_bench_module"]:
         monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+# --------------------------------------------------------------------------- diagnostics: ARM+phases, --profile
+
+
+def test_phase_lines_of_a_server_log():
+    from sglang_ddtree.ab.phase_log import phase_means
+
+    text = (
+        "[x] WARNING DDTREE phase host us/round: {'draft forward': 300.0, 'build': 40.0, 'round': 900.0}\n"
+        "noise\n[x] WARNING DDTREE phase host us/round: {'build': 60.0, 'round': 700.0}\n"
+        "[x] WARNING DDTREE phase host us/round: {'build': 5\n"  # a cut line is left out
+    )
+    # a phase a line lacks did not run in that line's rounds: 0 there
+    assert phase_means(text) == {"draft forward": 150.0, "build": 50.0, "round": 800.0}
+    assert phase_means("no phase lines\n") is None
+
+
+def test_the_phases_variant_times_a_ddtree_arm_and_nothing_else():
+    from sglang_ddtree.ab.arms import ABError, build_arms
+
+    names = "plain,ddtree@32,ddtree@32+phases,chain+phases,chain"
+    arms = {a.name: a for a in build_arms(_opts(arms=names), "target", "drafter", [], cpu=False)}
+    assert arms["ddtree@32+phases"].server_args == arms["ddtree@32"].server_args
+    own = set(arms["ddtree@32+phases"].env.items()) - set(arms["ddtree@32"].env.items())
+    assert own == {("SGLANG_DDTREE_PHASE_TIMES", "50")}
+    assert "SGLANG_DDTREE_PHASE_TIMES" not in arms["ddtree@32"].env
+    assert "phase" in arms["chain+phases"].description
+    own = _opts(arms="ddtree@32,ddtree@32+phases", arm_env=["ddtree@32+phases=SGLANG_DDTREE_PHASE_TIMES=10"])
+    assert build_arms(own, "t", "d", [], cpu=False)[1].env["SGLANG_DDTREE_PHASE_TIMES"] == "10"
+    for names in ("plain,plain+phases", "dflash,dflash+phases"):  # stock servers have no phase timer
+        with pytest.raises(ABError, match="phase timer is DDTREE's"):
+            build_arms(_opts(arms=names), "t", "d", [], cpu=False)
+    cpu = build_arms(_opts(arms="dflash,dflash+phases"), "t", "d", [], cpu=True)  # the chain stands in
+    assert cpu[1].env["SGLANG_DDTREE_PHASE_TIMES"] == "50"
+
+
+def test_a_phases_arm_reports_its_phase_table(tmp_path, monkeypatch):
+    from sglang_ddtree.ab import cli as ab
+
+    same = {name: [[1]] for name in ("plain", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    assert ab.main(_argv(tmp_path, "--arms", "plain,ddtree,ddtree+phases")) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    runs = next(a for a in report["arms"] if a["name"] == "ddtree+phases")["runs"]
+    # each pass keeps the mean of the lines it added to the log, not the ones before it
+    assert [r["phase_host_us"]["build"] for r in runs if r["concurrency_requested"] == 1] == [
+        50.0, 50.5, 51.0, 51.5, 52.0
+    ]  # fmt: skip
+    cells = {(c["arm"], c["concurrency"]): c for c in report["summary"]}
+    assert cells[("ddtree+phases", 4)]["phase_host_us"] == {"build": 51.0, "round": 900.0}
+    assert "phase_host_us" not in cells[("ddtree", 4)]
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert "## Host time per round phase (us)" in md and "| ddtree+phases | 4 | 51.0 | 900.0 |" in md
+
+
+def test_profile_options_name_an_arm_and_a_level():
+    from sglang_ddtree.ab.arms import ABError
+    from sglang_ddtree.ab.profiling import parse_specs
+
+    arms, levels = ["plain", "ddtree@32", "ddtree@auto64+width1"], [1, 8]
+    assert parse_specs(["ddtree@32@8,plain@1", "ddtree@auto64+width1@1", "plain@1"], arms, levels) == [
+        ("ddtree@32", 8),
+        ("plain", 1),
+        ("ddtree@auto64+width1", 1),
+    ]
+    assert parse_specs([], arms, levels) == []
+    for bad, why in (("ddtree@32", "not an arm"), ("ddtree@16@8", "not an arm"), ("plain@4", "not a level")):
+        with pytest.raises(ABError, match=why):
+            parse_specs([bad], arms, levels)
+    with pytest.raises(ABError, match="expected ARM@CONCURRENCY"):
+        parse_specs(["plain@x"], arms, levels)
+
+
+def _kernel(name, ts, dur):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+def _runtime(name, ts, dur=1.0):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur}
+
+
+def _span(name, ts, dur, cat="user_annotation"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def _rounds() -> list[dict]:
+    """Three DDTREE rounds of 100 us (a drafter forward, then a verify), kernels (two of them
+    overlapping), a launch, a graph launch and a sync in each; a prefill before them and idle
+    time after."""
+    events = [_span("step[EXTEND bs=1 toks=96]", -500.0, 100.0), _kernel("prefill_gemm", -450.0, 50.0)]
+    for r in range(3):
+        t = 100.0 * r
+        events += [
+            _span("step[DRAFT bs=2]", t, 20.0),
+            _span("step[VERIFY bs=2]", t + 20, 79.0),
+            _runtime("cudaGraphLaunch", t),
+            _kernel("_fwd_kernel_stage1", t + 2, 20),
+            _kernel("ddtree_topk_split_bf16", t + 10, 20),  # overlaps the attention kernel
+            _kernel("void cutlass_gemm", t + 40, 10),
+            _runtime("cudaLaunchKernel", t + 60),
+            _runtime("cudaStreamSynchronize", t + 70, 29.0),
+            _span("ddtree.build", t + 5, 8.0),
+            _span("ddtree.build", t + 10, 20.0, cat="gpu_user_annotation"),
+        ]
+    return events + [_runtime("cudaStreamSynchronize", 5000.0, 1.0)]
+
+
+def test_a_trace_is_summarised_per_round_over_the_profiled_rounds(tmp_path):
+    import gzip
+
+    from sglang_ddtree.ab.profiling import categorise, summarise_trace
+
+    path = tmp_path / "1.0-TP-0.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": _rounds()}, f)
+    s = summarise_trace(str(path), steps=20)
+    # whole rounds, from the first verify's start (20 us) to the last one's (220 us): two; the
+    # prefill before them and the idle time after them are left out
+    assert s["rounds"] == 2 and s["round_us"] == 100.0
+    assert s["gpu_busy_us"] == 38.0  # the union of the kernels: 40..50, 102..130, 140..150, 202..230
+    assert s["gpu_idle_us"] == 62.0
+    assert s["gpu_us_by_category"] == {"attention": 20.0, "draft top-k": 20.0, "gemm": 10.0}
+    assert s["graph_launches_per_round"] == 1 and s["kernel_launches_per_round"] == 1
+    assert s["host_syncs_per_round"] == 1 and s["kernels_per_round"] == 3
+    assert s["phase_host_us"] == {"build": 8.0} and s["phase_gpu_us"] == {"build": 20.0}
+    assert s["forwards"] == {"step[EXTEND bs=1 toks=96]": 1, "step[DRAFT bs=2]": 3, "step[VERIFY bs=2]": 3}
+    assert s["trace"] == path.name
+    # a trace without SGLang's forward names is taken whole, as the steps asked for
+    from sglang_ddtree.ab.profiling import summarise_events
+
+    whole = summarise_events([e for e in _rounds() if not e["name"].startswith("step[")], steps=4)
+    assert whole["rounds"] == 4 and whole["round_us"] == pytest.approx((5001.0 + 450.0) / 4, abs=0.05)
+    # a CPU server's trace: no kernels, the host's rounds only
+    cpu = summarise_events([e for e in _rounds() if e["cat"] == "user_annotation"], steps=4)
+    assert cpu["rounds"] == 2 and cpu["round_us"] == 100.0 and "gpu_busy_us" not in cpu
+    # the kernel kinds: collectives first (their names hold words the later kinds would claim)
+    assert (
+        categorise("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+        == "all-reduce"
+    )
+    assert categorise("void sglang::cross_device_reduce_1stage<float, 2>(sglang::RankData*)") == "all-reduce"
+    assert categorise("ncclDevKernel_AllGather_RING_LL(x)") == "other collectives"
+    assert categorise("void at::native::reduce_kernel<512, 1>(...)") == "sampling / argmax / softmax"
+    assert categorise("ddtree_build_tree_w64") == "tree build + mask"
+    assert (
+        categorise("void MARLIN_NAMESPACE::Marlin<__nv_bfloat16, 4>(int4 const*)") == "MoE experts + routing"
+    )
+    assert categorise("vectorized_elementwise_kernel") == "elementwise / norm / other"
+
+
+class _ProfiledServer:
+    """SGLang's endpoints as ``--profile`` uses them: streamed /generate, /start_profile (which
+    writes rank 0's and rank 1's traces once its steps are done), /stop_profile (an error when
+    the profiler has stopped itself, as SGLang answers)."""
+
+    def __init__(self, chunks=6):
+        import http.server
+        import threading
+
+        calls = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                calls.append((self.path, body))
+                if self.path == "/generate":
+                    self.send_response(200)
+                    self.end_headers()
+                    for i in range(chunks):
+                        self.wfile.write(f'data: {{"text": "{i}"}}\n\n'.encode())
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    return
+                if self.path == "/start_profile":
+                    out = Path(body["output_dir"])
+                    for rank in (1, 0):
+                        with open(out / f"7.5-TP-{rank}.trace.json", "w") as f:
+                            json.dump({"traceEvents": _rounds()[: None if rank == 0 else 3]}, f)
+                    reply, code = b"Start profiling.\n", 200
+                else:  # /stop_profile
+                    reply, code = b"Profiling is not in progress.", 500
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.calls = calls
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_profile_starts_once_every_request_decodes_and_reads_rank_0s_trace(tmp_path):
+    from sglang_ddtree.ab.profiling import profile_level
+
+    fake = _ProfiledServer()
+    try:
+        s = profile_level(fake.url, [[1, 2], "text"], 3, tmp_path / "p", steps=7, max_new_tokens=33)
+    finally:
+        fake.server.shutdown()
+    paths = [path for path, _ in fake.calls]
+    # three streamed requests first, then the profiler (every request past its first token), then
+    # the stop once they ended
+    assert sorted(paths[:3]) == ["/generate"] * 3 and paths[3:] == ["/start_profile", "/stop_profile"]
+    generate = [body for path, body in fake.calls if path == "/generate"]
+    assert {json.dumps(b.get("input_ids", b.get("text"))) for b in generate} == {"[1, 2]", '"text"'}
+    assert all(b["stream"] and b["sampling_params"]["max_new_tokens"] == 33 for b in generate)
+    start = dict(fake.calls)["/start_profile"]
+    assert start["num_steps"] == 7 and start["with_stack"] is False and start["record_shapes"] is False
+    assert s["trace"] == "7.5-TP-0.trace.json" and s["rounds"] == 2 and "error" not in s
+    # a server that cannot profile: the summary says so, and nothing raises
+    down = profile_level("http://127.0.0.1:9", [[1]], 1, tmp_path / "q", steps=2, timeout=5)
+    assert "error" in down
+
+
+def test_profiles_go_into_the_series_after_their_levels_passes(tmp_path, monkeypatch):
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import engine
+
+    same = {name: [[1]] for name in ("plain", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    calls = []
+
+    def profile_level(url, prompts, concurrency, out_dir, **kw):
+        calls.append((out_dir.name, concurrency, kw["steps"], kw["max_new_tokens"], len(prompts)))
+        if out_dir.name.startswith("plain"):
+            return {"error": "no complete trace"}
+        return {"trace": "t.json.gz", "rounds": 9, "round_us": 1500.0, "gpu_busy_us": 1200.0,
+                "gpu_idle_us": 300.0, "gpu_us_by_category": {"all-reduce": 100.0, "gemm": 900.0},
+                "kernel_launches_per_round": 3.0, "graph_launches_per_round": 2.0, "host_syncs_per_round": 1.0,
+                "device_to_host_copies_per_round": 1.0, "forwards": {"step[VERIFY bs=4]": 9},
+                "phase_host_us": {"build": 40.0}, "phase_gpu_us": {}}  # fmt: skip
+
+    monkeypatch.setattr(engine, "profile_level", profile_level)
+    argv = _argv(tmp_path, "--arms", "plain,ddtree", "--profile", "ddtree@4,plain@1", "--profile-steps", "9")
+    assert ab.main(argv) == 0
+    assert calls == [("plain_c1", 1, 9, 256, 8), ("ddtree_c4", 4, 9, 256, 8)]  # the built-in prompts
+    report = _series(tmp_path, "fake_h200_ab")
+    assert (
+        report["settings"]["profile"] == ["ddtree@4", "plain@1"] and report["settings"]["profile_steps"] == 9
+    )
+    arms = {a["name"]: a for a in report["arms"]}
+    assert arms["ddtree"]["profiles"][0]["concurrency"] == 4 and arms["ddtree"]["profiles"][0]["rounds"] == 9
+    assert arms["plain"]["profiles"][0]["error"] == "no complete trace"
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert (
+        "| ddtree | 4 | 9 | 1500.0 | 1200.0 | 300.0 | 3.0 | 2.0 | 2.0 | 100.0 | gemm 900, all-reduce 100 |"
+        in md
+    )
+    assert "| plain | 1 | failed: no complete trace |" in md and "`step[VERIFY bs=4]` x9" in md
+    # alternating: the profile of the arm's first server only
+    calls.clear()
+    argv += ["--schedule", "alternating", "--starts", "2", "--repeats", "2"]
+    assert ab.main(argv) == 0
+    assert [c[0] for c in calls] == ["plain_c1", "ddtree_c4"]
+    # a profile of an arm or a level the run does not have is refused before anything starts
+    assert ab.main(_argv(tmp_path, "--arms", "plain,ddtree", "--profile", "ddtree@8")) == 2
+
+
+def test_the_first_pass_waits_for_the_wait_file(tmp_path, monkeypatch):
+    import threading
+
+    from sglang_ddtree.ab import cli as ab
+
+    same = {name: [[1]] for name in ("plain", "ddtree")}
+    _fake_engine(monkeypatch, same)
+    flag = tmp_path / "suite-done"
+    threading.Timer(1.5, flag.touch).start()
+    assert ab.main(_argv(tmp_path, "--arms", "plain,ddtree", "--wait-file", str(flag))) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    assert report["timing"]["waited_for_file_seconds"] >= 1.0 and report["settings"]["wait_file"] == str(flag)
+    assert all(len(a["runs"]) == 10 for a in report["arms"])
+
+
+def test_text_endpoint_is_read_as_text():
+    """SGLang's /start_profile answers plain text: reading it as JSON lost every profile."""
+    import http.server
+    import threading
+
+    from sglang_ddtree.launch import http_json, http_text
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b"Start profiling.\n" if self.path == "/start_profile" else b'{"ok": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert http_text(f"{url}/start_profile", {"num_steps": 2}) == "Start profiling.\n"
+        assert http_json(f"{url}/other", {}) == {"ok": 1}
+    finally:
+        server.shutdown()
+
+
+def test_host_load_counts_the_processes_that_name_the_marker():
+    """``stamp.host_load``: the host beside a timed cell (load average, processes of a marker)."""
+    import uuid
+
+    from sglang_ddtree.ab.stamp import host_load
+
+    marker = f"host-load-test-{uuid.uuid4().hex}"
+    key = f"{marker}_processes"
+    assert host_load(marker)[key] == 0
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])
+    try:
+        # until the child has exec'd, /proc shows it under this process's command line
+        deadline = time.monotonic() + 30.0
+        while (seen := host_load(marker))[key] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen[key] == 1 and seen["load_1m"] >= 0.0
+    finally:
+        child.kill()
+        child.wait()
+    assert host_load(marker)[key] == 0

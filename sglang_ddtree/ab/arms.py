@@ -10,6 +10,10 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..config import ENV_PHASE_TIMES
+
+PHASE_INTERVAL = 50  # ARM+phases: rounds per logged phase line, unless its --arm-env says otherwise
+
 ARM_KINDS = ("plain", "dflash", "chain", "ddtree")
 
 
@@ -17,6 +21,7 @@ DEFAULT_ARMS = "plain,dflash,ddtree,dflash+again"
 
 
 AGAIN = "+again"  # a second server of the same arm: the run's own A/A
+PHASES = "+phases"  # ARM with the DDTREE worker's phase timer on (phase_log.py)
 
 
 CPU_MAX_TOTAL_TOKENS = 8192
@@ -154,6 +159,7 @@ class Arm:
     # schedule), and one record per timed pass.
     servers: list[dict] = field(default_factory=list)
     runs: list[dict] = field(default_factory=list)
+    profiles: list[dict] = field(default_factory=list)  # --profile ARM@C: one summary per profile
     error: str | None = None
 
     @property
@@ -180,6 +186,7 @@ class Arm:
             "env": self.env,
             "servers": self.servers,
             "runs": self.runs,
+            "profiles": self.profiles,
             "error": self.error,
         }
 
@@ -285,10 +292,21 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
         spec, description = _arm_spec(opts, kind, budget, drafter, cpu)
         if variant == AGAIN:
             description += "; a second server of the same arm (the run's A/A)"
+        elif variant == PHASES:
+            if kind == "plain" or (kind == "dflash" and not cpu):
+                raise ABError(
+                    f"--arms: {name!r}: the phase timer is DDTREE's (ddtree, chain, or dflash on a CPU)."
+                )
+            description += (
+                f"; the DDTREE worker logs its host time per round phase ({ENV_PHASE_TIMES}; the timer "
+                f"costs host time: compare with {base})"
+            )
         elif variant is not None:
             description += f"; variant {variant} (its own flags and environment below)"
         args = [*common, *spec, *per_arm.get(base, [])]
         env: dict[str, str] = {**inherited, **per_env.get(base, {})}
+        if variant == PHASES:
+            env[ENV_PHASE_TIMES] = str(PHASE_INTERVAL)
         if variant is not None:
             args += per_arm.get(name, [])
             env.update(per_env.get(name, {}))

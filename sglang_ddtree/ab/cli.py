@@ -12,8 +12,9 @@ Arms:
 * ``ddtree`` / ``ddtree@B``: DDTREE with tree budget ``--budget`` / ``B``;
 * ``ddtree@auto`` / ``ddtree@autoB``: the online budget (a width per step, trees of up to
   ``--budget`` / ``B`` nodes);
-* ``ARM+again``: a second server of ``ARM``, the run's own A/A; ``ARM+name``: a variant of
-  ``ARM`` with its own ``--arm-args`` / ``--arm-env``.
+* ``ARM+again``: a second server of ``ARM``, the run's own A/A; ``ARM+phases``: ``ARM`` with the
+  DDTREE worker's phase timer on (host time per round phase, from its log, in the report);
+  ``ARM+name``: a variant of ``ARM`` with its own ``--arm-args`` / ``--arm-env``.
 
 Schedules (``--schedule``): **interleaved**, every server up at once and each repeat running one
 pass of every arm in a rotated order; **alternating**, one server at a time, A B A B ...
@@ -63,6 +64,8 @@ from .arms import (
 from .dry_run import dry_run
 from .engine import Engine
 from .index import write_index
+from .profiling import DEFAULT_STEPS as DEFAULT_PROFILE_STEPS
+from .profiling import parse_specs
 from .run import bench_module, int_list, make_levels, prepare_prompt_rows, safe_name
 from .stamp import device_name, git_commit
 
@@ -76,6 +79,7 @@ def build_parser(prog: str = "python -m sglang_ddtree.ab") -> argparse.ArgumentP
     _add_serve_args(p)
     _add_schedule_args(p)
     _add_load_args(p)
+    _add_profile_args(p)
     _add_check_args(p)
     _add_results_args(p)
     return p
@@ -112,8 +116,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         "--arms",
         default=DEFAULT_ARMS,
         help=f"comma-separated arms (default {DEFAULT_ARMS}): plain, dflash, chain, ddtree, ddtree@B, "
-        "ddtree@auto, ddtree@autoB, and ARM+again (a second server of ARM: the run's A/A) or ARM+name "
-        "(a variant with its own --arm-args/--arm-env)",
+        "ddtree@auto, ddtree@autoB, and ARM+again (a second server of ARM: the run's A/A), ARM+phases "
+        "(ARM with the DDTREE phase timer: host time per round phase in the report) or ARM+name (a "
+        "variant with its own --arm-args/--arm-env)",
     )
     g.add_argument(
         "--budget", type=int, default=None, help="DDTREE budget of the ddtree arm (default 32; 16 with --cpu)"
@@ -157,6 +162,13 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds from the start after which no pass (or server start) begins; those left are reported "
         "as skipped",
+    )
+    g.add_argument(
+        "--wait-file",
+        default=None,
+        metavar="FILE",
+        help="start the servers, then wait until FILE exists before the first pass (another job sharing "
+        "the machine, e.g. a test suite, runs meanwhile; alternating: the first server waits)",
     )
 
 
@@ -207,6 +219,27 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
         help="bench_serving warm-up requests before each pass (auto: the level's concurrency, its batch shape)",
     )
     g.add_argument("--bench-args", default="", help="extra flags for every bench_serving pass (one string)")
+
+
+def _add_profile_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("diagnostics (the arm ARM+phases: docs/ab.md)")
+    g.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="ARM@C",
+        help="after ARM's passes at concurrency C (its first server), C requests of the run's prompts "
+        "decoding together under SGLang's torch profiler (/start_profile, --profile-steps steps, no "
+        "Python stacks), summarised per round into the series: GPU busy and idle time, GPU time by kind "
+        "of kernel (all-reduce among them), launches, syncs, DDTREE phases where timed (repeatable, or "
+        "comma-separated; e.g. ddtree@32@8)",
+    )
+    g.add_argument(
+        "--profile-steps",
+        type=int,
+        default=DEFAULT_PROFILE_STEPS,
+        help=f"scheduler steps each profile records (default {DEFAULT_PROFILE_STEPS})",
+    )
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:
@@ -278,6 +311,8 @@ def _resolve(opts) -> tuple[str, str | None, list[str], bool]:
         raise ABError(f"--check-prompts must be between 0 and {len(CHECK_PROMPTS)}.")
     if opts.repeats < 1 or opts.starts < 1:
         raise ABError("--repeats and --starts must be >= 1.")
+    if opts.profile_steps < 1:
+        raise ABError("--profile-steps must be >= 1.")
     if not 0.0 < opts.range_ratio <= 1.0:
         raise ABError("--range-ratio must be in (0, 1].")
     if opts.output_len < 4 and opts.dataset == "custom":
@@ -304,6 +339,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
         levels = make_levels(int_list(opts.concurrency, "--concurrency"), opts.num_prompts)
         arms = build_arms(opts, model, drafter, common, cpu)
         baseline = _baseline(opts.baseline, [a.name for a in arms])
+        opts.profile_specs = parse_specs(opts.profile, [a.name for a in arms], [c for c, _ in levels])
         chosen = ab_schedule.choose(opts.schedule, arms, cpu, model, drafter)
     except ABError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -388,6 +424,9 @@ def _settings(opts, series, model, drafter, cpu, arms, baseline, chosen, added, 
         "check_prompts": opts.check_texts,
         "check_tokens": opts.check_tokens,
         "allow_greedy_mismatch": opts.allow_greedy_mismatch,
+        "profile": [f"{arm}@{c}" for arm, c in opts.profile_specs],
+        "profile_steps": opts.profile_steps,
+        "wait_file": opts.wait_file,
     }
 
 
@@ -402,6 +441,7 @@ def _prepare_dataset(opts, max_prompts: int, raw: Path) -> dict | None:
     """Sets ``opts.dataset_file`` and ``opts.check_texts``; returns the local dataset's description."""
     opts.dataset_file, dataset_info = None, None
     opts.check_texts = CHECK_PROMPTS[: opts.check_prompts]
+    opts.profile_prompts = list(CHECK_PROMPTS)  # --profile's requests: the run's own prompts where local
     if opts.dataset == "custom":
         opts.dataset_file, dataset_info, prompts = prepare_prompt_rows(
             opts.dataset_path,
@@ -413,6 +453,7 @@ def _prepare_dataset(opts, max_prompts: int, raw: Path) -> dict | None:
         )
         if opts.dataset_path:  # check greedy equality on the served kind of text
             opts.check_texts = (prompts * opts.check_prompts)[: opts.check_prompts]
+        opts.profile_prompts = prompts
     return dataset_info
 
 

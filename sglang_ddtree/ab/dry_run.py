@@ -59,6 +59,10 @@ def dry_run(arms, levels, opts, series: str, chosen, added: list[str]) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     print(f"load: {info}, output {opts.output_len} tokens (range ratio {opts.range_ratio})")
+    for arm, concurrency in getattr(opts, "profile_specs", ()):
+        print(f"profile: {arm} at c={concurrency}, {opts.profile_steps} steps under SGLang's torch profiler")
+    if getattr(opts, "wait_file", None):
+        print(f"the first pass waits for {opts.wait_file}")
     for arm in arms:
         env = " ".join(f"{k}={v}" for k, v in arm.env.items())
         print(f"[{arm.name}] {arm.description}\n    {env + ' ' if env else ''}{shlex.join(arm.command())}")

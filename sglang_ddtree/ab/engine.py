@@ -24,9 +24,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from ..launch import ServerStartError
+from . import phase_log
 from .arms import ABError, Arm
+from .profiling import profile_level
 from .run import LoadWorker, check_server, launch, new_server, run_pass, safe_name, stop, wait_up
 
 
@@ -88,6 +91,17 @@ class Engine:
     def _past_deadline(self) -> bool:
         limit = self.opts.time_limit
         return limit is not None and time.monotonic() - self.t0 > limit
+
+    def _wait_for_file(self) -> None:
+        """``--wait-file``: measure only once another job sharing the machine has finished."""
+        path = getattr(self.opts, "wait_file", None)
+        if not path or Path(path).exists():
+            return
+        self.pbar.set_description(f"waiting for {path}")
+        began = time.monotonic()
+        while not Path(path).exists() and not self._past_deadline():
+            time.sleep(1.0)
+        self.timing["waited_for_file_seconds"] = round(time.monotonic() - began, 1)
 
     def run(self) -> tuple[str, str | None]:
         from tqdm import tqdm
@@ -210,6 +224,8 @@ class Engine:
         stem = f"{safe_name(arm.name)}_c{concurrency}_r{repeat}"
         if self.opts.schedule == "alternating":
             stem += f"_s{start}"
+        phases = phase_log.timed(arm.env)
+        log_at = phase_log.log_size(server.log_path) if phases else 0
         try:
             result = run_pass(
                 self.worker, server.url, self.opts, concurrency=concurrency, num_prompts=prompts, stem=stem
@@ -227,6 +243,8 @@ class Engine:
             order=order,
             at_seconds=round(time.monotonic() - self.t0, 1),
         )
+        if phases:  # the phase lines this pass added to the server's log (its warm-up's rounds too)
+            result["phase_host_us"] = phase_log.phase_means(phase_log.read_since(server.log_path, log_at))
         arm.runs.append(result)
         self.pbar.update(1)
         accept = result["accept_length"]
@@ -236,6 +254,36 @@ class Engine:
             f"  TPOT {result['median_tpot_ms']:.1f} ms  TTFT {result['median_ttft_ms']:.1f} ms"
             + (f"  accept {accept:.2f}" if accept else "")
         )
+
+    def _profile(self, arm: Arm, server, concurrency: int, start: int) -> None:
+        """``--profile ARM@C``: ``C`` requests under SGLang's torch profiler (``profiling.py``)."""
+        if (arm.name, concurrency) not in getattr(self.opts, "profile_specs", ()) or start > 0:
+            return
+        if self._past_deadline():
+            self.skipped.append(f"{arm.name} profile c={concurrency}: past --time-limit")
+            return
+        self.pbar.set_description(f"{arm.name}: profile c={concurrency}")
+        began = time.monotonic()
+        record = profile_level(
+            server.url,
+            self.opts.profile_prompts,
+            concurrency,
+            self.opts.raw / "profiles" / f"{safe_name(arm.name)}_c{concurrency}",
+            steps=self.opts.profile_steps,
+            max_new_tokens=self.opts.output_len,
+            timeout=self.opts.bench_timeout,
+        )
+        record = {"concurrency": concurrency, "start": start, **record}
+        record["seconds"] = round(time.monotonic() - began, 1)
+        arm.profiles.append(record)
+        if "error" in record:
+            self.pbar.write(f"  {arm.name:<16} c={concurrency:<4} profile failed: {record['error']}")
+        else:
+            busy = f", GPU busy {record['gpu_busy_us']:.0f} us" if "gpu_busy_us" in record else ""
+            self.pbar.write(
+                f"  {arm.name:<16} c={concurrency:<4} profile: {record['rounds']} rounds of "
+                f"{record['round_us']:.0f} us{busy}"
+            )
 
     # ------------------------------------------------------------------ schedules
 
@@ -262,12 +310,15 @@ class Engine:
             raise ABError(f"fewer than two arms started: {'; '.join(self.dropped.values())}")
         by_arm = {arm.name: server for arm, server, _ in servers}
         self.timing["checked_seconds"] = round(time.monotonic() - self.t0, 1)
+        self._wait_for_file()
         self.pbar.total = len(arms) * len(self.levels) * self.opts.repeats
         self.pbar.refresh()
         for concurrency, prompts in self.levels:
             for repeat in range(self.opts.repeats):
                 for order, arm in enumerate(rotated(arms, repeat)):
                     self._measure(arm, by_arm[arm.name], concurrency, prompts, repeat, 0, order)
+            for arm in arms:
+                self._profile(arm, by_arm[arm.name], concurrency, 0)
 
     def _alternating(self) -> None:
         for start in range(self.opts.starts):
@@ -290,8 +341,10 @@ class Engine:
                     self.pbar.update(len(self.levels) * self.opts.repeats)
                     continue
                 try:
+                    self._wait_for_file()  # the first server's start-up overlaps the other job
                     for concurrency, prompts in self.levels:
                         for repeat in range(self.opts.repeats):
                             self._measure(arm, server, concurrency, prompts, repeat, start, order)
+                        self._profile(arm, server, concurrency, start)
                 finally:
                     self._stop(arm, server, record)

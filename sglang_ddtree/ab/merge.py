@@ -69,6 +69,8 @@ def merge(reports: list[dict]) -> tuple[list[Arm], dict, list[str]]:
                 starts = max(starts, server["start"] + 1)
             for run in data["runs"]:
                 arm.runs.append({**run, "start": run["start"] + offset})
+            for profile in data.get("profiles") or []:
+                arm.profiles.append({**profile, "start": profile.get("start", 0) + offset})
         offset += starts
     names = list(dict.fromkeys(n for r in reports for n in r["settings"]["arms"]))
     settings = {

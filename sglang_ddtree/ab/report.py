@@ -56,6 +56,10 @@ def summarise(arms: list[Arm], baseline: str, alternating: bool = False) -> list
                 "accept_length": _median(r["accept_length"] for r in runs),
                 "completed": sum(r["completed"] or 0 for r in runs),
             }
+            phases = [r["phase_host_us"] for r in runs if r.get("phase_host_us")]
+            if phases:  # ARM+phases: the median over the passes of each phase's host us per round
+                names = list(dict.fromkeys(k for p in phases for k in p))
+                row["phase_host_us"] = {k: _median(p.get(k, 0.0) for p in phases) for k in names}
             if alternating:
                 by_start = {}
                 for r in runs:
