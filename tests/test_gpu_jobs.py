@@ -216,42 +216,69 @@ def test_timed_tests_names_what_its_time_limit_cut(tmp_path):
     assert [line.strip().rsplit("::", 1)[-1] for line in tail[1:]] == ["test_slow", "test_after"]
 
 
-def test_tests_then_rounds_packs_the_tests_and_host_times_beside_the_rounds(tmp_path):
-    """gpu/jobs/tests_then_rounds.sh with its parts stubbed (python, suite.sh, rounds.sh write
-    what the real ones write): the tests' and the host-time benchmark's files end up in one
-    tarball, so that with the rounds' four files and two caches a call brings back 8."""
-    import tarfile
-
-    work, out, stubs = tmp_path / "work", tmp_path / "out", tmp_path / "bin"
-    (work / "gpu" / "jobs").mkdir(parents=True)
+def _dry_job(tmp_path, job: str, **env) -> str:
+    """A GPU job on the CPU with ``python`` stubbed: its A/B tool call runs for real with
+    ``--dry-run`` (nothing starts; every arm's flags go through SGLang's own parser), every other
+    python call (pytest, the GPU check) and ``nvidia-smi`` just succeed. Its output."""
+    stubs, out = tmp_path / "bin", tmp_path / "out"
+    stubs.mkdir(parents=True)
     out.mkdir()
-    stubs.mkdir()
-    (work / "gpu" / "jobs" / "tests_then_rounds.sh").write_text(
-        (ROOT / "gpu" / "jobs" / "tests_then_rounds.sh").read_text()
+    (stubs / "python").write_text(
+        f'#!/bin/sh\ncase "$*" in "-m sglang_ddtree.ab "*) exec {sys.executable} "$@" --dry-run;; esac\nexit 0\n'
     )
-    (work / "gpu" / "jobs" / "suite.sh").write_text(
-        'echo suite > "$OUT/gpu_tests.log"; echo {} > "$OUT/gpu_server.json"; echo x > "$OUT/gpu_server_logs.tar.gz"\n'
-    )
-    (work / "gpu" / "jobs" / "rounds.sh").write_text(
-        'for e in json md png; do echo r > "$OUT/rounds.$e"; done\n'
-    )
-    python = stubs / "python"  # the pytest run prints; the host-time benchmark writes its two files
-    python.write_text(
-        '#!/bin/sh\ncase "$*" in *online_budget_host*) echo j > "$OUT/online_budget_host_cuda.json";'
-        ' echo m > "$OUT/online_budget_host_cuda.md";; esac\necho "1 passed"\n'
-    )
-    python.chmod(0o755)
+    (stubs / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
     run = subprocess.run(
-        ["bash", "gpu/jobs/tests_then_rounds.sh"],
-        cwd=work, capture_output=True, text=True, timeout=60,
-        env={**os.environ, "OUT": str(out), "PATH": f"{stubs}:{os.environ['PATH']}"},
+        ["bash", f"gpu/jobs/{job}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **env, "OUT": str(out), "PATH": f"{stubs}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert sorted(p.name for p in out.iterdir()) == [
-        "online_budget_tests.tar.gz", "rounds.json", "rounds.md", "rounds.png",
-    ]  # fmt: skip
-    with tarfile.open(out / "online_budget_tests.tar.gz") as tar:
-        assert sorted(tar.getnames()) == [
-            "gpu_server.json", "gpu_server_logs.tar.gz", "gpu_tests.log", "online_budget_host.log",
-            "online_budget_host_cuda.json", "online_budget_host_cuda.md", "online_widths_tests.log",
-        ]  # fmt: skip
+    assert "every arm's parse" in run.stdout, run.stdout + run.stderr
+    return run.stdout
+
+
+def test_ab_pair_gives_the_width1_arm_its_cost_table(tmp_path):
+    arms = "plain,ddtree@auto64,ddtree@auto64+width1,ddtree@32,ddtree@32+phases,dflash+again,dflash"
+    out = _dry_job(tmp_path, "ab_pair.sh", ARMS=arms, AB_ARGS="--profile dflash@1,ddtree@32@16")
+    table = f"SGLANG_DDTREE_BUDGET_COST_TABLE={ROOT}/gpu/jobs/width1_cost_table_auto64.json"
+    text = out.splitlines()  # the dry run: "[arm] what it serves", then its environment and command
+    lines = {line[1 : line.index("]")]: text[i + 1] for i, line in enumerate(text) if line.startswith("[")}
+    assert table in lines["ddtree@auto64+width1"] and table not in lines["ddtree@auto64"]
+    assert "SGLANG_DDTREE_PHASE_TIMES=50" in lines["ddtree@32+phases"]
+    assert "schedule interleaved" in out and "profile: ddtree@32 at c=16" in out
+    assert "COST_TABLE" not in _dry_job(tmp_path / "default", "ab_pair.sh")  # only where the arm runs
+
+
+def test_the_width1_table_makes_every_step_width_1():
+    """gpu/jobs/width1_cost_table_auto64.json: the candidates of ddtree@auto64, and width 1 far
+    cheaper than any tree at every batch size, so the chooser picks it even for a confident
+    prediction (a width-1 step runs no drafter: the fallback to no speculation)."""
+    import json
+
+    import numpy as np
+    import pytest
+
+    from sglang_ddtree.adapter.widths import StepWidths
+    from sglang_ddtree.budget import RoundCostTable, candidate_widths
+    from sglang_ddtree.config import budget_cost_table
+
+    path = ROOT / "gpu" / "jobs" / "width1_cost_table_auto64.json"
+    with pytest.MonkeyPatch.context() as monkey:
+        monkey.setenv("SGLANG_DDTREE_BUDGET_COST_TABLE", str(path))
+        table = budget_cost_table()
+    assert tuple(table["widths"]) == candidate_widths(64) and table == json.loads(path.read_text())
+    cost = RoundCostTable(table["batch_sizes"], table["widths"], table["ms"])
+    widths = StepWidths(candidate_widths(64), cost, depth=7, make_head=lambda w: w)
+    widths._per_request = np.full((len(widths.widths), 7), 0.9)  # a confident prediction
+    assert all(widths.chooser.choose(bs, widths._expected_accepted(bs)) == 1 for bs in (1, 8, 64, 300))
+
+
+def test_tp2_runs_the_ab_tool_at_tp2_beside_the_suite(tmp_path):
+    out = _dry_job(tmp_path, "tp2.sh")
+    assert "--tp 2" in out and "--nccl-port 24203" in out and "schedule interleaved" in out
+    assert "profile: ddtree@32 at c=8, 10 steps" in out
+    assert "the first pass waits for /tmp/ddtree-tp2-suite-done" in out
+    assert "series pycode-4l_h200x2_tp2_ab" in out
+    assert (tmp_path / "out" / "tp2_logs.tar.gz").exists()

@@ -20,6 +20,15 @@
 # whose server does not start within 360 s is dropped and reported (--keep-going), the rest measured.
 # Variables: REPEATS (4), CONC (1,4,16,64), PROMPTS (8,16,48,128: requests per pass, one per
 # level), OUTPUT_LEN (128), ARMS, TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
+# More arms, each a ninth server beside the eight (9 x 0.08 still fits the H200):
+#  - ddtree@auto64+width1 (a variant: ddtree@auto64 stays in ARMS): the online budget's fallback to
+#    no speculation alone. The job passes it
+#    `--arm-env ddtree@auto64+width1=SGLANG_DDTREE_BUDGET_COST_TABLE=gpu/jobs/width1_cost_table_auto64.json`,
+#    a fixed cost table in which width 1 is far cheaper than any tree at every batch size: every step
+#    verifies the root alone without the drafter; against plain, what falling back costs.
+#  - ARM+phases (e.g. ddtree@32+phases): the DDTREE worker's host time per round phase (docs/ab.md).
+# Torch profiles of chosen arms at chosen levels: AB_ARGS="--profile dflash@1,ddtree@32@16"
+# (docs/ab.md; the traces stay out of the logs brought back, their summaries are in the series).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
 SERIES=pycode-4l_h200_ab
@@ -27,9 +36,13 @@ RAW=/tmp/ab_pair_raw
 rm -rf "$RAW"
 COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 65536"
 COMMON="$COMMON --mem-fraction-static 0.08 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
+ARMS="${ARMS:-plain,dflash,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,dflash+again}"
+ARM_ENV=()
+case ",$ARMS," in *,ddtree@auto64+width1,*)
+  ARM_ENV+=(--arm-env "ddtree@auto64+width1=SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto64.json");;
+esac
 timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
-  --model "$P/target" --drafter "$P/drafter" --server-args "$COMMON" \
-  --arms "${ARMS:-plain,dflash,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,dflash+again}" \
+  --model "$P/target" --drafter "$P/drafter" --server-args "$COMMON" --arms "$ARMS" "${ARM_ENV[@]}" \
   --schedule interleaved --concurrency "${CONC:-1,4,16,64}" --num-prompts "${PROMPTS:-8,16,48,128}" \
   --repeats "${REPEATS:-4}" --time-limit "${TIME_LIMIT_S:-400}" \
   --dataset custom --dataset-path "$P/heldout_prompts.json" \
