@@ -139,22 +139,19 @@ def test_replay_ddtree_identical_to_plain_at_the_profiled_acceptance(tmp_path):
 
 
 def test_a_short_prompt_finds_its_own_recording_when_a_longer_one_begins_with_it():
-    """k26_ab tiles its 96- and 4096-token prompts from the same text, so each long prompt
-    begins with a short one; the short prompt's recording is the shortest that extends it
-    (the first K2.6 rank A/B reported 0 identical for every short prompt from this)."""
-    from lab.bench.k26_ab import prompt_sets
-    from lab.bench.k26_recording import same_share
+    """Prompts tiled to several lengths from the same text (``lab.ab_k26``'s) begin with each
+    other; the short prompt's recording is the shortest that extends it (the first K2.6 rank
+    A/B reported 0 identical for every short prompt from this)."""
+    from lab.ab_k26 import prompt_ids
 
-    sets = prompt_sets([[5, 6, 7], [8, 9]], [4, 12], ["a"], count=2)
-    short, long = sets[(4, "a")], sets[(12, "a")]
+    short, long = prompt_ids([[5, 6, 7], [8, 9]], 4, 0, 2), prompt_ids([[5, 6, 7], [8, 9]], 12, 0, 2)
     assert long[0][:4] == short[0]
     outputs = {tuple(p): [100 + len(p), i] for i, p in enumerate(short + long)}
     sequences = [p + outputs[tuple(p)] for p in short + long]
     for order in (sequences, sequences[::-1]):
         assert [recorded_row(order, p) for p in short] == [order.index(s) for s in sequences[:2]]
-        assert same_share([outputs[tuple(p)] for p in short], short, order) == 1.0
-        assert same_share([outputs[tuple(p)] for p in long], long, order) == 1.0
-    assert same_share([[0, 0], outputs[tuple(short[1])]], short, sequences) == 0.5
+        for prompt in short + long:  # each prompt's own continuation
+            assert order[recorded_row(order, prompt)][len(prompt) :] == outputs[tuple(prompt)]
     assert recorded_row(sequences, [42]) == -1
 
 
@@ -212,23 +209,3 @@ def test_replacement_reads_the_batch_from_the_device_tables_the_host_fills_once(
     both = ReplayDrafter(per_sequence, "dflash-k25-code", pool_rows=2)
     assert both.names == ["dflash-k25-code", "pycode-4l"]
     assert both.profile_of_row.tolist() == [1, 0, 0]
-
-
-def test_an_earlier_calls_recording_is_used_only_when_it_holds_every_prompts_continuation(tmp_path):
-    """``k26_ab --recording``: the speculative arms replay plain's recording from an earlier call;
-    one without a prompt of this call, or with a continuation shorter than the longest output,
-    is refused before any server starts."""
-    import json
-
-    from lab.bench.k26_recording import load_recording
-
-    sets = {(4, "p"): [[1, 2, 3, 4], [5, 6, 7, 8]]}
-    path = tmp_path / "recording.json"
-    path.write_text(
-        json.dumps({"sequences": [[1, 2, 3, 4, 9, 9, 9], [5, 6, 7, 8, 1, 1, 1]], "profiles": ["p"] * 2})
-    )
-    assert load_recording(path, sets, output_len=3)["profiles"] == ["p", "p"]
-    with pytest.raises(ValueError, match="no continuation of 4 tokens"):
-        load_recording(path, sets, output_len=4)
-    with pytest.raises(ValueError, match="no continuation"):
-        load_recording(path, {(4, "p"): [[1, 2, 3, 5]]}, output_len=1)

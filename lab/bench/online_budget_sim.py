@@ -4,8 +4,8 @@ width 1) gives up against fixed widths, with no GPU and no noise.
     python -m lab.bench.online_budget_sim --model pair       # or k26-rank
     # -> results/online_budget_sim_<model>_<device>.{json,md}
 
-The served benchmark on the H200 (:mod:`.gpu_rounds`) cannot resolve 5% on the trained pair
-(its passes spread 1.15-2.75x, ``bench/paired.py``). This runs the real
+The served benchmark on the H200 (the A/B tool, ``python -m sglang_ddtree.ab``) cannot resolve
+5% on the trained pair (its passes spread 1.15-2.75x, ``sglang_ddtree/ab/paired.py``). This runs the real
 :class:`~sglang_ddtree.adapter.widths.StepWidths` (the timed cost table, the chooser, the
 calibration, the probes) on a clock of its own, against a model of a pair's rounds:
 
@@ -19,7 +19,7 @@ calibration, the probes) on a clock of its own, against a model of a pair's roun
   the mass on the pair, 0.35-0.7 on the rank, drawn per request), and accepts what the tree
   the step ran reaches, drawn from the same per-depth reach the prediction computes (the
   prediction is right: the calibration has nothing to correct);
-* a closed loop of ``c`` requests in flight, as :mod:`.gpu_rounds` runs a level: each pass
+* a closed loop of ``c`` requests in flight, as the A/B tool runs a level: each pass
   serves ``max(8, 2c)`` requests of 256 tokens +-50%; each admitted request's prefill is
   another batch between two steps (``interrupt``) that costs ``PREFILL_MS``.
 
