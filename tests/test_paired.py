@@ -1,9 +1,9 @@
-"""The paired judgement of a benchmark's ratio (``bench/paired.py``): a goal is met or missed
+"""The paired judgement of a benchmark's ratio (``sglang_ddtree/ab/paired.py``): a goal is met or missed
 only where the repeats' paired ratios resolve it."""
 
 import pytest
 
-from lab.bench.paired import UNRESOLVED, judge, median_interval, paired_ratios
+from sglang_ddtree.ab.paired import UNRESOLVED, judge, median_interval, paired_ratios
 
 # the trained pair at 6125f69, c=1: each repeat's pass of `auto64` and of DDTREE@64 (tok/s)
 AUTO64_C1 = [549.8, 612.8, 682.6, 642.3, 562.0]
