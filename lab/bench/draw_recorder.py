@@ -4,13 +4,15 @@ Loaded through the test-plugin seam (``SGLANG_DDTREE_TEST_PLUGIN=lab.bench.draw_
 DDTREE (or chain) server writes, for every decode round and request, what its tree was built
 from: the request's prompt (a hash and its length), the root's position in the sequence (the
 root token is ``sequence[root_pos]``; depth ``d`` drafts ``sequence[root_pos + d]``), and each
-depth's top-k log-probs and token ids as the tree step received them (the drafter's own, or the
-replay drafter's where that plugin is also loaded). :mod:`.draw_trace` joins these rows with the
-target's greedy continuation into a trace that :mod:`.trace_replay` serves.
+depth's top-k log-probs and token ids from the proposal its tree was built from (the drafter's
+own, or the replay drafter's where that plugin is also loaded). :mod:`.draw_trace` joins these
+rows with the target's greedy continuation into a trace that :mod:`.trace_replay` serves.
 
 ``SGLANG_DDTREE_RECORD_DRAWS=<folder>``: each scheduler process writes ``draws-<pid>.jsonl``
 there (tensor-parallel rank 0 only: every rank builds the same trees), one JSON object a line,
-flushed every round. ``SGLANG_DDTREE_RECORD_TOPK`` caps the ranks kept per depth (default 64).
+flushed every round. ``SGLANG_DDTREE_RECORD_TOPK``: the ranks recorded per depth (default 64),
+whatever the tree's k: a chain's rounds (k = 1) are recorded as wide as a tree's, so that a
+trace holds every recorded offset at full width.
 
 The rows are read on the host every round, which a CUDA graph replay of the tree step would
 skip: the recorder asks for the eager tree step (``SGLANG_DDTREE_EAGER_TREE_STEP``), as a
@@ -35,7 +37,7 @@ def prompt_hash(ids) -> str:
     return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
-def draw_rows(reqs, prefix_lens, roots, log_probs, ids, topk: int) -> list[dict]:
+def draw_rows(reqs, prefix_lens, roots, log_probs, ids) -> list[dict]:
     """One row per request of a round (host lists: ``prefix_lens`` and ``roots`` ``[bs]``,
     ``log_probs`` and ``ids`` ``[bs][depth][k]``)."""
     rows = []
@@ -47,8 +49,8 @@ def draw_rows(reqs, prefix_lens, roots, log_probs, ids, topk: int) -> list[dict]
                 "prompt_len": len(prompt),
                 "root_pos": int(prefix_lens[i]),
                 "root": int(roots[i]),
-                "logp": [[round(x, DECIMALS) for x in depth[:topk]] for depth in log_probs[i]],
-                "ids": [depth[:topk] for depth in ids[i]],
+                "logp": [[round(x, DECIMALS) for x in depth] for depth in log_probs[i]],
+                "ids": ids[i],
             }
         )
     return rows
@@ -83,9 +85,11 @@ def install() -> None:
         propose = own_proposal(self, roots, prefix_lens, req_pool_indices)
 
         def keep(hidden, k):
-            log_probs, ids = propose(hidden, k)
-            self._ddtree_draws = (roots, prefix_lens, log_probs, ids)
-            return log_probs, ids
+            # As wide as the recording asks, whatever the tree's k (a chain's rounds too); the
+            # tree gets the first k columns, which are its top-k.
+            log_probs, ids = propose(hidden, max(k, log.topk))
+            self._ddtree_draws = (roots.clone(), prefix_lens.clone(), log_probs, ids)  # the batch's move on
+            return log_probs[:, :k].contiguous(), ids[:, :k].contiguous()
 
         return keep
 
@@ -97,7 +101,7 @@ def install() -> None:
             bs = len(batch.reqs)
             log_probs, ids = log_probs.view(bs, -1, log_probs.shape[-1]), ids.view(bs, -1, ids.shape[-1])
             host = [t.tolist() for t in (prefix_lens, roots.view(-1), log_probs.float(), ids)]
-            log.write(draw_rows(batch.reqs, *host, topk=log.topk))
+            log.write(draw_rows(batch.reqs, *host))
         return result
 
     DDTreeWorker._device_proposal = device_proposal

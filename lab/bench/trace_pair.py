@@ -4,20 +4,22 @@ itself gives back its served accept length (the trace replay's self-check).
 1. **record**: one DDTREE server per arm (a budget, or ``chain``: budget block-1, one candidate
    per depth) with the real drafter and :mod:`.draw_recorder`; the prompts one at a time, greedy.
 2. **trace**: the first arm's greedy output is the continuation (DDTREE's greedy output is the
-   target's); every arm's rows are joined with it (:mod:`.draw_trace`), the union over arms.
+   target's); every arm's rows are joined with it (:mod:`.draw_trace`), the union over arms
+   (``--trace-arms``: only some, to measure what the replay does where the trace has no record).
 3. **replay**: the same arms again, with the replay drafter on the trace (and the recorder, to
    see which roots each round had); same prompts.
 4. **compare** per arm: tokens per round served vs replayed (``completion_tokens /
    spec_verify_ct`` summed over the prompts), the share of requests whose rounds rooted at the
    same positions (the same per-round accept lengths), identical outputs, and the replay's
-   rounds that found no record at their offset (shifted or off the trace).
+   rounds by what the trace held at their offset (exact, shifted, past its end).
 
-    [SGLANG_USE_CPU_ENGINE=1] python -m lab.bench.trace_pair --budgets 4,8 --prompts 6 \\
-        --output-len 32 --work /tmp/trace_pair --out results --name pycode-4l_cpu_trace_selfcheck
+    [SGLANG_USE_CPU_ENGINE=1] python -m lab.bench.trace_pair --arms 7,16 --prompts 4 \\
+        --output-len 32 --work /tmp/trace_pair --out /tmp/trace_pair
 
 Each phase launches its arms' servers together (``--server-args``: the GPU flags; on the CPU
-the float32 CPU defaults) and serves them one after the other. Writes ``<name>.{json,md}``
-and the trace (``--trace-out``, default ``<work>/trace.json``).
+the float32 CPU defaults come first) and serves them one after the other. Writes
+``<name>.{json,md}`` (default name ``<pair>_<device>_trace_selfcheck``), the trace in
+``<work>/trace.json`` and a copy at ``--trace-out``; exits 1 where an arm is off by more than 2%.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from lab.bench import _stamp
 from lab.bench.draw_recorder import ENV_DRAWS
-from lab.bench.draw_trace import arm_sequences, build_trace, read_draws, read_json, write_json
+from lab.bench.draw_trace import arm_sequences, build_trace, read_draws, write_json
 from lab.bench.pair_eval import DEFAULT_PAIR, load_pair
 from lab.bench.replay_drafter import ENV_TOKENS, ENV_TRACE
 from sglang_ddtree.config import ENV_MAX_TOPK, ENV_TEST_PLUGIN, cpu_engine_requested
@@ -124,9 +126,9 @@ def serve_arms(servers: dict[Arm, ServerProcess], prompts, output_len, folder: P
 
 
 def write_trace(work: Path, arms: list[Arm], served: dict, topk: int, source: dict) -> dict:
-    """The first arm's outputs as the continuation (``work/continuation.json``) and the union
-    trace of every arm's draws on it (``work/trace.json``)."""
-    sequences = [r["sequence"] for r in served[arms[0].name]]
+    """The first served arm's outputs as the continuation (``work/continuation.json``) and the
+    union trace of ``arms``' draws on it (``work/trace.json``)."""
+    sequences = [r["sequence"] for r in next(iter(served.values()))]
     write_json(work / "continuation.json", {"sequences": sequences})
     recorded = [(read_draws(work / "record" / a.name), arm_sequences(work / "record" / a.name)) for a in arms]
     trace = build_trace(sequences, recorded, topk, source)
@@ -206,16 +208,24 @@ def compare_arms(work: Path, arms: list[Arm], served: dict, replayed: dict, trac
     ]
 
 
-def self_check(pair, arms, prompts, output_len, work: Path, extra, topk: int = 64) -> dict:
-    """Record, trace, replay, compare (the module docstring); the trace is ``work/trace.json``."""
+def self_check(
+    pair, arms, prompts, output_len, work: Path, extra, topk=64, trace_out=None, traced=None
+) -> dict:
+    """Record, trace, replay, compare (the module docstring); the trace is ``work/trace.json``,
+    copied to ``trace_out`` before the replay starts (a job cut short still has it). ``traced``:
+    the arms whose draws make the trace (default: all; fewer measure the miss rule)."""
     record = launched({a: arm_server(pair, a, work / "record", extra) for a in arms})
     served = serve_arms(record, prompts, output_len, work / "record")
-    source = {"pair": pair["name"], "arms": [a.name for a in arms], "output_len": output_len}
-    trace = write_trace(work, arms, served, topk, source)
+    traced = traced or arms
+    source = {"pair": pair["name"], "arms": [a.name for a in traced], "output_len": output_len}
+    trace = write_trace(work, traced, served, topk, source)
+    if trace_out:
+        write_json(trace_out, trace)
     replay = {"tokens": work / "continuation.json", "trace": work / "trace.json"}
     servers = launched({a: arm_server(pair, a, work / "replay", extra, replay) for a in arms})
     replayed = serve_arms(servers, prompts, output_len, work / "replay")
-    return {"rows": compare_arms(work, arms, served, replayed, trace), "trace_summary": trace["summary"]}
+    rows = compare_arms(work, arms, served, replayed, trace)
+    return {"rows": rows, "trace_arms": source["arms"], "trace_summary": trace["summary"]}
 
 
 # --------------------------------------------------------------------------- report
@@ -240,7 +250,8 @@ def markdown(data: dict) -> str:
         "",
         f"{data['prompts']} held-out prompts, {data['output_len']} greedy tokens, one at a time. Each arm "
         "served with the real drafter (recording its draws), then with the replay drafter on the "
-        f"union trace. Tolerance: replayed / served tokens per round within {TOLERANCE:.0%}.",
+        f"union trace of {', '.join(data['trace_arms'])}. Tolerance: replayed / served tokens per round "
+        f"within {TOLERANCE:.0%}.",
         "",
         _stamp.stamp_markdown(data["stamp"]),
         "",
@@ -272,6 +283,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=0, help="held-out prompts (0: all)")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--topk", type=int, default=64, help="ranks the trace keeps per depth")
+    p.add_argument("--trace-arms", default=None, help="the arms whose draws make the trace (default: all)")
     p.add_argument("--server-args", default="", help="flags every server gets (GPU: dtype, backends, memory)")
     p.add_argument("--work", type=Path, default=Path("/tmp/trace_pair"))
     p.add_argument("--trace-out", type=Path, default=None, help="a copy of the trace (.json or .json.gz)")
@@ -288,10 +300,11 @@ def main(argv=None) -> int:
         "output_len": args.output_len,
         "server_args": extra,
     }
-    data |= self_check(pair, arms, prompts, args.output_len, args.work, extra, args.topk)
+    traced = [a for a in arms if a in parse_arms(args.trace_arms, pair["block"])] if args.trace_arms else None
+    data |= self_check(
+        pair, arms, prompts, args.output_len, args.work, extra, args.topk, args.trace_out, traced
+    )
     data["stamp"] = _stamp.stamp()
-    if args.trace_out:
-        write_json(args.trace_out, read_json(args.work / "trace.json"))
     name = args.name or f"{pair['name']}_{_stamp.device_slug(data['stamp'])}_trace_selfcheck"
     paths = _stamp.write_outputs(_stamp.results_dir(args.out), name, data, markdown(data))
     print(markdown(data))

@@ -102,7 +102,7 @@ class TraceReplayDrafter(ReplayDrafter):
     def __init__(self, recording: Recording, trace: dict, pool_rows: int, k: int, profile: str):
         super().__init__(recording, profile, pool_rows)  # its profiles are never drawn
         device = recording.table.device
-        self.tables = TraceTables(trace, k, device)
+        self.tables = TraceTables(trace, max(k, int(trace["topk"])), device)  # a recorder asks the trace's k
         self.prompt_len_of_slot = torch.zeros((pool_rows,), dtype=torch.int64, device=device)
         self._kinds = torch.zeros(3, dtype=torch.int64, device=device)  # exact, shifted, off the trace
 
