@@ -97,7 +97,7 @@ def test_the_replay_puts_the_true_token_at_the_recorded_rank_under_the_recorded_
         ],
     }
     recording = Recording([CONTINUATION, [5, 20, 21, 22, 23, 24, 25]], device="cpu")
-    drafter = TraceReplayDrafter(recording, trace, pool_rows=4, k=3, profile="pycode-4l-ranks")
+    drafter = TraceReplayDrafter(recording, trace, pool_rows=4, k=3, depth=3, profile="pycode-4l-ranks")
     drafter.register([_req(0, PROMPT), _req(1, [5]), _req(2, [40, 41])])  # the last: off the recording
     depth, k = 3, 3
     roots, prefix_lens = torch.tensor([11, 21, 50]), torch.tensor([3, 2, 2])  # offsets 1, 1 and none

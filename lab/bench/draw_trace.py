@@ -185,7 +185,10 @@ def rank_summary(requests: list[dict], depth: int) -> dict:
                 known[d] += 1
                 top1[d] += r == 0
                 in_topk[d] += r >= 0
-    share = lambda xs: [round(x / max(n, 1), 4) for x, n in zip(xs, known)]  # noqa: E731
+
+    def share(counts):
+        return [round(x / max(n, 1), 4) for x, n in zip(counts, known)]
+
     records = sum(len(r["offsets"]) for r in requests)
     return {"records": records, "top1_share": share(top1), "in_topk_share": share(in_topk)}
 

@@ -199,7 +199,8 @@ def install() -> None:
             if trace:
                 from lab.bench.trace_replay import TraceReplayDrafter
 
-                state["drafter"] = TraceReplayDrafter(recording, trace, pool_rows, max(ks), default)
+                depth = worker.block_size - 1
+                state["drafter"] = TraceReplayDrafter(recording, trace, pool_rows, max(ks), depth, default)
             else:
                 state["drafter"] = ReplayDrafter(recording, default, pool_rows)
                 for k in ks:

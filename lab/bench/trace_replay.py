@@ -97,9 +97,12 @@ class TraceTables:
 
 class TraceReplayDrafter(ReplayDrafter):
     """The replay drafter on a trace (:class:`.replay_drafter.ReplayDrafter`'s recording and
-    pool-slot table; profiles unused). ``k``: the widest top-k any head asks for."""
+    pool-slot table; profiles unused). ``k``: the widest top-k any head asks for; ``depth``: the
+    drafter's (the trace's must be the same)."""
 
-    def __init__(self, recording: Recording, trace: dict, pool_rows: int, k: int, profile: str):
+    def __init__(self, recording: Recording, trace: dict, pool_rows: int, k: int, depth: int, profile: str):
+        if int(trace["depth"]) != depth:
+            raise ValueError(f"the trace drafts {trace['depth']} depths, this drafter {depth}")
         super().__init__(recording, profile, pool_rows)  # its profiles are never drawn
         device = recording.table.device
         self.tables = TraceTables(trace, max(k, int(trace["topk"])), device)  # a recorder asks the trace's k
