@@ -50,15 +50,24 @@ the period that differs by width; the rest of the period every width of the row 
 Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
 table (tests, debugging), which the measured rounds do not change.
+
+Host work. ``start`` and ``finish`` run at every decode step, on the host, so a host-bound round
+pays them at every width (2% of the trained pair's ~4 ms H200 round is 80 us), and none of it
+grows with the table's rows or the candidate widths (``tests/test_budget_host_work.py`` counts
+it). The batch's expected accepted drafts are kept per batch size until a prediction lands or
+the calibration moves; the chosen width, and a probe check that asked for none, are kept until
+the table's ``version`` moves (a round that moves no median leaves it) or the expected drafts
+do; a table computes only the row asked for. The prediction is a fixed number of device
+operations, launched without a synchronisation and copied into reused pinned buffers
+(``observed.py``), and folded in once landed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -73,8 +82,10 @@ from ..budget import (
     reach_counts,
 )
 from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned
-from ..tree.expected_accept import reach_at_widths, reach_by_depth
+from ..tree.expected_accept import reach_totals_at_widths
 from ..tree.types import Trees
+from . import width_summary
+from .observed import HostCopies, Observed
 from .verify_clock import VerifyTime
 
 logger = logging.getLogger("sglang_ddtree")
@@ -89,39 +100,6 @@ REFRESH_EVERY = 64
 PREDICT_EVERY = 8
 # Steps between the online budget's own log lines (when no stats interval is set).
 LOG_EVERY = 1000
-
-
-@dataclass
-class _Observed:
-    """One finished step, its device values on their way to the host."""
-
-    bs: int
-    width: int
-    drafted: bool  # the drafter ran (a width-1 step may skip it)
-    values: torch.Tensor | None  # [n_widths + 1, depth] float64: predicted reach per width, then
-    # measured; None for a step that predicted nothing (no draft, or not its turn to predict)
-    ready: torch.cuda.Event | None  # None: already on the host
-    verify: VerifyTime | None = None  # its verify forward's device time (a timed table's)
-    costed: bool = False  # its period is its own: ran as the step before it, no batch between
-    period_ms: float | None = None  # start to the next start; None: another batch in between
-    period_known: bool = False  # the next step has started (or a batch in between ended it)
-
-    def landed(self) -> bool:
-        return (
-            self.period_known
-            and (self.ready is None or self.ready.query())
-            and (self.verify is None or self.verify.done())
-        )
-
-    @property
-    def costs_its_width(self) -> bool:
-        """Ran as its width is costed: width 1 without the drafter, a tree with it."""
-        return self.drafted == (self.width > 1)
-
-    def end_period(self, now: float | None, started: float) -> None:
-        """The next step started at ``now`` (None: another batch ran in between)."""
-        self.period_ms = None if now is None else (now - started) * 1e3
-        self.period_known = True
 
 
 class StepWidths:
@@ -139,15 +117,20 @@ class StepWidths:
     ):
         self.widths = tuple(widths)
         self._clock = clock  # the host's clock in seconds (None: ``time.perf_counter``; a simulation's own)
+        self.chooser = WidthChooser(self.widths, cost)
         self.cost = cost
         self.depth = depth
-        self.chooser = WidthChooser(self.widths, cost)
+        self._column = {width: column for column, width in enumerate(self.widths)}
         self.calibration = DepthCalibration(depth)
         self.heads = {width: make_head(width) for width in self.widths}
         self.history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
         self.steps = 0
         self._per_request: np.ndarray | None = None  # [n_widths, depth] reach per request
-        self._pending: list[_Observed] = []
+        # The batch's expected accepted drafts per width, kept for its batch size until the
+        # prediction or the calibration changes: (bs, per request, scale, accepted).
+        self._accepted: tuple | None = None
+        self._pending: deque[Observed] = deque()
+        self._copies = HostCopies()  # the predictions' pinned host buffers, reused
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
         self._log_probs: torch.Tensor | None = None
         self.refresh_every = refresh_every
@@ -164,7 +147,7 @@ class StepWidths:
         # and the drafter graph's kept log-probs.
         self.runners = None
         self.kept = None
-        self._last: tuple[_Observed, float] | None = None  # the last finished step, its start
+        self._last: tuple[Observed, float] | None = None  # the last finished step, its start
         # The last finished step's (width, drafted); None after another batch (or none yet): the
         # next step is costed only when it ran as this says.
         self._last_kind: tuple[int, bool] | None = None
@@ -192,9 +175,18 @@ class StepWidths:
         return cls(widths, cost_table(widths), depth, make_head, pinned=online_budget_pinned())
 
     @property
-    def measured(self) -> bool:
-        """Costs from this server's own rounds (probed, or timed at start-up), not injected."""
-        return isinstance(self.cost, (ProbedCostTable, TimedCostTable))
+    def cost(self) -> RoundCostTable:
+        return self._cost
+
+    @cost.setter
+    def cost(self, table: RoundCostTable) -> None:
+        # what each step asks of the table, looked up once here rather than at every step
+        self._cost = table
+        self.measured = isinstance(table, (ProbedCostTable, TimedCostTable))  # not injected
+        self._timed = isinstance(table, TimedCostTable)
+        self._unprobed = getattr(table, "unprobed", None)
+        self._choice: tuple | None = None  # the last choice and what it was made from
+        self._no_probe: tuple | None = None  # what the last step that asked for no probe read
 
     def use_cost_table(self, table: RoundCostTable) -> None:
         self.cost = self.chooser.cost = table
@@ -205,11 +197,12 @@ class StepWidths:
         """The verify width of this step for a batch of ``bs`` requests."""
         now = (self._clock or time.perf_counter)()
         self._end_period(now)
-        self._absorb_landed()
+        if self._pending and self._pending[0].landed():
+            self._absorb_landed()
         accepted = self._expected_accepted(bs)
         width = self._probe(bs, accepted)
         if width is None:
-            width = self.chooser.choose(bs, accepted)
+            width = self._choose(bs, accepted)
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
         self.history[bs, width] += 1
@@ -227,13 +220,46 @@ class StepWidths:
 
     def _probe(self, bs: int, accepted: np.ndarray) -> int | None:
         """The width a measured table asks for first (None: the chooser decides); a timed
-        table only for widths that could win at their least possible cost."""
-        unprobed = getattr(self.cost, "unprobed", None)
-        if unprobed is None:
+        table only for widths that could win at their least possible cost. A table that asked
+        for none asks for none again until its ``version`` or the expected drafts change."""
+        if self._unprobed is None or self._unchanged(self._no_probe, bs, accepted):
             return None
-        if not hasattr(self.cost, "cost_floors"):
-            return unprobed(bs)
-        return unprobed(bs, lambda floors, priced: self.chooser.could_win(bs, accepted, floors, priced))
+        if not self._timed:
+            width = self._unprobed(bs)
+        else:
+            width = self._unprobed(
+                bs, lambda floors, priced: self.chooser.could_win(bs, accepted, floors, priced)
+            )
+        self._no_probe = None if width is not None else self._inputs(bs, accepted)
+        return width
+
+    def _choose(self, bs: int, accepted: np.ndarray) -> int:
+        """The chooser's width, kept while nothing it reads has changed: the batch size, the
+        table's costs (its ``version``), the expected accepted drafts, its current width and
+        margin. Its choice from the same inputs at the width it chose is that width again (the
+        hysteresis keeps it, or it was already the best), so a kept choice is the one it would
+        make (``tests/test_budget_host_work.py`` runs both)."""
+        kept, chooser = self._choice, self.chooser
+        if self._unchanged(kept, bs, accepted) and kept[4:] == (chooser.current, chooser.switch_margin):
+            return kept[4]
+        width = chooser.choose(bs, accepted)
+        self._choice = (*self._inputs(bs, accepted), width, chooser.switch_margin)
+        return width
+
+    def _inputs(self, bs: int, accepted: np.ndarray) -> tuple:
+        return bs, self._cost, self._cost.version, accepted
+
+    def _unchanged(self, kept: tuple | None, bs: int, accepted: np.ndarray) -> bool:
+        """Whether ``kept`` (from :meth:`_inputs`) was made from what a step would read now (the
+        arrays by identity: a new prediction or calibration makes new ones)."""
+        table = self._cost
+        return (
+            kept is not None
+            and kept[0] == bs
+            and kept[1] is table
+            and kept[2] == table.version
+            and kept[3] is accepted
+        )
 
     def interrupt(self, joined: int = 0) -> None:
         """Another batch (a prefill of ``joined`` requests, an idle pass) runs between two
@@ -263,7 +289,7 @@ class StepWidths:
     def verify_started(self) -> None:
         """Just before the step's verify forward: a timed table prices each width by its
         verify's device time (``budget/timed_costs.py``), so it is timed."""
-        if isinstance(self.cost, TimedCostTable):
+        if self._timed:
             self._verify = VerifyTime(self._spare_events, self._clock)
 
     def verify_finished(self) -> None:
@@ -323,18 +349,17 @@ class StepWidths:
         if self.runners is not None:
             self.runners.restore()  # prefill and the rest run with the start-up pair
         if not self._predicts(width):  # only the step's cost to record (its period)
-            self._observe(_Observed(bs, width, not self.skips_draft, None, None), started)
+            self._observe(Observed(bs, width, not self.skips_draft, None, None), started)
             return
         self._drafted_unpredicted = 0
         log_probs = log_probs.view(bs, self.depth, -1)
         self._predicting, self._joined = True, 0
-        max_budget = self.widths[-1] - 1
-        predicted = reach_at_widths(reach_by_depth(log_probs, max_budget), self.widths)  # [n_widths, depth]
-        measured = reach_counts(accept_lens, self.depth).to(torch.float64)
-        host, ready = _to_host(torch.cat([predicted, measured[None]]))
-        self._observe(_Observed(bs, width, True, host, ready), started)
+        predicted = reach_totals_at_widths(log_probs, self.widths)  # [n_widths, depth]
+        measured = reach_counts(accept_lens, self.depth)  # [depth] (cat makes it float64)
+        host, ready = self._copies.start(torch.cat([predicted, measured[None]]))
+        self._observe(Observed(bs, width, True, host, ready), started)
 
-    def _observe(self, observed: _Observed, started: float) -> None:
+    def _observe(self, observed: Observed, started: float) -> None:
         observed.verify, self._verify = self._verify, None
         kind = (observed.width, observed.drafted)
         observed.costed, self._last_kind = kind == self._last_kind, kind
@@ -350,71 +375,52 @@ class StepWidths:
         return not self._predicting or width == 1 or self._drafted_unpredicted >= self.predict_every
 
     def _expected_accepted(self, bs: int) -> np.ndarray:
-        """``[n_widths]``: the batch's calibrated expected accepted drafts per width. Before
-        any step has landed there is no prediction: nothing is expected (the smallest wins)."""
-        if self._per_request is None:
-            return np.zeros(len(self.widths))
-        return self.calibration.calibrated(self._per_request * bs)
+        """``[n_widths]``: the batch's calibrated expected accepted drafts per width (read only),
+        kept until the batch size, the prediction or the calibration changes. Before any step
+        has landed there is no prediction: nothing is expected (the smallest wins)."""
+        per_request, scale = self._per_request, self.calibration.scale
+        kept = self._accepted
+        if kept is not None and kept[0] == bs and kept[1] is per_request and kept[2] is scale:
+            return kept[3]
+        if per_request is None:
+            accepted = np.zeros(len(self.widths))
+        else:
+            accepted = self.calibration.calibrated(per_request * bs)
+        accepted.flags.writeable = False
+        self._accepted = (bs, per_request, scale, accepted)
+        return accepted
 
     def _absorb_landed(self) -> None:
         while self._pending and self._pending[0].landed():
-            step = self._pending.pop(0)
+            step = self._pending.popleft()
             if step.values is not None:  # a step that predicted nothing keeps the last prediction
-                values = step.values.numpy()
-                predicted, measured = values[:-1], values[-1]
-                self.calibration.update(measured, predicted[self.widths.index(step.width)])
-                self._per_request = predicted / step.bs
+                self._fold(step)
             verify_ms = None if step.verify is None else step.verify.ms()
             own_period = step.period_ms if step.costs_its_width else None  # None: not this kind's
-            if isinstance(self.cost, TimedCostTable):
+            if self._timed:
                 if verify_ms is not None:  # a verify that did not end (it raised) prices nothing
-                    self.cost.observe(step.bs, step.width, own_period, verify_ms)  # every verify
+                    self._cost.observe(step.bs, step.width, own_period, verify_ms)  # every verify
             elif self.measured and own_period is not None:
-                self.cost.observe(step.bs, step.width, own_period)
+                self._cost.observe(step.bs, step.width, own_period)
+
+    def _fold(self, step: Observed) -> None:
+        """A predicting step's values, landed: into the calibration, and the prediction the
+        next choices scale (per request); its host buffer goes back to be reused."""
+        values = step.values.numpy()
+        predicted, measured = values[:-1], values[-1]
+        self.calibration.update(measured, predicted[self._column[step.width]])
+        self._per_request = predicted / step.bs  # a copy: the buffer can take the next prediction
+        self._copies.give_back(step.values, step.ready)
 
     # --- what the server shows ---------------------------------------------------------
 
     def summary(self) -> dict:
-        """For the stats log line: the steps each width served (in all, and per batch size),
-        and the per-depth calibration."""
-        per_width: Counter[int] = Counter()
-        by_bs: dict[int, dict[int, int]] = {}
-        for (bs, width), steps in sorted(self.history.items()):
-            per_width[width] += steps
-            by_bs.setdefault(bs, {})[width] = steps
-        summary = {
-            "width_steps": dict(sorted(per_width.items())),
-            "width_steps_by_bs": by_bs,
-            "width1_steps_without_draft": self.steps_without_draft,
-            "depth_scale": [round(float(s), 3) for s in self.calibration.scale],
-        }
-        if self.measured:
-            summary["round_ms"] = self._measured_costs()
-        if isinstance(self.cost, TimedCostTable):
-            summary |= self.cost.summary()
-        return summary
-
-    def _measured_costs(self) -> dict[int, dict[int, float]]:
-        """The measured cost table's rows that rounds have reached: batch size -> width -> ms
-        (probed cells; under graphs every width of a served row, as the chooser sees it)."""
-        table = self.cost
-        probed = isinstance(table, ProbedCostTable)
-        reached = (
-            table.counts > 0 if probed else table.rows_served()[:, None].repeat(len(table.widths), axis=1)
-        )
-        return {
-            bs: {
-                w: round(float(ms), 2)
-                for w, ms, cell in zip(table.widths, table.row_costs(bs), cells)
-                if cell
-            }
-            for bs, cells in zip(table.batch_sizes, reached)
-            if cells.any()
-        }
+        """For the stats log line (``width_summary.py``)."""
+        return width_summary.summary(self)
 
     def cost_rows(self) -> dict[int, dict[int, float]]:
         """Every row of the cost table: batch size -> width -> ms."""
-        return {bs: {w: round(self.cost(bs, w), 3) for w in self.cost.widths} for bs in self.cost.batch_sizes}
+        return width_summary.cost_rows(self.cost)
 
 
 def cost_table(widths) -> RoundCostTable:
@@ -429,15 +435,3 @@ def cost_table(widths) -> RoundCostTable:
             f"candidate widths {list(widths)}."
         )
     return RoundCostTable(table["batch_sizes"], widths, table["ms"])
-
-
-def _to_host(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """A host copy of ``values`` that does not wait for the device (pinned, non-blocking,
-    with an event saying when it has landed)."""
-    if not values.is_cuda:
-        return values.clone(), None
-    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-    host.copy_(values, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return host, event

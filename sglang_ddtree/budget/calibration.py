@@ -20,6 +20,8 @@ including widths not run lately (their deep nodes share the same depths).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -27,8 +29,13 @@ import torch
 def reach_counts(accept_lens: torch.Tensor, depth: int) -> torch.Tensor:
     """``[depth]``: requests whose accept length is at least ``d`` for ``d = 1..depth``
     (on the device of ``accept_lens`` ``[bs]``, no host synchronisation)."""
-    levels = torch.arange(1, depth + 1, device=accept_lens.device)
-    return (accept_lens[:, None] >= levels).sum(0)
+    return (accept_lens[:, None] >= _levels(depth, accept_lens.device)).sum(0)
+
+
+@functools.lru_cache(maxsize=8)
+def _levels(depth: int, device: torch.device) -> torch.Tensor:
+    """``1..depth`` on ``device``, made once (the prediction runs every few steps)."""
+    return torch.arange(1, depth + 1, device=device)
 
 
 class DepthCalibration:
@@ -55,6 +62,7 @@ class DepthCalibration:
         self.min_predicted = min_predicted
         self._measured = np.full(depth, float(prior_weight))
         self._predicted = np.full(depth, float(prior_weight))
+        self._scale = self._ratio()
 
     def update(self, measured, predicted) -> None:
         """One step: ``measured`` and ``predicted`` are ``[depth]`` batch totals (numbers of
@@ -65,19 +73,28 @@ class DepthCalibration:
             raise ValueError(f"expected [{self.depth}] per-depth totals")
         seen = predicted > self.min_predicted
         keep = 1.0 - self.decay
-        self._measured[seen] = keep * self._measured[seen] + self.decay * measured[seen]
-        self._predicted[seen] = keep * self._predicted[seen] + self.decay * predicted[seen]
+        self._measured = np.where(seen, keep * self._measured + self.decay * measured, self._measured)
+        self._predicted = np.where(seen, keep * self._predicted + self.decay * predicted, self._predicted)
+        self._scale = self._ratio()
 
     @property
     def scale(self) -> np.ndarray:
-        """``[depth]`` measured / predicted, clamped to ``bounds``."""
+        """``[depth]`` measured / predicted, clamped to ``bounds`` (read only: kept from the last
+        update, since every step's choice reads it)."""
+        return self._scale
+
+    def _ratio(self) -> np.ndarray:
         low, high = self.bounds
-        return np.clip(self._measured / self._predicted, low, high)
+        scale = np.minimum(
+            np.maximum(self._measured / self._predicted, low), high
+        )  # np.clip, without its wrapper
+        scale.flags.writeable = False
+        return scale
 
     def calibrated(self, reach) -> np.ndarray:
         """``reach`` ``[..., depth]`` times the per-depth scale, summed over depths: the
         calibrated expected accepted drafts."""
-        return (_host(reach) * self.scale).sum(-1)
+        return np.add.reduce(_host(reach) * self._scale, axis=-1)  # .sum(-1), without its wrapper
 
 
 def _host(values) -> np.ndarray:

@@ -12,7 +12,15 @@ target's verify CUDA graph is captured per width, not per request.
 
 ``T`` comes from a :class:`RoundCostTable`: timed rounds per captured batch size and width
 (at start-up), refined by the rounds the server runs. A batch runs in the graph of the
-smallest captured batch size that holds it, so it costs what that size costs.
+smallest captured batch size that holds it, so it costs what that size costs. A table's
+``version`` changes whenever any cost it gives, or any width it would ask to probe, may have
+changed, so a caller may keep what it made of them until then (``adapter/widths.py`` keeps its
+last choice, and that no probe was due).
+
+Host work per step. The choice runs before every decode step, so what it costs is paid at every
+round: a batch size's row is found through a dict (not a search over the rows), a width's
+column likewise, and a row's costs are read as one array; nothing per step loops over the rows
+or the widths in Python (``tests/test_budget_host_work.py`` counts it).
 
 :class:`WidthChooser` adds hysteresis: it leaves the current width only for one at least
 ``switch_margin`` faster, so estimates that wobble around a tie do not flap between graphs.
@@ -40,6 +48,9 @@ class RoundCostTable:
         _check_increasing("widths", self.widths)
         if not np.all(np.isfinite(self.ms) & (self.ms > 0)):
             raise ValueError("round costs must be positive and finite")
+        self.version = 0  # bumped by every change of a cost or a probe (a fixed table: none)
+        self._rows: dict[int, int] = {}  # batch size -> row, filled as sizes are seen
+        self._columns_of = {width: column for column, width in enumerate(self.widths)}
 
     @classmethod
     def from_function(cls, batch_sizes: Sequence[int], widths: Sequence[int], cost, **kw) -> RoundCostTable:
@@ -62,15 +73,18 @@ class RoundCostTable:
         return self._row(bs), self._column(width), ms * largest / bs if bs > largest else ms
 
     def _row(self, bs: int) -> int:
-        if bs < 1:
-            raise ValueError("batch size must be >= 1")
-        return min(bisect.bisect_left(self.batch_sizes, bs), len(self.batch_sizes) - 1)
+        row = self._rows.get(bs)
+        if row is None:  # a batch size not seen yet: searched once (then one dict lookup a step)
+            if bs < 1:
+                raise ValueError("batch size must be >= 1")
+            row = self._rows[bs] = min(bisect.bisect_left(self.batch_sizes, bs), len(self.batch_sizes) - 1)
+        return row
 
     def _column(self, width: int) -> int:
-        try:
-            return self.widths.index(int(width))
-        except ValueError:
-            raise ValueError(f"width {width} has no measured cost (widths {self.widths})") from None
+        column = self._columns_of.get(width)
+        if column is None:
+            raise ValueError(f"width {width} has no measured cost (widths {self.widths})")
+        return column
 
 
 class ProbedCostTable(RoundCostTable):
@@ -91,26 +105,32 @@ class ProbedCostTable(RoundCostTable):
             raise ValueError("refine_decay must lie in (0, 1]")
         self.probes, self.refine_decay = probes, refine_decay
         self.counts = np.zeros(self.ms.shape, dtype=np.int64)
+        # Per row, the first column probed fewer than ``probes`` times (None: none), once looked
+        # up; a row's entry goes when one of its counts moves (probes only).
+        self._unprobed: dict[int, int | None] = {}
 
     def unprobed(self, bs: int) -> int | None:
         """The smallest width whose cost at ``bs`` is not measured yet (None: all are)."""
         row = self._row(bs)
-        for column, width in enumerate(self.widths):
-            if self.counts[row, column] < self.probes:
-                return width
-        return None
+        if row not in self._unprobed:
+            short = np.flatnonzero(self.counts[row] < self.probes)
+            self._unprobed[row] = int(short[0]) if short.size else None
+        column = self._unprobed[row]
+        return None if column is None else self.widths[column]
 
     def observe(self, bs: int, width: int, ms: float) -> None:
         cell = self._cell(bs, width, ms)
         if cell is None:
             return
         row, column, ms = cell
+        self.version += 1
         seen = self.counts[row, column]
         if seen >= self.probes:
             self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
             return
         self.ms[row, column] = ms if seen == 0 else min(self.ms[row, column], ms)
         self.counts[row, column] = seen + 1
+        self._unprobed.pop(row, None)
 
 
 def candidate_widths(max_budget: int) -> tuple[int, ...]:
@@ -173,6 +193,7 @@ class WidthChooser:
         self.cost = cost
         self.switch_margin = switch_margin
         self.current: int | None = None
+        self._index = {width: index for index, width in enumerate(self.widths)}
         self._last: tuple[int, np.ndarray, np.ndarray] | None = None  # bs, accepted, round ms
 
     @property
@@ -183,6 +204,9 @@ class WidthChooser:
     def cost(self, table) -> None:
         self._cost = table
         self._columns = np.array([table.widths.index(w) for w in self.widths])  # ValueError: a width it lacks
+        # the table's columns are the chooser's widths (as the online budget builds them): a
+        # row of costs is read as it is, without picking its columns each step
+        self._all_columns = tuple(table.widths) == self.widths
 
     def choose(self, bs: int, expected_accepted: Sequence[float]) -> int:
         """The width for the next step of ``bs`` requests, given the batch's calibrated
@@ -191,14 +215,14 @@ class WidthChooser:
         accepted = np.asarray(expected_accepted, dtype=np.float64)
         if accepted.shape != (len(self.widths),):
             raise ValueError("one expected accept count per width")
-        round_ms = self._cost.row_costs(bs)[self._columns]
+        round_ms = self._cost.row_costs(bs)
+        if not self._all_columns:
+            round_ms = round_ms[self._columns]
         rates = _rates(bs, accepted, round_ms)
         self._last = (bs, accepted, round_ms)
-        best = int(np.argmax(rates))  # the first maximum: on a tie the smaller width
-        if self.current is None or self.current not in self.widths:
-            self.current = self.widths[best]
-            return self.current
-        if rates[best] > rates[self.widths.index(self.current)] * (1.0 + self.switch_margin):
+        best = int(rates.argmax())  # the first maximum: on a tie the smaller width
+        current = self._index.get(self.current)
+        if current is None or rates[best] > rates[current] * (1.0 + self.switch_margin):
             self.current = self.widths[best]
         return self.current
 
@@ -209,12 +233,11 @@ class WidthChooser:
         rate among the priced widths (all, before any is priced). ``floors`` and ``priced`` are
         per width of the cost table (``TimedCostTable.cost_floors``)."""
         accepted = np.asarray(expected_accepted, dtype=np.float64)
-        known = priced[self._columns]
-        could = np.ones(len(priced), dtype=bool)
-        if known.any():
-            best = _rates(bs, accepted, self._cost.row_costs(bs)[self._columns])[known].max()
-            with np.errstate(divide="ignore"):  # a floor of 0: no width priced below it
-                could[self._columns] = _rates(bs, accepted, floors[self._columns]) >= best
+        round_ms = self._cost.row_costs(bs)
+        if self._all_columns:
+            return _could_win(bs, accepted, round_ms, floors, priced)
+        could, columns = np.ones(len(priced), dtype=bool), self._columns  # the table's other widths can
+        could[columns] = _could_win(bs, accepted, round_ms[columns], floors[columns], priced[columns])
         return could
 
     @property
@@ -227,6 +250,16 @@ class WidthChooser:
             WidthScore(w, float(a), float(ms), (float(a) + bs) / float(ms))
             for w, a, ms in zip(self.widths, accepted, round_ms)
         ]
+
+
+def _could_win(bs: int, accepted: np.ndarray, round_ms: np.ndarray, floors: np.ndarray, priced: np.ndarray):
+    """Per width: whether its rate at its cost floor reaches the best priced rate (every width
+    while none is priced)."""
+    if not priced[priced.argmax()]:  # none priced (argmax: the first True, where there is one)
+        return np.ones(len(priced), dtype=bool)
+    best = np.maximum.reduce(_rates(bs, accepted, round_ms)[priced])  # .max(), without its wrapper
+    with np.errstate(divide="ignore"):  # a floor of 0: no width priced below it
+        return _rates(bs, accepted, floors) >= best
 
 
 def _rates(bs: int, accepted: np.ndarray, round_ms: np.ndarray) -> np.ndarray:

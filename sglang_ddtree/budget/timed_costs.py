@@ -73,8 +73,8 @@ rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the res
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -103,41 +103,63 @@ class TimedCostTable(RoundCostTable):
                 "probe_after >= 0, 1 <= trust_after <= window, reprobe_after >= 1, max_probe_steps >= 1"
             )
         self.startup = self.ms.copy()
+        self._startup = self.startup.tolist()  # read per round as Python floats (no numpy scalars)
         self.probe_after, self.trust_after = probe_after, trust_after
         self.reprobe_after, self.max_probe_steps = reprobe_after, max_probe_steps
         rows, columns = self.ms.shape
-        self.cells = _Excesses((rows, columns), window)  # the verify's device time over the replay
-        self.pooled = _Excesses((rows, 2), window)  # the same per row, of the trees' rounds and width 1's
-        self.rest = _Excesses((rows, 2), window)  # the period less the verify, per row and kind
+        # Every median the costs read, in one array (``_cells`` gathers a row's in one step):
+        # the cells' (rows x widths), then the pooled excesses' and the rests' (rows x kinds).
+        self._medians = np.zeros(rows * columns + 4 * rows)
+        self._pooled_at, self._rest_at = rows * columns, rows * columns + 2 * rows  # their offsets
+        # the verify's device time over the replay
+        self.cells = _Excesses((rows, columns), window, self._medians[: self._pooled_at])
+        # the same per row, of the trees' rounds and width 1's
+        self.pooled = _Excesses((rows, 2), window, self._medians[self._pooled_at : self._rest_at])
+        # the period less the verify, per row and kind
+        self.rest = _Excesses((rows, 2), window, self._medians[self._rest_at :])
+        self._floor = 0.05 * self.startup  # the least a cell costs
         self.cell_source = np.full((rows, columns), -1)  # the row a cell reads; -1: pooled
         self.pooled_source = np.repeat(np.arange(rows)[:, None], 2, axis=1)
         self.rest_source = self.pooled_source.copy()  # likewise for the rest (fewer rounds: costed ones)
         self.row_rounds = np.zeros(rows, dtype=np.int64)
+        self._row_rounds = [0] * rows  # the same, read and counted per round as Python ints
         # The row's count of rounds at each cell's last round (or at its probe's giving up).
         self.last_round = np.zeros((rows, columns), dtype=np.int64)
         self.probe_steps = np.zeros((rows, columns), dtype=np.int64)  # steps given to probing a cell
         self.reprobes = np.zeros(rows, dtype=np.int64)  # cells cleared to be probed again, per row
         self.probed_steps = np.zeros(rows, dtype=np.int64)  # steps the row ran a probe's width, in all
         self._columns = np.arange(columns)
-        self._kinds = np.array([self._kind(w) for w in self.widths])
+        self._kind_of = [self._kind(w) for w in self.widths]  # per column
+        self._kinds = np.array(self._kind_of)
+        # The cells a probe may still ask for (not trusted, not given up), and their number
+        # per row, kept as rounds, probes and clearings move them: a step whose row has none is
+        # not probed at the cost of one lookup (a row whose open cells cannot win is checked).
+        self._open = np.ones((rows, columns), dtype=bool)
+        self._open_count = [columns] * rows
         # A step reads a row's cells up to three times (the probe's floors and rates, the
-        # choice); they change only when a round is observed.
-        self._observed = 0  # rounds observed, a version of every row's cells
+        # choice); they change only when an observed round moves a median or a source (the
+        # table's ``version``), and only the rows a step asks for are computed again.
         self._cells_memo: dict[int, tuple[int, np.ndarray]] = {}
-        # Per row, the round before which no cell can be stale (``_clear_stale``'s early return).
-        self._stale_from = np.full(rows, reprobe_after, dtype=np.int64)
+        # Where each row's costs read their medians (``_slots``): moved only when a source moves.
+        self._layout = 0
+        self._slots_memo: dict[int, tuple[int, np.ndarray]] = {}
+        # Per row, the first round at which a cell can be stale (``observe`` looks no sooner).
+        self._stale_from = [reprobe_after] * rows
 
     def row_costs(self, bs: int) -> np.ndarray:
-        return scaled_past_largest(self._cells(self._row(bs)), bs, self.batch_sizes[-1])
+        """``[widths]`` read only: the row's own array until its costs change (no copy a step)."""
+        cells, largest = self._cells(self._row(bs)), self.batch_sizes[-1]
+        return cells if bs <= largest else scaled_past_largest(cells, bs, largest)
 
     def _cells(self, row: int) -> np.ndarray:
-        """``[widths]`` the row's costs (read only: shared until the next observed round)."""
+        """``[widths]`` the row's costs (read only: shared until the table's next version)."""
         memo = self._cells_memo.get(row)
-        if memo is not None and memo[0] == self._observed:
+        if memo is not None and memo[0] == self.version:
             return memo[1]
-        startup = self.startup[row]
-        cells = np.maximum(startup + self._row_excess(row), 0.05 * startup)
-        self._cells_memo[row] = (self._observed, cells)
+        excess, rest = self._medians[self._slots(row)]  # the module docstring's order
+        cells = np.maximum(self.startup[row] + (excess + rest), self._floor[row])
+        cells.flags.writeable = False
+        self._cells_memo[row] = (self.version, cells)
         return cells
 
     def cost_floors(self, row: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,31 +170,40 @@ class TimedCostTable(RoundCostTable):
         verify takes no less than no time: on a round bound by the host, such as the trained
         pair's, a narrow tree saves nothing of the ~4 ms every tree pays). Not the replays: on
         a MoE the served tokens can route cheaper than the replays' spread ids."""
-        priced = self.trusted()[row]
+        priced = self.cells.rounds[row] >= self.trust_after
         narrower = np.maximum.accumulate(np.where(priced, self._cells(row), 0.0))
-        rest = np.where(self.rest.rounds[row] >= self.trust_after, self.rest.median[row], 0.0)  # [kinds]
-        return np.maximum(narrower, rest[self._kinds]), priced
+        rounds, medians = self.rest._rounds[row], self.rest.median[row]
+        rest = [
+            medians[kind] if rounds[kind] >= self.trust_after else 0.0 for kind in (self._TREE, self._WIDTH1)
+        ]
+        return np.maximum(narrower, np.array(rest)[self._kinds]), priced
 
-    def _row_excess(self, row: int) -> np.ndarray:
-        """``[widths]``: what each width of ``row`` costs over its replay: its verify's excess
-        plus the row's shared rest (the module docstring's order)."""
-        pooled = self._kind_shares(self.pooled, self.pooled_source, row)
-        rest = self._kind_shares(self.rest, self.rest_source, row)
+    def _slots(self, row: int) -> np.ndarray:
+        """``[2, widths]``: where in the medians each width of ``row`` reads what it costs over
+        its replay: its verify's excess (its cell's, or the nearest trusted row's, else the row's
+        pooled excess of its kind) and the row's shared rest of its kind."""
+        memo = self._slots_memo.get(row)
+        if memo is not None and memo[0] == self._layout:
+            return memo[1]
+        pooled = self._kind_slots(self.pooled, self.pooled_source, row, self._pooled_at)
+        rest = self._kind_slots(self.rest, self.rest_source, row, self._rest_at)
         sources = self.cell_source[row]
-        own = self.cells.median[np.maximum(sources, 0), self._columns]
-        return np.where(sources >= 0, own, pooled[self._kinds]) + rest[self._kinds]
+        own = sources * len(self.widths) + self._columns
+        slots = np.stack([np.where(sources >= 0, own, pooled[self._kinds]), rest[self._kinds]])
+        self._slots_memo[row] = (self._layout, slots)
+        return slots
 
     def _rest_known(self, row: int, kind: int) -> bool:
         """Whether ``row`` prices ``kind`` with a rest measured somewhere (width 1: or the trees')."""
         kinds = (kind, self._TREE) if kind == self._WIDTH1 else (kind,)
         return any(self.rest.rounds[self.rest_source[row, k], k] for k in kinds)
 
-    def _kind_shares(self, shares: _Excesses, sources: np.ndarray, row: int) -> np.ndarray:
-        """``[kinds]``: a row's pooled share per kind, read from the row ``sources`` names; a
-        width 1 measured nowhere carries the trees' share."""
-        tree = shares.median[sources[row, self._TREE], self._TREE]
+    def _kind_slots(self, shares: _Excesses, sources: np.ndarray, row: int, at: int) -> np.ndarray:
+        """``[kinds]``: where a row's pooled share of each kind is (``shares`` at ``at`` in the
+        medians), in the row ``sources`` names; a width 1 measured nowhere carries the trees'."""
+        tree = at + 2 * sources[row, self._TREE] + self._TREE
         source = sources[row, self._WIDTH1]
-        width1 = shares.median[source, self._WIDTH1] if shares.rounds[source, self._WIDTH1] else tree
+        width1 = at + 2 * source + self._WIDTH1 if shares.rounds[source, self._WIDTH1] else tree
         return np.array([tree, width1])
 
     def rows_served(self) -> np.ndarray:
@@ -195,19 +226,26 @@ class TimedCostTable(RoundCostTable):
         if bs > self.batch_sizes[-1]:
             return None  # an eager batch: its rounds are not the graphs' (observe)
         row = self._row(bs)
-        if self.row_rounds[row] < self.probe_after:
+        if self._row_rounds[row] < self.probe_after or not self._open_count[row]:
             return None
-        wanted = (self.cells.rounds[row] < self.trust_after) & (self.probe_steps[row] < self.max_probe_steps)
-        if could_win is not None and wanted.any():
-            wanted &= could_win(*self.cost_floors(row))
-        if not wanted.any():
+        wanted = self._open[row]  # not trusted, not given up
+        if could_win is not None:
+            wanted = wanted & could_win(*self.cost_floors(row))
+        column = int(wanted.argmax())  # the first wanted, if any
+        if not wanted[column]:
             return None
-        column = int(np.flatnonzero(wanted)[0])
         self.probe_steps[row, column] += 1
         self.probed_steps[row] += 1
         if self.probe_steps[row, column] == self.max_probe_steps:  # given up: retried like a stale cell
-            self.last_round[row, column] = self.row_rounds[row]
+            self.last_round[row, column] = self._row_rounds[row]
+            self._set_open(row, column, False)
         return self.widths[column]
+
+    def _set_open(self, row: int, column: int, open_: bool) -> None:
+        if self._open[row, column] != open_:
+            self._open[row, column] = open_
+            self._open_count[row] += 1 if open_ else -1
+            self.version += 1  # what a probe asks for changed
 
     def observe(self, bs: int, width: int, ms: float | None, verify_ms: float) -> None:
         """One served round: its verify forward's device time ``verify_ms`` and its period
@@ -220,48 +258,71 @@ class TimedCostTable(RoundCostTable):
         the graphs they never ran in."""
         if bs > self.batch_sizes[-1] or not (0 <= verify_ms < math.inf):
             return
-        if ms is not None and not (ms > 0 and math.isfinite(ms)):
+        if ms is not None and not (0 < ms < math.inf):
             return
         row, column = self._row(bs), self._column(width)
-        kind = self._kind(width)
+        kind = self._kind_of[column]
         if ms is None and not self._rest_known(row, kind):
             return  # a verify priced against no rest at all would undercut every costed width
-        self._observed += 1
-        excess = verify_ms - self.startup[row, column]
-        if self.cells.add(row, column, excess) == self.trust_after:
+        excess = verify_ms - self._startup[row][column]
+        moved = self._add_cell(row, column, excess)
+        if ms is not None:
+            moved |= self._add_shared(self.rest, self.rest_source, row, kind, ms - verify_ms)
+        moved |= self._add_shared(self.pooled, self.pooled_source, row, kind, excess)
+        if moved:  # else every cost the table gives is as it was: what was read from it holds
+            self.version += 1
+        rounds = self._row_rounds[row] = self._row_rounds[row] + 1
+        self.row_rounds[row] = rounds
+        if rounds == self.probe_after:  # the row's probes start
+            self.version += 1
+        self.last_round[row, column] = rounds
+        if rounds >= self._stale_from[row]:
+            self._clear_stale(row)
+
+    def _add_cell(self, row: int, column: int, excess: float) -> bool:
+        """One round's verify excess into its cell; whether a cost may have changed."""
+        rounds, moved = self.cells.add(row, column, excess)
+        if rounds == self.trust_after:  # trusted now: rows read it, no probe asks for it
             self._choose_cell_sources(column)
-        if ms is not None and self.rest.add(row, kind, ms - verify_ms) == self.trust_after:
-            self._choose_shared_sources(self.rest, self.rest_source, kind)
-        if self.pooled.add(row, kind, excess) == self.trust_after:
-            self._choose_shared_sources(self.pooled, self.pooled_source, kind)
-        self.row_rounds[row] += 1
-        self.last_round[row, column] = self.row_rounds[row]
-        self._clear_stale(row)
+            self._set_open(row, column, False)
+            return True
+        return moved
+
+    def _add_shared(self, shares: _Excesses, sources: np.ndarray, row: int, kind: int, excess: float) -> bool:
+        """One round into a row's pooled share of ``kind``; whether a cost may have changed."""
+        rounds, moved = shares.add(row, kind, excess)
+        if rounds == 1 and kind == self._WIDTH1:  # width 1 reads its own share from now on
+            self._layout += 1
+        if rounds == self.trust_after:
+            self._choose_shared_sources(shares, sources, kind)
+            return True
+        return moved
 
     def _clear_stale(self, row: int) -> None:
         """Trusted cells of ``row`` with no round for ``reprobe_after`` of its rounds, and
         probes given up as long ago: cleared, to be probed again (the module docstring says why).
-        Runs after every observed round: it returns at once while no cell can be stale (a cell
+        Runs once the row's rounds reach the first round at which a cell can be stale (a cell
         measured from now on has its last round now or later)."""
-        now = self.row_rounds[row]
-        if now < self._stale_from[row]:
-            return
+        now = self._row_rounds[row]
         given_up = self.probe_steps[row] >= self.max_probe_steps
-        measured = self.trusted()[row] | given_up
+        measured = (self.cells.rounds[row] >= self.trust_after) | given_up
         stale = measured & (now - self.last_round[row] >= self.reprobe_after)
         for column in np.flatnonzero(stale):
             self.cells.clear(row, column)
             self.probe_steps[row, column] = 0
             self.reprobes[row] += 1
             self._choose_cell_sources(int(column))
+            self._set_open(row, int(column), True)
+            self.version += 1
         kept = measured & ~stale
-        oldest = self.last_round[row][kept].min() if kept.any() else now
+        oldest = int(self.last_round[row][kept].min()) if kept.any() else now
         self._stale_from[row] = oldest + self.reprobe_after
 
     def _choose_cell_sources(self, column: int) -> None:
         """Where each row reads the excess of ``column``: itself once trusted, else the nearest
         trusted row (the smaller on a tie), else -1 (the pooled excess)."""
-        self.cell_source[:, column] = _nearest(self.trusted()[:, column], fallback=-1)
+        self.cell_source[:, column] = _nearest(self.cells.rounds[:, column] >= self.trust_after, fallback=-1)
+        self._layout += 1
 
     def _choose_shared_sources(self, shares: _Excesses, sources: np.ndarray, kind: int) -> None:
         """Where each row reads a pooled share of ``kind`` (the verify's excess, or the rest):
@@ -269,6 +330,7 @@ class TimedCostTable(RoundCostTable):
         any round). Recomputed when a row becomes trusted, not per lookup."""
         rows = np.arange(len(self.batch_sizes))
         sources[:, kind] = _nearest(shares.rounds[:, kind] >= self.trust_after, fallback=rows)
+        self._layout += 1
 
     def _kind(self, width: int) -> int:
         return self._WIDTH1 if width == 1 else self._TREE
@@ -290,25 +352,44 @@ class TimedCostTable(RoundCostTable):
 
 
 class _Excesses:
-    """Per slot (``shape``): the last ``window`` excesses, their median and how many there were."""
+    """Per slot (``shape``): the last ``window`` excesses, their median and how many there were.
+    Each slot keeps its window twice, in arrival order (which one leaves next) and sorted (the
+    median is read off the middle; one insertion and one removal a round, not a sort)."""
 
-    def __init__(self, shape: tuple[int, int], window: int):
+    def __init__(self, shape: tuple[int, int], window: int, medians: np.ndarray):
         self.windows = [[deque(maxlen=window) for _ in range(shape[1])] for _ in range(shape[0])]
-        self.median = np.zeros(shape)
+        self._sorted: list[list[list[float]]] = [[[] for _ in range(shape[1])] for _ in range(shape[0])]
+        self.median = medians.reshape(shape)  # a view: written through to the table's medians
         self.rounds = np.zeros(shape, dtype=np.int64)
+        self._rounds = self.rounds.tolist()  # the same, counted per round as Python ints
 
-    def add(self, row: int, column: int, excess: float) -> int:
-        """Record one excess; the slot's count of rounds after it."""
-        window = self.windows[row][column]
+    def add(self, row: int, column: int, excess: float) -> tuple[int, bool]:
+        """Record one excess: the slot's count of rounds after it, and whether what the slot
+        gives moved (its median, or its first round: width 1 reads the trees' share until then)."""
+        window, ordered = self.windows[row][column], self._sorted[row][column]
+        if len(window) == window.maxlen:
+            del ordered[bisect.bisect_left(ordered, window[0])]
         window.append(excess)
-        self.median[row, column] = statistics.median(window)
-        self.rounds[row, column] += 1
-        return int(self.rounds[row, column])
+        bisect.insort(ordered, excess)
+        median = _median(ordered)
+        moved = median != self.median[row, column]
+        self.median[row, column] = median
+        rounds = self._rounds[row][column] = self._rounds[row][column] + 1
+        self.rounds[row, column] = rounds
+        return rounds, moved or rounds == 1
 
     def clear(self, row: int, column: int) -> None:
         self.windows[row][column].clear()
+        self._sorted[row][column].clear()
         self.median[row, column] = 0.0
-        self.rounds[row, column] = 0
+        self.rounds[row, column] = self._rounds[row][column] = 0
+
+
+def _median(ordered: list[float]) -> float:
+    """The median of a sorted list, as ``statistics.median`` gives it (the mean of the middle two
+    of an even count)."""
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _nearest(trusted: np.ndarray, fallback) -> np.ndarray:

@@ -18,9 +18,16 @@ actually accepted; the per-depth split is what it needs.
 Shapes: ``log_probs`` ``[bs, depth, k]`` per-depth top-k log-probs, descending (the builder's
 input); results ``[bs, B + 1, depth]`` (row ``b`` = the tree of budget ``b``; row 0 is the empty
 tree, i.e. no speculation).
+
+The online budget predicts on one drafted step in 8 (``adapter/widths.py``), on the device,
+where each operation is a kernel launch the host pays for: :func:`reach_totals_at_widths` gives
+the batch's totals at its widths in a fixed number of operations (about 40 at depth 7), whatever
+the batch size and the number of widths, and nothing in it waits for the device.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import torch
@@ -49,19 +56,12 @@ def reach_by_depth(log_probs: torch.Tensor | np.ndarray, max_budget: int) -> tor
     synchronisation.
 
     The ``B`` most probable nodes are the ``B`` most probable among each depth's ``B`` most
-    probable (a depth's best ``B`` extend the previous depth's best ``B``, because a child
-    never outscores its parent). Sums of the largest values do not depend on how ties are
-    broken; on ties between depths the shallower node counts first, as the heap pops it.
+    probable (:func:`_best_by_depth`); on ties between depths the shallower node counts first,
+    as the heap pops it.
     """
     bs, depth, k = log_probs.shape
     lp = torch.as_tensor(log_probs).double()
-    frontier = torch.zeros((bs, 1), dtype=torch.float64, device=lp.device)  # the root
-    per_depth = []
-    for d in range(depth):
-        candidates = (frontier[:, :, None] + lp[:, d, None, :]).reshape(bs, -1)
-        frontier = torch.topk(candidates, min(max_budget, candidates.shape[1]), dim=1).values
-        per_depth.append(_pad_to(frontier, max_budget))
-    scores = torch.cat(per_depth, dim=1)  # [bs, depth * B], depth-major
+    scores = _best_by_depth(lp, max_budget)  # [bs, depth * B], depth-major
     node_depths = torch.arange(depth, device=lp.device).repeat_interleave(max_budget)
     order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max_budget]
     probs = scores.gather(1, order).exp()  # exp(-inf) = 0 where a level ran out of nodes
@@ -69,6 +69,63 @@ def reach_by_depth(log_probs: torch.Tensor | np.ndarray, max_budget: int) -> tor
     one_hot = (node_depths[order][..., None] == torch.arange(depth, device=lp.device)).to(torch.float64)
     reach = torch.cumsum(probs[:, :, None] * one_hot, dim=1)  # [bs, B, depth]
     return torch.cat([torch.zeros_like(reach[:, :1]), reach], dim=1)
+
+
+def reach_totals_at_widths(log_probs: torch.Tensor, widths) -> torch.Tensor:
+    """``[n_widths, depth]`` float64: ``reach_at_widths(reach_by_depth(log_probs, B), widths)``
+    with ``B = widths[-1] - 1``, in a fixed number of device operations (the per-step
+    prediction): the batch is summed per rank before the budgets are, and each width's budget
+    is a row of a 0/1 matrix made once, so neither the batch nor the widths add an operation.
+    The sums are the same up to the order of floating-point additions."""
+    lp = torch.as_tensor(log_probs).double()
+    depth, max_budget = lp.shape[1], int(widths[-1]) - 1
+    scores = _best_by_depth(lp, max_budget)
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max_budget]
+    probs = scores.gather(1, order).exp()
+    levels, below = _rank_constants(depth, max_budget, tuple(int(w) for w in widths), lp.device)
+    at_depth = (order // max_budget)[..., None] == levels  # [bs, B, depth]: scores are depth-major
+    by_rank = (probs[..., None] * at_depth).sum(0)  # [B, depth]: the batch's mass at each rank
+    return below @ by_rank  # below[w, r] = 1 for the ranks r < width - 1 the tree of width w holds
+
+
+def _best_by_depth(lp: torch.Tensor, max_budget: int) -> torch.Tensor:
+    """``[bs, depth * B]``: per depth, the ``B`` largest path log-probs of its nodes, descending
+    (``-inf`` where a depth has fewer), depth-major. No host synchronisation.
+
+    The ``B`` most probable nodes are the ``B`` most probable among each depth's ``B`` most
+    probable (a depth's best ``B`` extend the previous depth's best ``B``, because a child
+    never outscores its parent). Sums of the largest values do not depend on how ties are
+    broken. Depth 1's are the root's children, already in order (the input is descending);
+    deeper, a child of the parent ranked ``i`` through the token ranked ``j`` (both from 0) is
+    outscored by the ``(i + 1)(j + 1) - 1`` others whose ranks are no larger, so only the pairs
+    with ``(i + 1)(j + 1) <= B`` can be among the best ``B`` (:func:`_candidate_pairs`): the same
+    values from ~``B ln B`` candidates instead of ``B k``."""
+    bs, depth, k = lp.shape
+    frontier = lp[:, 0, :max_budget]
+    per_depth = [_pad_to(frontier, max_budget)]
+    for d in range(1, depth):
+        parents, tokens = _candidate_pairs(frontier.shape[1], k, max_budget, lp.device)
+        candidates = frontier.index_select(1, parents) + lp[:, d].index_select(1, tokens)
+        frontier = torch.topk(candidates, min(max_budget, frontier.shape[1] * k), dim=1).values
+        per_depth.append(_pad_to(frontier, max_budget))
+    return torch.cat(per_depth, dim=1)
+
+
+@functools.lru_cache(maxsize=32)
+def _candidate_pairs(parents: int, k: int, budget: int, device: torch.device):
+    """(parent rank, token rank) of every child that can be among the ``budget`` best, made once
+    per shape (a host list copied to the device: it synchronises, once)."""
+    pairs = [(i, j) for i in range(parents) for j in range(min(k, budget // (i + 1)))]
+    ranks = torch.tensor(pairs, dtype=torch.int64).T.contiguous()
+    return ranks[0].to(device), ranks[1].to(device)
+
+
+@functools.lru_cache(maxsize=32)
+def _rank_constants(depth: int, max_budget: int, widths: tuple[int, ...], device: torch.device):
+    """``([depth] depths, [n_widths, B] float64 0/1 ranks held by each width's tree)``, made once."""
+    levels = torch.arange(depth)
+    below = (torch.arange(max_budget)[None, :] < torch.tensor(widths)[:, None] - 1).to(torch.float64)
+    return levels.to(device), below.to(device)
 
 
 def expected_accepted(reach: torch.Tensor | np.ndarray, scale=None):

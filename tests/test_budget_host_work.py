@@ -1,0 +1,303 @@
+"""The online budget's own host work per decode step (``adapter/widths.py``) does not grow with
+the cost table's rows or the candidate widths, and what it keeps between steps changes no
+decision (CPU, torch).
+
+Work is counted, not timed: the Python lines each function runs per call (``sys.settrace``) and
+the torch operations a predicting step dispatches (each a kernel launch beside a GPU). A loop
+over the rows or the widths in Python shows as lines that grow with them; numpy and torch work
+over a row of widths is one operation whatever its length."""
+
+import math
+import random
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sglang_ddtree
+from sglang_ddtree.adapter.widths import StepWidths
+from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, TimedCostTable, candidate_widths
+from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth
+
+DEPTH, TOP_K = 7, 16
+PACKAGE = str(Path(sglang_ddtree.__file__).parent)
+
+
+class Clock:
+    """A simulation's clock (seconds): the steps' periods and verify times are its own, so two
+    runs of the same steps see the same costs."""
+
+    def __init__(self):
+        self.s = 0.0
+
+    def __call__(self) -> float:
+        return self.s
+
+
+def drafter_log_probs(bs: int, seed: int = 0) -> torch.Tensor:
+    """A confident drafter's sorted top-k log-probs ``[bs * depth, k]`` (top token ~0.9)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(bs * DEPTH, TOP_K, generator=gen)
+    logits[:, 0] += 6.0
+    return torch.log_softmax(logits, -1).sort(-1, descending=True).values
+
+
+def served(rows: int, budget: int, clock=None) -> StepWidths:
+    """A timed table of ``rows`` batch sizes at the candidate widths of ``budget``, as the
+    start-up leaves it (a replay time for every cell)."""
+    widths = candidate_widths(budget)
+    sizes = tuple(range(1, rows + 1))
+    startup = [[0.3 + 0.004 * bs + 0.002 * w for w in widths] for bs in sizes]
+    return StepWidths(widths, TimedCostTable(sizes, widths, startup), DEPTH, lambda w: w, clock=clock)
+
+
+def step(steps: StepWidths, bs: int, clock: Clock, rng: random.Random, accept: int = 5) -> int:
+    """One decode step as the worker runs it, on the simulation's clock: a round of ~4 ms of
+    which the verify takes ~0.3-0.5 ms, with some noise."""
+    width = steps.start(bs)
+    if not steps.skips_draft:
+        steps.watch(lambda hidden, k: (drafter_log_probs(bs), None))(None, TOP_K)
+    clock.s += rng.uniform(1.5, 2.0) / 1e3
+    steps.verify_started()
+    clock.s += (0.3 + 0.0002 * width + rng.uniform(0.0, 0.2)) / 1e3
+    steps.verify_finished()
+    clock.s += rng.uniform(1.5, 2.0) / 1e3
+    steps.finish(torch.full((bs,), min(accept, width - 1), dtype=torch.int64))
+    return width
+
+
+# --- per-step work ------------------------------------------------------------------------------
+
+
+def lines_per_call(steps: StepWidths, batch_sizes, clock: Clock, rng: random.Random, roots) -> Counter:
+    """Per function in files under ``roots``: the most lines it ran in one call over these steps."""
+    most: Counter = Counter()
+    calls: list[Counter] = []
+
+    def tracer(frame, event, arg):
+        if event != "call" or not frame.f_code.co_filename.startswith(roots):
+            return None
+        calls.append(Counter())
+        ran = calls[-1]
+
+        def local(frame, event, arg):
+            if event == "line":
+                ran[frame.f_code.co_name] += 1
+            elif event == "return":
+                name = frame.f_code.co_name
+                most[name] = max(most[name], ran[name])
+            return local
+
+        return local
+
+    for bs in batch_sizes:
+        sys.settrace(tracer)
+        try:
+            step(steps, bs, clock, rng)
+        finally:
+            sys.settrace(None)
+    return most
+
+
+def steady_lines(rows: int, budget: int, roots=(PACKAGE,)) -> Counter:
+    clock, rng = Clock(), random.Random(0)
+    steps = served(rows, budget, clock)
+    for _ in range(400):  # past the probes: every cell the chooser could want is priced
+        step(steps, 2, clock, rng)
+    # the common steps: one batch size, then another row, then back (the kept choices, a row
+    # computed again, the prediction every 8 drafted steps and its fold)
+    return lines_per_call(steps, [2] * 40 + [3] * 12 + [2] * 12, clock, rng, tuple(roots))
+
+
+def test_a_steps_host_work_does_not_grow_with_the_rows_or_the_widths():
+    small = steady_lines(rows=3, budget=7)  # 3 rows, 4 widths
+    large = steady_lines(rows=48, budget=256)  # 48 rows, 10 widths
+    assert large["start"] and large["finish"] and large["observe"]  # the step's calls were traced
+    grown = {name: (small[name], n) for name, n in large.items() if n > small[name]}
+    assert grown == {}, f"lines per call (3 rows x 4 widths, 48 rows x 10 widths): {grown}"
+
+
+def test_the_line_count_sees_a_loop_over_the_widths(monkeypatch):
+    """The counting itself: a chooser that scored the widths one by one in Python would fail."""
+    from sglang_ddtree.budget import online
+
+    def choose_one_by_one(self, bs, accepted):
+        rates = [(a + bs) / self.cost(bs, w) for w, a in zip(self.widths, accepted)]
+        self.current = self.widths[rates.index(max(rates))]
+        return self.current
+
+    monkeypatch.setattr(online.WidthChooser, "choose", choose_one_by_one)
+    roots = (PACKAGE, __file__)
+    small, large = steady_lines(rows=3, budget=7, roots=roots), steady_lines(rows=48, budget=256, roots=roots)
+    assert large["<listcomp>"] > small["<listcomp>"] > 0
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def predicting_step_ops(bs: int, budget: int) -> int:
+    """Torch operations dispatched by one predicting ``finish`` (after its first: the shapes'
+    constants are made once)."""
+    widths = candidate_widths(budget)
+    table = RoundCostTable((1,), widths, [[1.0] * len(widths)])
+    steps = StepWidths(widths, table, DEPTH, lambda w: w, predict_every=1)
+    propose = steps.watch(lambda hidden, k: (drafter_log_probs(bs), None))
+    accept = torch.full((bs,), 3, dtype=torch.int64)
+    for _ in range(2):
+        steps.start(bs)
+        propose(None, TOP_K)
+        steps.finish(accept)
+    steps.start(bs)
+    propose(None, TOP_K)
+    with _Ops() as ops:
+        steps.finish(accept)
+    assert steps._pending[-1].values is not None  # it predicted
+    return ops.count
+
+
+def test_the_prediction_is_a_fixed_number_of_device_operations():
+    """One drafted step in 8 predicts on the device; beside a GPU each operation is a launch
+    the host pays for. Their number depends on the depth alone (one ``topk`` per depth), not on
+    the batch or the widths (at 84f54ae it stacked one row view per width)."""
+    counts = {(bs, budget): predicting_step_ops(bs, budget) for bs in (1, 64) for budget in (7, 256)}
+    assert len(set(counts.values())) == 1, counts
+    assert next(iter(counts.values())) <= 8 * DEPTH, counts  # ~50 at depth 7 (84f54ae: 80-86)
+
+
+# --- what is kept between steps changes no decision ----------------------------------------------
+
+
+def run_widths(table_kind: str, keep: bool, seed: int = 1) -> list[tuple[int, int, bool]]:
+    """Every step's (bs, width, skips the drafter) over a mixed run: batch sizes that change,
+    prefills between steps, noisy rounds, probes. ``keep=False`` asks the chooser and the table
+    at every step, as before anything was kept."""
+    clock, rng = Clock(), random.Random(seed)
+    widths = candidate_widths(15)
+    sizes = (1, 2, 4, 8, 16)
+    if table_kind == "timed":
+        startup = [[0.3 + 0.01 * bs * w for w in widths] for bs in sizes]
+        table = TimedCostTable(sizes, widths, startup, probe_after=4, reprobe_after=64)
+    elif table_kind == "probed":
+        table = ProbedCostTable(sizes, widths)
+    else:
+        table = RoundCostTable.from_function(sizes, widths, lambda bs, w: 4.0 + 0.02 * bs * w)
+    steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
+    if not keep:
+        steps._unchanged = lambda kept, bs, accepted: False
+    ran, bs = [], 2
+    for _ in range(1500):
+        if rng.random() < 0.05:
+            bs = rng.choice([1, 2, 3, 5, 8, 12, 16])
+            steps.interrupt(joined=1)
+            clock.s += 0.008
+        width = step(steps, bs, clock, rng, accept=rng.randint(0, DEPTH))
+        ran.append((bs, width, steps.skips_draft))
+    return ran
+
+
+@pytest.mark.parametrize("table_kind", ["timed", "probed", "fixed"])
+def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind):
+    kept = run_widths(table_kind, keep=True)
+    asked = run_widths(table_kind, keep=False)
+    assert len({w for _, w, _ in kept}) > 1  # the run chose among widths
+    assert kept == asked
+
+
+def test_a_fixed_table_is_asked_again_only_when_the_prediction_or_the_batch_changes(monkeypatch):
+    widths = candidate_widths(15)
+    table = RoundCostTable.from_function((1, 8), widths, lambda bs, w: 4.0 + 0.02 * bs * w)
+    clock, rng = Clock(), random.Random(0)
+    steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
+    asked = []
+    choose = steps.chooser.choose
+    monkeypatch.setattr(
+        steps.chooser, "choose", lambda bs, accepted: asked.append(bs) or choose(bs, accepted)
+    )
+    for _ in range(64):
+        step(steps, 4, clock, rng)
+    folds = 64 // steps.predict_every + 1  # the first step's, then one drafted step in 8
+    assert len(asked) <= folds + 1, len(asked)
+    step(steps, 5, clock, rng)
+    assert asked[-1] == 5  # another batch size: asked again
+
+
+# --- the timed table keeps what it says it keeps --------------------------------------------------
+
+
+def test_the_timed_tables_version_moves_whenever_a_cost_or_a_probe_could():
+    """Random rounds into a timed table (stalls, other rows, untimed periods, stale cells):
+    whenever its ``version`` stays, every row's costs and what a probe would ask for stay too;
+    the cells open to a probe are the untrusted ones not given up; each median is the
+    window's."""
+    rng = np.random.default_rng(3)
+    sizes, widths = (1, 2, 4, 8), (1, 2, 4, 8, 9)
+    table = TimedCostTable(
+        sizes,
+        widths,
+        rng.uniform(1.0, 3.0, (4, 5)),
+        probe_after=3,
+        trust_after=3,
+        window=5,
+        reprobe_after=40,
+        max_probe_steps=4,
+    )
+
+    def state():
+        costs = [table.row_costs(bs).tolist() for bs in sizes]
+        due = [table._row_rounds[r] >= table.probe_after for r in range(len(sizes))]
+        return costs, table._open.tolist(), due
+
+    moved = 0
+    for _ in range(1500):
+        before, version = state(), table.version
+        bs = int(rng.choice([1, 2, 3, 4, 6, 8]))
+        if rng.random() < 0.3:
+            table.unprobed(bs, lambda floors, priced: rng.random(len(widths)) < 0.5)
+            before, version = state(), table.version
+        period = None if rng.random() < 0.2 else float(rng.choice([4.0, 4.0, 4.1, 30.0]))
+        width = int(rng.choice(widths, p=[0.05, 0.05, 0.3, 0.3, 0.3]))  # widths 1, 2 seldom: stale
+        table.observe(bs, width, period, float(rng.choice([0.5, 0.5, 0.6, 0.7])))
+        if table.version == version:
+            assert state() == before
+        else:
+            moved += 1
+        trusted = table.cells.rounds >= table.trust_after
+        np.testing.assert_array_equal(table._open, ~trusted & (table.probe_steps < table.max_probe_steps))
+        assert table._open_count == table._open.sum(1).tolist()
+        for shares in (table.cells, table.pooled, table.rest):
+            for r, row in enumerate(shares.windows):
+                for c, window in enumerate(row):
+                    assert shares.median[r, c] == (statistics.median(window) if window else 0.0)
+    assert 0 < moved < 1500  # some rounds moved nothing the table gives (a median of repeats)
+    assert table.reprobes.any()  # stale cells were cleared and probed again
+
+
+def test_reach_totals_are_the_summed_reach_at_each_width():
+    """The prediction's one pass equals the reference's ``reach_at_widths(reach_by_depth(...))``:
+    few and many top-k candidates against the budget, ties (a drafter whose tail is one value),
+    and tokens of no probability."""
+    from sglang_ddtree.tree.expected_accept import reach_totals_at_widths
+
+    gen = torch.Generator().manual_seed(11)
+    for bs, depth, k, budget in [(1, 1, 4, 3), (3, 4, 2, 15), (5, 7, 16, 64), (2, 6, 64, 16), (4, 3, 8, 256)]:
+        log_probs = torch.log_softmax(torch.randn(bs, depth, k, generator=gen, dtype=torch.float64), -1)
+        log_probs = log_probs.sort(-1, descending=True).values
+        tied = log_probs.clone()
+        tied[..., 1:] = math.log(1e-3)  # ties within and across depths
+        tied[0, :, -1] = -math.inf
+        widths = candidate_widths(budget)
+        for lp in (log_probs, tied):
+            expected = reach_at_widths(reach_by_depth(lp, budget), widths)
+            torch.testing.assert_close(reach_totals_at_widths(lp, widths), expected, rtol=1e-12, atol=1e-12)
