@@ -36,7 +36,25 @@ def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tm
         # (a width-1 probe may take a step); drafted steps predict one in PREDICT_EVERY
         assert 64 // PREDICT_EVERY - 1 <= cell["predicting_steps"] <= 64 // PREDICT_EVERY + 1
         assert cell["finish_us_predicting"] is not None and cell["finish_us_recording"] is not None
+        # a start after a predicting step folds its prediction (timed apart); the others do not
+        assert cell["folding_steps"] >= cell["predicting_steps"] - 1 and cell["start_us_folding"] > 0
     assert [(c["budget"], c["rows"]) for c in results["log_line"]] == [(7, 24)]
     assert results["log_line"][0]["us"] > 0
+    assert results["command"].startswith("python -m lab.bench.online_budget_host --budgets 7")
     report = (tmp_path / "online_budget_host_cpu.md").read_text()
-    assert "| budget | widths | bs |" in report and "log line (its summary), every row" in report
+    assert (
+        "| budget | widths | bs | start | start (fold) |" in report
+        and "log line (its summary), every row" in report
+    )
+    assert "command: `python -m lab.bench.online_budget_host --budgets 7" in report
+
+
+def test_the_benchmark_writes_the_series_it_is_named(tmp_path):
+    argv = ["--budgets", "7", "--batch-sizes", "1", "--steps", "16", "--warmup", "8", "--cpu"]
+    assert (
+        online_budget_host.main([*argv, "--out", str(tmp_path), "--name", "online-budget_cpu_host_time"]) == 0
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "online-budget_cpu_host_time.json",
+        "online-budget_cpu_host_time.md",
+    ]

@@ -1,24 +1,29 @@
 """Host time of the online budget's own work per decode step (``adapter/widths.py``).
 
-Per step the worker calls ``StepWidths.start`` (the probe check and the width choice) and
-``StepWidths.finish`` (the step's record; one drafted step in ``PREDICT_EVERY`` also makes the
-expected-accept prediction and starts its copy to the host), and around the verify forward
-``verify_started`` / ``verify_finished`` (the verify's device time, two CUDA events). This times both on a timed cost
-table in its served state (every cell priced), at the candidate widths of a budget, for a few
-batch sizes. A host-bound round pays this at every step (the trained pair on the H200 runs
-rounds of ~4.5 ms, docs/online-budget.md).
+Per step the worker calls ``StepWidths.start`` (the landed step folded into the cost table,
+the probe check and the width choice) and ``StepWidths.finish`` (the step's record; one drafted
+step in ``PREDICT_EVERY`` also makes the expected-accept prediction and starts its copy to the
+host), and around the verify forward ``verify_started`` / ``verify_finished`` (the verify's
+device time, two CUDA events). This times each on a timed cost table in its served state (every
+cell priced), at the candidate widths of a few budgets (4 to 10 widths), for a few batch sizes.
+A ``start`` that also folds a landed prediction into the calibration is timed apart. A
+host-bound round pays this at every step (the trained pair on the H200 runs rounds of ~4.5 ms,
+docs/online-budget.md).
 
 On a machine without a GPU the prediction's tensor operations run as CPU arithmetic, not as
 kernel launches: the `finish` columns there are the host's Python and dispatch plus that
 arithmetic, not what the same step costs beside a GPU. `start` is host work either way.
 
     python -m lab.bench.online_budget_host   # -> results/online_budget_host_<device>.{json,md}
+    python -m lab.bench.online_budget_host --name online-budget_cpu_host_time  # the results series
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
+import sys
 import time
 
 import torch
@@ -56,8 +61,10 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
     accept_lens = torch.randint(DEPTH // 2, DEPTH + 1, (bs,), generator=gen, device=device)
     # the drafter's proposals as the worker hands them over (``watch``)
     propose = steps.watch(lambda hidden, k: (log_probs, None))
+    folds = _count_folds(steps)
     out = []
     for _ in range(n):
+        folded = folds[0]
         t0 = time.perf_counter()
         steps.start(bs)
         t1 = time.perf_counter()
@@ -76,11 +83,29 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
                 "verify_clock_us": (t3 - t2) * 1e6,
                 "finish_us": (t4 - t3) * 1e6,
                 "predicted": predicted,
+                "folded": folds[0] > folded,
             }
         )
     if device.type == "cuda":
         torch.cuda.synchronize()
     return out
+
+
+def _count_folds(steps: StepWidths) -> list[int]:
+    """A counter of the predictions ``steps`` folds into its calibration (in ``start``)."""
+    if not hasattr(steps, "_folds"):
+        fold, steps._folds = steps._fold, [0]
+
+        def counted(step):
+            steps._folds[0] += 1
+            return fold(step)
+
+        steps._fold = counted
+    return steps._folds
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def summarise(records: list[dict]) -> dict:
@@ -89,10 +114,12 @@ def summarise(records: list[dict]) -> dict:
     return {
         "steps": len(records),
         "predicting_steps": len(predicting),
-        "start_us": statistics.median(r["start_us"] for r in records),
+        "start_us": _median([r["start_us"] for r in records if not r["folded"]]),
+        "start_us_folding": _median([r["start_us"] for r in records if r["folded"]]),
+        "folding_steps": sum(r["folded"] for r in records),
         "verify_clock_us": statistics.median(r["verify_clock_us"] for r in records),
-        "finish_us_recording": statistics.median(recording) if recording else None,
-        "finish_us_predicting": statistics.median(predicting) if predicting else None,
+        "finish_us_recording": _median(recording),
+        "finish_us_predicting": _median(predicting),
         "mean_us_per_step": statistics.fmean(
             r["start_us"] + r["verify_clock_us"] + r["finish_us"] for r in records
         ),
@@ -117,6 +144,7 @@ def log_line_us(budget: int, device: torch.device, calls: int = 20) -> dict:
 def run(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
     results = {"stamp": _stamp.stamp(), "config": vars(args).copy(), "device": device.type, "cells": []}
+    results["command"] = "python -m lab.bench.online_budget_host " + shlex.join(args.argv)
     results["log_line"] = [log_line_us(budget, device) for budget in args.budgets]
     for budget in args.budgets:
         for bs in args.batch_sizes:
@@ -136,6 +164,7 @@ def to_markdown(results: dict) -> str:
             c["widths"],
             c["bs"],
             c["start_us"],
+            c["start_us_folding"],
             c["verify_clock_us"],
             c["finish_us_recording"],
             c["finish_us_predicting"],
@@ -150,10 +179,13 @@ def to_markdown(results: dict) -> str:
             "",
             _stamp.stamp_markdown(results["stamp"]),
             "",
+            f"command: `{results.get('command', 'python -m lab.bench.online_budget_host')}`",
+            "",
             f"Tensors on `{results['device']}`; medians over {results['config']['steps']} steps after "
-            f"{results['config']['warmup']} warm-up steps per cell (us). The prediction is made on one "
-            f"drafted step in {PREDICT_EVERY}. On a CPU the prediction's tensor operations are CPU "
-            "arithmetic, not kernel launches (the module docstring).",
+            f"{results['config']['warmup']} warm-up steps per cell (us), wall time. `start`: the steps "
+            "that fold no prediction; `start (fold)`: those that also fold a landed prediction into the "
+            f"calibration. The prediction is made on one drafted step in {PREDICT_EVERY}. On a CPU the "
+            "prediction's tensor operations are CPU arithmetic, not kernel launches (the module docstring).",
             "",
             _stamp.md_table(
                 [
@@ -161,6 +193,7 @@ def to_markdown(results: dict) -> str:
                     "widths",
                     "bs",
                     "start",
+                    "start (fold)",
                     "verify clock",
                     "finish (record)",
                     "finish (predict)",
@@ -179,15 +212,17 @@ def to_markdown(results: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--budgets", type=int, nargs="+", default=[7, 64])
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--budgets", type=int, nargs="+", default=[7, 15, 64, 256], help="4, 5, 8 and 10 widths")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=400)
     p.add_argument("--cpu", action="store_true", help="host tensors even where a GPU is present")
     p.add_argument("--out", default=None, help="results folder (default: results)")
+    p.add_argument("--name", default=None, help="file name (default: online_budget_host_<device>)")
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     results = run(args)
-    name = f"online_budget_host_{_stamp.device_slug(results['stamp'])}"
+    name = args.name or f"online_budget_host_{_stamp.device_slug(results['stamp'])}"
     for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
         print(path)
     print(to_markdown(results))
