@@ -17,7 +17,8 @@
 # PROMPTS requests of OUTPUT_LEN tokens one at a time (~10-20 s an arm): ~6-7 min; the tool is
 # stopped at TRACE_S (540) so that the caches still come back.
 # Variables: ARMS (chain,7,16,32,64), PROMPTS (0: all 43 held-out prompts), OUTPUT_LEN (128: the
-# K2.6 rank's A/B draws up to 64), TOPK (64: ranks the trace keeps per depth), TRACE_S, TRACE_ARGS.
+# K2.6 rank's A/B draws up to 64), TOPK (64: ranks the trace keeps per depth), TRACE_S, TRACE_ARGS,
+# SERVER_ARGS (the servers' flags; empty with SGLANG_USE_CPU_ENGINE=1: the job's plumbing on a CPU).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
 NAME=pycode-4l_h200_trace
@@ -27,7 +28,7 @@ COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 -
 COMMON="$COMMON --mem-fraction-static 0.08 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
 timeout -s TERM "${TRACE_S:-540}" python -m lab.bench.trace_pair --pair "$P" \
   --arms "${ARMS:-chain,7,16,32,64}" --prompts "${PROMPTS:-0}" --output-len "${OUTPUT_LEN:-128}" \
-  --topk "${TOPK:-64}" --server-args "$COMMON" --work "$WORK" \
+  --topk "${TOPK:-64}" --server-args "${SERVER_ARGS-$COMMON}" --work "$WORK" \
   --trace-out "$OUT/$NAME.json.gz" --out "$OUT" --name "${NAME}_selfcheck" ${TRACE_ARGS:-}
 rc=$?
 logs=$(cd "$WORK" 2>/dev/null && ls record/*.log replay/*.log 2>/dev/null)
