@@ -55,16 +55,19 @@ Host work. ``start`` and ``finish`` run at every decode step, on the host, so a 
 pays them at every width (2% of the trained pair's ~4 ms H200 round is 80 us), and none of it
 grows with the table's rows or the candidate widths (``tests/test_budget_host_work.py`` counts
 it). The batch's expected accepted drafts are kept per batch size until a prediction lands or
-the calibration moves; the chosen width, and a probe check that asked for none, are kept until
-the table's ``version`` moves (a round that moves no median leaves it) or the expected drafts
-do; a table computes only the row asked for. The prediction is a fixed number of device
-operations, launched without a synchronisation and copied into reused pinned buffers
-(``observed.py``), and folded in once landed.
+the calibration moves. The chosen width, and a probe check that asked for none, are kept while
+the table's costs drift less than could change them (``budget/slack.py``: a measured table's
+costs move a little at almost every round) and nothing else they read moves (the batch size,
+the expected drafts, the table's structure); when they are made again, the table computes only
+the row asked for. The prediction is a fixed number of device operations, launched without a
+synchronisation and copied into reused pinned buffers (``observed.py``), and folded in once
+landed.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -81,6 +84,7 @@ from ..budget import (
     candidate_widths,
     reach_counts,
 )
+from ..budget.slack import Kept, unwinnable_slack
 from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned
 from ..tree.expected_accept import reach_totals_at_widths
 from ..tree.types import Trees
@@ -180,13 +184,15 @@ class StepWidths:
 
     @cost.setter
     def cost(self, table: RoundCostTable) -> None:
+        if tuple(table.widths) != self.widths:  # a kept decision's slack reads both as one
+            raise ValueError(f"a cost table of widths {table.widths} for the widths {self.widths}")
         # what each step asks of the table, looked up once here rather than at every step
         self._cost = table
         self.measured = isinstance(table, (ProbedCostTable, TimedCostTable))  # not injected
         self._timed = isinstance(table, TimedCostTable)
         self._unprobed = getattr(table, "unprobed", None)
-        self._choice: tuple | None = None  # the last choice and what it was made from
-        self._no_probe: tuple | None = None  # what the last step that asked for no probe read
+        self._choice: Kept | None = None  # the last choice, and what it was made from
+        self._no_probe: Kept | None = None  # the last probe check that asked for none
 
     def use_cost_table(self, table: RoundCostTable) -> None:
         self.cost = self.chooser.cost = table
@@ -220,46 +226,40 @@ class StepWidths:
 
     def _probe(self, bs: int, accepted: np.ndarray) -> int | None:
         """The width a measured table asks for first (None: the chooser decides); a timed
-        table only for widths that could win at their least possible cost. A table that asked
-        for none asks for none again until its ``version`` or the expected drafts change."""
-        if self._unprobed is None or self._unchanged(self._no_probe, bs, accepted):
+        table only for widths that could win at their least possible cost. A check that found
+        none is kept while the costs drift less than could make one worth it (``budget/slack.py``)."""
+        if self._unprobed is None or self._holds(self._no_probe, bs, accepted):
             return None
         if not self._timed:
-            width = self._unprobed(bs)
+            width, slack = self._unprobed(bs), math.inf  # probes until every cell is: structure
         else:
-            width = self._unprobed(
-                bs, lambda floors, priced: self.chooser.could_win(bs, accepted, floors, priced)
-            )
-        self._no_probe = None if width is not None else self._inputs(bs, accepted)
+            checked = []  # what the check weighed, if it came to the costs
+            width = self._unprobed(bs, lambda *floors: self._could_win(bs, accepted, floors, checked))
+            slack = unwinnable_slack(*checked[0]) if checked else math.inf
+        self._no_probe = None if width is not None else Kept(bs, self._cost, accepted, slack)
         return width
+
+    def _could_win(self, bs: int, accepted: np.ndarray, floors: tuple, checked: list) -> np.ndarray:
+        """The chooser's check of a probe's widths; what it weighed goes to ``checked`` (the
+        slack of a check that found none)."""
+        could = self.chooser.could_win(bs, accepted, *floors)
+        checked.append((accepted + bs, self._cost.row_costs(bs), *floors, could))
+        return could
 
     def _choose(self, bs: int, accepted: np.ndarray) -> int:
-        """The chooser's width, kept while nothing it reads has changed: the batch size, the
-        table's costs (its ``version``), the expected accepted drafts, its current width and
-        margin. Its choice from the same inputs at the width it chose is that width again (the
-        hysteresis keeps it, or it was already the best), so a kept choice is the one it would
-        make (``tests/test_budget_host_work.py`` runs both)."""
+        """The chooser's width, kept while the costs drift less than could change it
+        (``budget/slack.py``) and nothing else it reads moves (the batch size, the table's
+        structure, the expected drafts, its current width and margin): a kept choice is the one
+        it would make (``tests/test_budget_host_work.py`` runs both)."""
         kept, chooser = self._choice, self.chooser
-        if self._unchanged(kept, bs, accepted) and kept[4:] == (chooser.current, chooser.switch_margin):
-            return kept[4]
+        if self._holds(kept, bs, accepted) and kept.value == (chooser.current, chooser.switch_margin):
+            return chooser.current
         width = chooser.choose(bs, accepted)
-        self._choice = (*self._inputs(bs, accepted), width, chooser.switch_margin)
+        self._choice = Kept(bs, self._cost, accepted, chooser.slack(), (width, chooser.switch_margin))
         return width
 
-    def _inputs(self, bs: int, accepted: np.ndarray) -> tuple:
-        return bs, self._cost, self._cost.version, accepted
-
-    def _unchanged(self, kept: tuple | None, bs: int, accepted: np.ndarray) -> bool:
-        """Whether ``kept`` (from :meth:`_inputs`) was made from what a step would read now (the
-        arrays by identity: a new prediction or calibration makes new ones)."""
-        table = self._cost
-        return (
-            kept is not None
-            and kept[0] == bs
-            and kept[1] is table
-            and kept[2] == table.version
-            and kept[3] is accepted
-        )
+    def _holds(self, kept: Kept | None, bs: int, accepted: np.ndarray) -> bool:
+        return kept is not None and kept.holds(bs, self._cost, accepted)
 
     def interrupt(self, joined: int = 0) -> None:
         """Another batch (a prefill of ``joined`` requests, an idle pass) runs between two

@@ -12,10 +12,12 @@ target's verify CUDA graph is captured per width, not per request.
 
 ``T`` comes from a :class:`RoundCostTable`: timed rounds per captured batch size and width
 (at start-up), refined by the rounds the server runs. A batch runs in the graph of the
-smallest captured batch size that holds it, so it costs what that size costs. A table's
-``version`` changes whenever any cost it gives, or any width it would ask to probe, may have
-changed, so a caller may keep what it made of them until then (``adapter/widths.py`` keeps its
-last choice, and that no probe was due).
+smallest captured batch size that holds it, so it costs what that size costs. A table counts
+its changes three ways: ``version`` moves at every change of a cost or of what a probe would
+ask for; ``drift`` adds up how far the costs moved (no cost moved further since); ``structure``
+moves at the changes a drift does not bound (which cells are priced or probed, where a row
+reads its values). ``budget/slack.py`` turns them into how long a decision holds, and
+``adapter/widths.py`` keeps its last choice, and that no probe was due, for as long.
 
 Host work per step. The choice runs before every decode step, so what it costs is paid at every
 round: a batch size's row is found through a dict (not a search over the rows), a width's
@@ -35,6 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .slack import choice_slack
+
 
 class RoundCostTable:
     """``T(bs, width)`` in ms per captured batch size (rows) and width (columns): fixed (an
@@ -48,7 +52,9 @@ class RoundCostTable:
         _check_increasing("widths", self.widths)
         if not np.all(np.isfinite(self.ms) & (self.ms > 0)):
             raise ValueError("round costs must be positive and finite")
-        self.version = 0  # bumped by every change of a cost or a probe (a fixed table: none)
+        self.version = 0  # moved by every change of a cost or a probe (a fixed table: none)
+        self.structure = 0  # moved by the changes ``drift`` does not bound (budget/slack.py)
+        self.drift = 0.0  # the sum of the costs' changes: no cost moved further since
         self._rows: dict[int, int] = {}  # batch size -> row, filled as sizes are seen
         self._columns_of = {width: column for column, width in enumerate(self.widths)}
 
@@ -85,6 +91,16 @@ class RoundCostTable:
         if column is None:
             raise ValueError(f"width {width} has no measured cost (widths {self.widths})")
         return column
+
+    def _drifted(self, change: float) -> None:
+        """Costs moved by at most ``change`` ms (0: none moved)."""
+        if change:
+            self.version += 1
+            self.drift += change
+
+    def _restructured(self) -> None:
+        self.version += 1
+        self.structure += 1
 
 
 class ProbedCostTable(RoundCostTable):
@@ -123,14 +139,15 @@ class ProbedCostTable(RoundCostTable):
         if cell is None:
             return
         row, column, ms = cell
-        self.version += 1
-        seen = self.counts[row, column]
+        seen, was = self.counts[row, column], float(self.ms[row, column])
         if seen >= self.probes:
             self.ms[row, column] += self.refine_decay * (ms - self.ms[row, column])
+            self._drifted(abs(float(self.ms[row, column]) - was))
             return
         self.ms[row, column] = ms if seen == 0 else min(self.ms[row, column], ms)
         self.counts[row, column] = seen + 1
         self._unprobed.pop(row, None)
+        self._restructured()  # a probe: its cell leaves its placeholder, the row's probes move on
 
 
 def candidate_widths(max_budget: int) -> tuple[int, ...]:
@@ -225,6 +242,15 @@ class WidthChooser:
         if current is None or rates[best] > rates[current] * (1.0 + self.switch_margin):
             self.current = self.widths[best]
         return self.current
+
+    def slack(self) -> float:
+        """How far every cost of the last choice's row may move (ms) before :meth:`choose`, asked
+        again with the same expected drafts, could leave the width it chose (``slack.py``)."""
+        current = self._index.get(self.current)
+        if self._last is None or current is None:
+            return 0.0  # nothing to bound: kept only while nothing moves
+        bs, accepted, round_ms = self._last
+        return choice_slack(accepted + bs, round_ms, current, self.switch_margin)
 
     def could_win(
         self, bs: int, expected_accepted: Sequence[float], floors: np.ndarray, priced: np.ndarray

@@ -140,8 +140,7 @@ class TimedCostTable(RoundCostTable):
         # choice); they change only when an observed round moves a median or a source (the
         # table's ``version``), and only the rows a step asks for are computed again.
         self._cells_memo: dict[int, tuple[int, np.ndarray]] = {}
-        # Where each row's costs read their medians (``_slots``): moved only when a source moves.
-        self._layout = 0
+        # Where each row's costs read their medians (``_slots``): moved only with the structure.
         self._slots_memo: dict[int, tuple[int, np.ndarray]] = {}
         # Per row, the first round at which a cell can be stale (``observe`` looks no sooner).
         self._stale_from = [reprobe_after] * rows
@@ -183,14 +182,14 @@ class TimedCostTable(RoundCostTable):
         its replay: its verify's excess (its cell's, or the nearest trusted row's, else the row's
         pooled excess of its kind) and the row's shared rest of its kind."""
         memo = self._slots_memo.get(row)
-        if memo is not None and memo[0] == self._layout:
+        if memo is not None and memo[0] == self.structure:
             return memo[1]
         pooled = self._kind_slots(self.pooled, self.pooled_source, row, self._pooled_at)
         rest = self._kind_slots(self.rest, self.rest_source, row, self._rest_at)
         sources = self.cell_source[row]
         own = sources * len(self.widths) + self._columns
         slots = np.stack([np.where(sources >= 0, own, pooled[self._kinds]), rest[self._kinds]])
-        self._slots_memo[row] = (self._layout, slots)
+        self._slots_memo[row] = (self.structure, slots)
         return slots
 
     def _rest_known(self, row: int, kind: int) -> bool:
@@ -245,7 +244,7 @@ class TimedCostTable(RoundCostTable):
         if self._open[row, column] != open_:
             self._open[row, column] = open_
             self._open_count[row] += 1 if open_ else -1
-            self.version += 1  # what a probe asks for changed
+            self._restructured()  # what a probe asks for changed
 
     def observe(self, bs: int, width: int, ms: float | None, verify_ms: float) -> None:
         """One served round: its verify forward's device time ``verify_ms`` and its period
@@ -265,37 +264,37 @@ class TimedCostTable(RoundCostTable):
         if ms is None and not self._rest_known(row, kind):
             return  # a verify priced against no rest at all would undercut every costed width
         excess = verify_ms - self._startup[row][column]
+        # a cost reads one cell (or pooled excess) and one rest: it moved by no more than these
         moved = self._add_cell(row, column, excess)
         if ms is not None:
-            moved |= self._add_shared(self.rest, self.rest_source, row, kind, ms - verify_ms)
-        moved |= self._add_shared(self.pooled, self.pooled_source, row, kind, excess)
-        if moved:  # else every cost the table gives is as it was: what was read from it holds
-            self.version += 1
+            moved += self._add_shared(self.rest, self.rest_source, row, kind, ms - verify_ms)
+        moved += self._add_shared(self.pooled, self.pooled_source, row, kind, excess)
+        self._drifted(moved)  # 0: every cost the table gives is as it was
         rounds = self._row_rounds[row] = self._row_rounds[row] + 1
         self.row_rounds[row] = rounds
         if rounds == self.probe_after:  # the row's probes start
-            self.version += 1
+            self._restructured()
         self.last_round[row, column] = rounds
         if rounds >= self._stale_from[row]:
             self._clear_stale(row)
 
-    def _add_cell(self, row: int, column: int, excess: float) -> bool:
-        """One round's verify excess into its cell; whether a cost may have changed."""
+    def _add_cell(self, row: int, column: int, excess: float) -> float:
+        """One round's verify excess into its cell; how far its median moved."""
         rounds, moved = self.cells.add(row, column, excess)
         if rounds == self.trust_after:  # trusted now: rows read it, no probe asks for it
             self._choose_cell_sources(column)
             self._set_open(row, column, False)
-            return True
         return moved
 
-    def _add_shared(self, shares: _Excesses, sources: np.ndarray, row: int, kind: int, excess: float) -> bool:
-        """One round into a row's pooled share of ``kind``; whether a cost may have changed."""
+    def _add_shared(
+        self, shares: _Excesses, sources: np.ndarray, row: int, kind: int, excess: float
+    ) -> float:
+        """One round into a row's pooled share of ``kind``; how far its median moved."""
         rounds, moved = shares.add(row, kind, excess)
         if rounds == 1 and kind == self._WIDTH1:  # width 1 reads its own share from now on
-            self._layout += 1
+            self._restructured()
         if rounds == self.trust_after:
             self._choose_shared_sources(shares, sources, kind)
-            return True
         return moved
 
     def _clear_stale(self, row: int) -> None:
@@ -313,7 +312,6 @@ class TimedCostTable(RoundCostTable):
             self.reprobes[row] += 1
             self._choose_cell_sources(int(column))
             self._set_open(row, int(column), True)
-            self.version += 1
         kept = measured & ~stale
         oldest = int(self.last_round[row][kept].min()) if kept.any() else now
         self._stale_from[row] = oldest + self.reprobe_after
@@ -322,7 +320,7 @@ class TimedCostTable(RoundCostTable):
         """Where each row reads the excess of ``column``: itself once trusted, else the nearest
         trusted row (the smaller on a tie), else -1 (the pooled excess)."""
         self.cell_source[:, column] = _nearest(self.cells.rounds[:, column] >= self.trust_after, fallback=-1)
-        self._layout += 1
+        self._restructured()
 
     def _choose_shared_sources(self, shares: _Excesses, sources: np.ndarray, kind: int) -> None:
         """Where each row reads a pooled share of ``kind`` (the verify's excess, or the rest):
@@ -330,7 +328,7 @@ class TimedCostTable(RoundCostTable):
         any round). Recomputed when a row becomes trusted, not per lookup."""
         rows = np.arange(len(self.batch_sizes))
         sources[:, kind] = _nearest(shares.rounds[:, kind] >= self.trust_after, fallback=rows)
-        self._layout += 1
+        self._restructured()
 
     def _kind(self, width: int) -> int:
         return self._WIDTH1 if width == 1 else self._TREE
@@ -363,20 +361,19 @@ class _Excesses:
         self.rounds = np.zeros(shape, dtype=np.int64)
         self._rounds = self.rounds.tolist()  # the same, counted per round as Python ints
 
-    def add(self, row: int, column: int, excess: float) -> tuple[int, bool]:
-        """Record one excess: the slot's count of rounds after it, and whether what the slot
-        gives moved (its median, or its first round: width 1 reads the trees' share until then)."""
+    def add(self, row: int, column: int, excess: float) -> tuple[int, float]:
+        """Record one excess: the slot's count of rounds after it, and how far its median moved."""
         window, ordered = self.windows[row][column], self._sorted[row][column]
         if len(window) == window.maxlen:
             del ordered[bisect.bisect_left(ordered, window[0])]
         window.append(excess)
         bisect.insort(ordered, excess)
         median = _median(ordered)
-        moved = median != self.median[row, column]
+        moved = abs(median - float(self.median[row, column]))
         self.median[row, column] = median
         rounds = self._rounds[row][column] = self._rounds[row][column] + 1
         self.rounds[row, column] = rounds
-        return rounds, moved or rounds == 1
+        return rounds, moved
 
     def clear(self, row: int, column: int) -> None:
         self.windows[row][column].clear()
