@@ -39,8 +39,8 @@ def choice_slack(tokens: np.ndarray, round_ms: np.ndarray, current: int, margin:
     keep = (1.0 + margin) * tokens[current]
     # width w switches in once tokens[w] / (round_ms[w] - d) > keep / (round_ms[current] + d)
     slack = (keep * round_ms - tokens * round_ms[current]) / (tokens + keep)
-    slack[current] = round_ms[current]  # no switch to itself; below its cost every cost stays > 0
-    return _shrunk(min(np.minimum.reduce(slack), np.minimum.reduce(round_ms)))
+    slack[current] = math.inf  # no switch to itself
+    return _shrunk(np.minimum.reduce(np.minimum(slack, round_ms)))  # and every cost stays > 0
 
 
 def unwinnable_slack(
