@@ -38,12 +38,13 @@ def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tm
         assert cell["finish_us_predicting"] is not None and cell["finish_us_recording"] is not None
         # a start after a predicting step folds its prediction (timed apart); the others do not
         assert cell["folding_steps"] >= cell["predicting_steps"] - 1 and cell["start_us_folding"] > 0
+        assert cell["folding_steps"] <= cell["chosen_steps"] < cell["steps"]  # a fold chooses anew
     assert [(c["budget"], c["rows"]) for c in results["log_line"]] == [(7, 24)]
     assert results["log_line"][0]["us"] > 0
     assert results["command"].startswith("python -m lab.bench.online_budget_host --budgets 7")
     report = (tmp_path / "online_budget_host_cpu.md").read_text()
     assert (
-        "| budget | widths | bs | start | start (fold) |" in report
+        "| budget | widths | bs | start | start (kept) | start (fold) |" in report
         and "log line (its summary), every row" in report
     )
     assert "command: `python -m lab.bench.online_budget_host --budgets 7" in report

@@ -61,10 +61,10 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
     accept_lens = torch.randint(DEPTH // 2, DEPTH + 1, (bs,), generator=gen, device=device)
     # the drafter's proposals as the worker hands them over (``watch``)
     propose = steps.watch(lambda hidden, k: (log_probs, None))
-    folds = _count_folds(steps)
+    folds, choices = _calls(steps, "_fold"), _calls(steps.chooser, "choose")
     out = []
     for _ in range(n):
-        folded = folds[0]
+        folded, chosen = folds[0], choices[0]
         t0 = time.perf_counter()
         steps.start(bs)
         t1 = time.perf_counter()
@@ -83,7 +83,8 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
                 "verify_clock_us": (t3 - t2) * 1e6,
                 "finish_us": (t4 - t3) * 1e6,
                 "predicted": predicted,
-                "folded": folds[0] > folded,
+                "folded": folds[0] > folded,  # a landed prediction went into the calibration
+                "chose": choices[0] > chosen,  # the chooser was asked (not the kept choice)
             }
         )
     if device.type == "cuda":
@@ -91,17 +92,18 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
     return out
 
 
-def _count_folds(steps: StepWidths) -> list[int]:
-    """A counter of the predictions ``steps`` folds into its calibration (in ``start``)."""
-    if not hasattr(steps, "_folds"):
-        fold, steps._folds = steps._fold, [0]
+def _calls(owner, name: str) -> list[int]:
+    """A counter of the calls of ``owner``'s method ``name`` (wrapped once)."""
+    counters = owner.__dict__.setdefault("_bench_calls", {})
+    if name not in counters:
+        method, counter = getattr(owner, name), counters.setdefault(name, [0])
 
-        def counted(step):
-            steps._folds[0] += 1
-            return fold(step)
+        def counted(*args):
+            counter[0] += 1
+            return method(*args)
 
-        steps._fold = counted
-    return steps._folds
+        setattr(owner, name, counted)
+    return counters[name]
 
 
 def _median(values: list[float]) -> float | None:
@@ -115,8 +117,10 @@ def summarise(records: list[dict]) -> dict:
         "steps": len(records),
         "predicting_steps": len(predicting),
         "start_us": _median([r["start_us"] for r in records if not r["folded"]]),
+        "start_us_kept": _median([r["start_us"] for r in records if not (r["folded"] or r["chose"])]),
         "start_us_folding": _median([r["start_us"] for r in records if r["folded"]]),
         "folding_steps": sum(r["folded"] for r in records),
+        "chosen_steps": sum(r["chose"] for r in records),
         "verify_clock_us": statistics.median(r["verify_clock_us"] for r in records),
         "finish_us_recording": _median(recording),
         "finish_us_predicting": _median(predicting),
@@ -164,11 +168,13 @@ def to_markdown(results: dict) -> str:
             c["widths"],
             c["bs"],
             c["start_us"],
+            c["start_us_kept"],
             c["start_us_folding"],
             c["verify_clock_us"],
             c["finish_us_recording"],
             c["finish_us_predicting"],
             c["mean_us_per_step"],
+            f"{c['chosen_steps']} / {c['steps']}",
             f"{c['predicting_steps']} / {c['steps']}",
         ]
         for c in results["cells"]
@@ -183,8 +189,10 @@ def to_markdown(results: dict) -> str:
             "",
             f"Tensors on `{results['device']}`; medians over {results['config']['steps']} steps after "
             f"{results['config']['warmup']} warm-up steps per cell (us), wall time. `start`: the steps "
-            "that fold no prediction; `start (fold)`: those that also fold a landed prediction into the "
-            f"calibration. The prediction is made on one drafted step in {PREDICT_EVERY}. On a CPU the "
+            "that fold no prediction; `start (kept)`: those of them that kept the last choice (the costs "
+            "drifted less than could change it); `start (fold)`: the steps that also fold a landed "
+            "prediction into the calibration (and so choose anew); `chosen anew`: the steps that asked "
+            f"the chooser. The prediction is made on one drafted step in {PREDICT_EVERY}. On a CPU the "
             "prediction's tensor operations are CPU arithmetic, not kernel launches (the module docstring).",
             "",
             _stamp.md_table(
@@ -193,11 +201,13 @@ def to_markdown(results: dict) -> str:
                     "widths",
                     "bs",
                     "start",
+                    "start (kept)",
                     "start (fold)",
                     "verify clock",
                     "finish (record)",
                     "finish (predict)",
                     "mean per step",
+                    "chosen anew",
                     "predicting steps",
                 ],
                 rows,
