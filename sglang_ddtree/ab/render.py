@@ -8,7 +8,9 @@ import argparse
 import json
 from pathlib import Path
 
-from .profiling import ALL_REDUCE
+from .render_diagnostics import fmt as _fmt
+from .render_diagnostics import md_phases, md_profiles
+from .render_diagnostics import rows_in_order as _rows_in_order
 
 COLUMNS = {
     "arm": "the server configuration (flags and environment in the Arms section)",
@@ -36,14 +38,6 @@ COLUMNS = {
 }
 
 
-def _fmt(v, digits: int = 1) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
 def _iv(interval, digits: int = 2) -> str:
     return f"[{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else "-"
 
@@ -61,8 +55,8 @@ def markdown(report: dict) -> str:
         _md_verdicts,
         _md_aa,
         _md_cells,
-        _md_phases,
-        _md_profiles,
+        md_phases,
+        md_profiles,
         _md_greedy,
         _md_parity,
         _md_arms,
@@ -170,12 +164,6 @@ def _md_aa(report: dict) -> list[str]:
     return lines + [""]
 
 
-def _rows_in_order(report: dict) -> list[dict]:
-    """Summary rows by concurrency, then in the order the arms were given."""
-    arms = report["settings"]["arms"]
-    return sorted(report["summary"], key=lambda r: (r["concurrency"], arms.index(r["arm"])))
-
-
 def _md_cells(report: dict) -> list[str]:
     base = report["settings"]["baseline"]
     alternating = report["settings"]["schedule"] == "alternating"
@@ -197,86 +185,6 @@ def _md_cells(report: dict) -> list[str]:
             line += f" {_fmt(r.get('start_spread'), 2)} |"
         lines.append(line)
     return lines + [""]
-
-
-def _md_phases(report: dict) -> list[str]:
-    """The cells of arms run with the DDTREE phase timer (``ARM+phases``)."""
-    rows = [r for r in _rows_in_order(report) if r.get("phase_host_us")]
-    if not rows:
-        return []
-    names = list(dict.fromkeys(k for r in rows for k in r["phase_host_us"]))
-    lines = [
-        "## Host time per round phase (us)",
-        "",
-        "Arms run with the DDTREE phase timer (`ARM+phases`: `SGLANG_DDTREE_PHASE_TIMES`): the worker's "
-        "host time per step of a round, the mean over the rounds each pass logged (its warm-up's "
-        "included), the median over the passes. `round` is the worker's whole round, `between rounds` "
-        "the scheduler's time from one round's end to the next one's start; a step that waits for the "
-        "GPU includes the wait. The timer costs host time itself: compare `ARM+phases` with `ARM` "
-        "for the cost, not for the speed.",
-        "",
-        "| arm | c | " + " | ".join(names) + " |",
-        "|---|---|" + "---|" * len(names),
-    ]
-    for r in rows:
-        values = " | ".join(_fmt(r["phase_host_us"].get(n)) for n in names)
-        lines.append(f"| {r['arm']} | {r['concurrency']} | {values} |")
-    return lines + [""]
-
-
-PROFILE_HEAD = (
-    "| arm | c | rounds | round us | GPU busy us | GPU idle us | launches | graph launches | syncs "
-    "| all-reduce us | largest GPU parts (us) |"
-)
-
-
-def _md_profiles(report: dict) -> list[str]:
-    """``--profile ARM@C``: each profile's summary per round (``profiling.py``)."""
-    profiled = [(a["name"], p) for a in report["arms"] for p in a.get("profiles") or []]
-    if not profiled:
-        return []
-    lines = [
-        "## Profiles (SGLang's torch profiler, per round)",
-        "",
-        "`--profile ARM@C`: after the arm's passes at level C, C requests decoding together under "
-        "SGLang's profiler (no Python stacks) for up to "
-        f"{report['settings'].get('profile_steps')} scheduler steps. A round is a target verify (or a "
-        "plain decode); GPU busy is the union of kernel intervals, idle the rest of the round; "
-        "syncs count host synchronisations and device-to-host copies.",
-        "",
-        PROFILE_HEAD,
-        "|---" * 11 + "|",
-    ]
-    notes = []
-    for name, p in profiled:
-        if "error" in p:
-            lines.append(f"| {name} | {p['concurrency']} | failed: {p['error'][:200]} |" + " - |" * 8)
-            continue
-        gpu = p.get("gpu_us_by_category") or {}
-        top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(gpu.items(), key=lambda kv: -kv[1])[:4]) or "-"
-        syncs = (
-            p["host_syncs_per_round"] + p["device_to_host_copies_per_round"]
-            if "host_syncs_per_round" in p
-            else None
-        )
-        lines.append(
-            f"| {name} | {p['concurrency']} | {p['rounds']} | {_fmt(p['round_us'])} | "
-            f"{_fmt(p.get('gpu_busy_us'))} | {_fmt(p.get('gpu_idle_us'))} | "
-            f"{_fmt(p.get('kernel_launches_per_round'))} | {_fmt(p.get('graph_launches_per_round'))} | "
-            f"{_fmt(syncs)} | {_fmt(gpu.get(ALL_REDUCE) if gpu else None)} | {top} |"
-        )
-        forwards = ", ".join(f"`{k}` x{v}" for k, v in (p.get("forwards") or {}).items())
-        notes.append(
-            f"- {name} c={p['concurrency']}: {forwards or 'no forward names'}; trace `{p.get('trace')}`"
-        )
-        if p.get("phase_host_us"):
-            gpu_phases = p.get("phase_gpu_us") or {}
-            phases = ", ".join(
-                f"{k} {v:.0f}" + (f" / GPU {gpu_phases[k]:.0f}" if k in gpu_phases else "")
-                for k, v in p["phase_host_us"].items()
-            )
-            notes.append(f"  - phases (host us per round): {phases}")
-    return lines + [""] + notes + [""]
 
 
 def _md_greedy(report: dict) -> list[str]:
