@@ -34,8 +34,8 @@ P=lab/models/pairs/pycode-4l
 SERIES=pycode-4l_h200_ab
 RAW=/tmp/ab_pair_raw
 rm -rf "$RAW"
-COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 65536"
-COMMON="$COMMON --mem-fraction-static 0.08 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
+source "$(dirname "$0")/pair_server_args.sh"
+COMMON="$PAIR_SERVER_ARGS"
 ARMS="${ARMS:-plain,dflash,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,dflash+again}"
 ARM_ENV=()
 case ",$ARMS," in *,ddtree@auto64+width1,*)

@@ -24,8 +24,8 @@ P=lab/models/pairs/pycode-4l
 NAME=pycode-4l_h200_trace
 WORK=/tmp/trace_pair_work
 rm -rf "$WORK"
-COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 65536"
-COMMON="$COMMON --mem-fraction-static 0.08 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
+source "$(dirname "$0")/pair_server_args.sh"
+COMMON="$PAIR_SERVER_ARGS"
 timeout -s TERM "${TRACE_S:-540}" python -m lab.bench.trace_pair --pair "$P" \
   --arms "${ARMS:-chain,7,16,32,64}" --prompts "${PROMPTS:-0}" --output-len "${OUTPUT_LEN:-128}" \
   --topk "${TOPK:-64}" --server-args "${SERVER_ARGS-$COMMON}" --work "$WORK" \
