@@ -8,7 +8,9 @@ from lab import speed_table
 def test_readme_table_is_generated_from_the_committed_series():
     readme = (speed_table.ROOT / "README.md").read_text()
     expected = speed_table.table(speed_table.ROOT / "results")
-    assert expected in readme, "README.md's speed table differs from its series: run python -m lab.speed_table"
+    assert expected in readme, (
+        "README.md's speed table differs from its series: run python -m lab.speed_table"
+    )
     assert len(speed_table.ROWS) <= 8
 
 
