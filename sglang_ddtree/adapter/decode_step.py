@@ -52,8 +52,7 @@ class DecodeStep:
         request (``accept_lens`` 1), which is also the next root."""
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
         with self.phase("decode prepare"):
-            # a request past its context emits nothing; its positions stay in the RoPE tables
-            positions = prefix_lens.clamp(max=self._last_position)
+            positions = self._root_positions(batch, draft_input)
             slot, plan = self._decode_slot(batch, draft_input)
             forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, slot, plan)
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
@@ -87,6 +86,15 @@ class DecodeStep:
         """A decoding step's trees, for the request features that read them: the roots alone."""
         trees, _ = self.widths.root_only(roots, prefix_lens, self._last_position)
         return trees
+
+    def _root_positions(self, batch, draft_input):
+        """Each root's position, its prefix length: clamped to the last position of the RoPE
+        tables where a request may have reached its context (it emits nothing more), known from
+        the host bound of the lengths without waiting for the device."""
+        bound = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
+        if bound is not None and int(bound.max()) <= self._last_position:
+            return batch.seq_lens
+        return batch.seq_lens.clamp(max=self._last_position)
 
     def _decode_slot(self, batch, draft_input):
         """A decoding step's window: each request's first reserved KV slot (the root's final
