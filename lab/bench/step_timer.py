@@ -32,7 +32,7 @@ logger = logging.getLogger("sglang_ddtree")
 
 LINE = "STEP TIMER us/step:"
 _totals: dict[str, float] = defaultdict(float)
-_state = {"steps": 0, "last_launch": None, "depth": 0}
+_state = {"steps": 0, "last_launch": None, "depth": 0, "in_decode_launch": False}
 
 
 def _every() -> int:
@@ -44,11 +44,15 @@ def _is_decode(batch) -> bool:
     return mode is not None and mode.is_decode()
 
 
-def _timed(name: str, decode_only_arg: int | None = None, outermost: bool = False):
-    """An AROUND hook adding the call's host time to ``name`` (only for a decode batch when
-    the ``decode_only_arg``-th argument is the batch; only the outermost call when asked)."""
+def _timed(name: str, decode_only_arg: int | None = None, outermost: bool = False, in_launch: bool = False):
+    """An AROUND hook adding the call's host time to ``name``: only for a decode batch when
+    the ``decode_only_arg``-th argument is the batch, or (``in_launch``) only inside the launch
+    of a decode batch (a speculative worker leaves the batch in its verify mode until the
+    launch ends); only the outermost call when asked."""
 
     def hook(original, *args, **kwargs):
+        if in_launch and not _state["in_decode_launch"]:
+            return original(*args, **kwargs)
         if decode_only_arg is not None:
             batch = args[decode_only_arg] if len(args) > decode_only_arg else kwargs.get("batch")
             if not _is_decode(batch):
@@ -72,9 +76,11 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
         return original(scheduler, batch, *args, **kwargs)
     began = time.perf_counter()
     last, _state["last_launch"] = _state["last_launch"], began
+    _state["in_decode_launch"] = True
     try:
         return original(scheduler, batch, *args, **kwargs)
     finally:
+        _state["in_decode_launch"] = False
         _totals["run_batch"] += time.perf_counter() - began
         if last is not None:
             _totals["iteration"] += began - last
@@ -111,8 +117,8 @@ def install() -> None:
         "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode": _timed("prepare_for_decode"),
         "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu": _timed("resolve_seq_lens", 1),
         f"{scheduler}.process_batch_result": _timed("process_result", 1),
-        f"{scheduler}._relay_forward_payload": _timed("relay_payload", 1),
-        f"{scheduler}._copy_result_to_cpu": _timed("copy_to_cpu", 2),
+        f"{scheduler}._relay_forward_payload": _timed("relay_payload", in_launch=True),
+        f"{scheduler}._copy_result_to_cpu": _timed("copy_to_cpu", in_launch=True),
         "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": _timed(
             "worker", 1, outermost=True
         ),
