@@ -396,6 +396,14 @@ def deterministic_tree_spec() -> ServerSpec:
     return server_spec(args, oracle_env(deterministic_tree_script()), "ddtree-deterministic", folder)
 
 
+def width1_cost_table(path: Path, widths, batch_sizes=(1, 2, 4, 8, 16, 32, 64)) -> Path:
+    """An injected cost table (``SGLANG_DDTREE_BUDGET_COST_TABLE``) for an ``auto`` server of
+    candidate ``widths`` where width 1 wins at every batch size: every other width costs a
+    million times more, so every step that does not draft to predict is a decoding step."""
+    ms = [[1.0 if w == 1 else 1e6 for w in widths] for _ in batch_sizes]
+    return write_json(path, {"batch_sizes": list(batch_sizes), "widths": list(widths), "ms": ms})
+
+
 def deterministic_tree_script() -> Path:
     return SHARED_SERVERS.folder("shared") / "deterministic-tree-oracle.json"
 

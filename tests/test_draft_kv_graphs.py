@@ -146,3 +146,24 @@ def test_graphs_replay_on_their_workspace_after_a_prefill_replaced_it():
     rows, _ = committed_rows(hidden, sources, torch.tensor([3, 9], device=device), 3, 60)
     assert torch.equal(worker.pool[50:56], 2.0 * rows.reshape(6, -1))
     assert all(bool((f == 7.0).all()) for f in filler)
+
+
+def test_a_decoding_steps_replay_commits_every_root_at_its_position():
+    calls = []
+    graphs = _graphs(calls)
+    graphs.widths.append(1)
+    graphs.graphs |= {(b, 1): type(graphs.graphs[(b, 3)])(b, 1) for b in graphs.batch_sizes}
+    hidden = torch.randn(3, 6, generator=torch.Generator().manual_seed(2))
+    positions = torch.tensor([3, 20, 7])  # clamped by the step already
+    cache_loc = torch.tensor([40, 41, 42])
+    graphs.commit_lens.fill_(9)  # stale lengths of an earlier round
+    assert graphs.append_roots(hidden, positions, cache_loc)
+    got = calls[-1]
+    assert got["commit_lens"].tolist() == [1, 1, 1, 0]  # replayed at bs 4
+    assert got["cache_loc_2d"].shape == (4, 1)
+    assert torch.equal(got["target_hidden"][:3], hidden)
+    assert torch.equal(got["positions"][:3], positions) and torch.equal(got["cache_loc"][:3], cache_loc)
+    assert not graphs.append_roots(torch.randn(5, 6), torch.zeros(5), torch.zeros(5))  # bs 5 > 4
+    graphs.graphs = {k: v for k, v in graphs.graphs.items() if k[1] != 1}
+    assert not graphs.append_roots(hidden, positions, cache_loc)  # no width-1 graph captured
+    assert len(calls) == 1

@@ -9,6 +9,11 @@ at some depths, so accepted paths go through non-argmax siblings. A chain
 accepts at most one draft per round under that script; each feature request
 must average more than two tokens per round.
 
+A server of ``--speculative-ddtree-budget auto`` whose injected costs make width 1 win at
+every batch size runs nearly every step as a decoding step (``adapter/decode_step.py``: the
+root alone, no tree); the same requests, and stop strings besides, must come out as the plain
+server's there too.
+
 The plain reference runs with ``--disable-overlap-schedule``: with overlap on,
 SGLang 0.5.23's plain server counts penalties one token late (docs/features.md);
 DDTREE applies the exact counts.
@@ -35,11 +40,13 @@ from serving import (
     reference_server,
     server_spec,
     uses_reference,
+    width1_cost_table,
 )
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from transformers import AutoTokenizer
 
 from lab.models.tiny import build_tiny_models
+from sglang_ddtree.budget import candidate_widths
 
 pytestmark = pytest.mark.server
 
@@ -121,7 +128,9 @@ TEST_OF = {
         f"{MODULE}test_grammar_output_is_valid_despite_invalid_rank0_proposals",
     ),
     "ddtree-sync": f"{MODULE}test_features_with_the_sync_scheduler",
+    "ddtree-width1": f"{MODULE}test_features_and_stops_at_width_1_decode_like_the_plain_server",
 }
+WIDTH1_BUDGET = 16
 
 
 @functools.cache
@@ -132,9 +141,23 @@ def feature_servers() -> dict[str, ServerSpec]:
     tiny, folder = build_tiny_models(), SHARED_SERVERS.folder("features")
     # Without overlap: the grammar advances in the result processor (no barrier) before every round.
     sync = ddtree_args(tiny, budget=16, extra=["--disable-overlap-schedule", *PLAIN_OPTIONS])
+    width1 = ddtree_args(
+        tiny,
+        budget="auto",
+        extra=[
+            "--speculative-num-draft-tokens",
+            str(WIDTH1_BUDGET + 1),
+            "--log-level",
+            "info",
+            *PLAIN_OPTIONS,
+        ],
+    )
+    table = width1_cost_table(folder / "width1_cost_table.json", candidate_widths(WIDTH1_BUDGET))
+    width1_env = {**oracle_env(deterministic_tree_script()), "SGLANG_DDTREE_BUDGET_COST_TABLE": str(table)}
     return {
         "ddtree": deterministic_tree_spec(),
         "ddtree-sync": server_spec(sync, oracle_env(deterministic_tree_script()), "ddtree-sync", folder),
+        "ddtree-width1": server_spec(width1, width1_env, "ddtree-width1", folder),
     }
 
 
@@ -219,3 +242,39 @@ def test_features_with_the_sync_scheduler(servers, reference):
         results = _send_all(server, reference["requests"])
     for request, want, got in zip(reference["requests"], reference["outputs"], results):
         assert got["output_ids"] == want, request["_name"]
+
+
+def _stop_requests(tokenizer, plain) -> list[dict]:
+    """Per prompt, two stop strings from the plain server's own text (the later one listed
+    first) and a stop token id after them: the request ends at the earliest, as plain decoding
+    ends it."""
+    requests = []
+    for prompt in PROMPTS[:3]:
+        request = _request(tokenizer, "stop", prompt, dict(GREEDY))
+        ids = plain.generate({"input_ids": request["input_ids"], "sampling_params": GREEDY})["output_ids"]
+        later, earlier = tokenizer.decode(ids[9:11]), tokenizer.decode(ids[5:7])
+        stops = [s for s in (later, earlier) if s.strip()]
+        request["sampling_params"] |= {"stop": stops, "stop_token_ids": [ids[-1]]}
+        requests.append(request)
+    return requests
+
+
+def test_features_and_stops_at_width_1_decode_like_the_plain_server(servers, reference):
+    """Width 1 at every batch size: every step that does not draft (to predict) is a decoding
+    step; every feature request, and the stop cases, answer as on the plain server."""
+    plain = reference_server(servers, build_tiny_models())
+    stops = _stop_requests(reference["tokenizer"], plain)
+    plain_stops = _send_all(plain, stops)
+    with servers.take(feature_servers()["ddtree-width1"]) as server:
+        results = _send_all(server, reference["requests"])
+        stop_results = _send_all(server, stops)
+        stats = last_tree_stats(server.log_path)
+    for request, want, got in zip(reference["requests"], reference["outputs"], results):
+        assert got["output_ids"] == want, request["_name"]
+    for request, want, got in zip(stops, plain_stops, stop_results):
+        assert got["output_ids"] == want["output_ids"], request["sampling_params"]
+        assert got["text"] == want["text"]
+        assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    assert all(w["meta_info"]["finish_reason"]["type"] == "stop" for w in plain_stops)
+    assert set(stats["width_steps"]) == {1}, stats
+    assert stats["decode_steps"] > 0.8 * stats["rounds"], stats

@@ -9,6 +9,9 @@
   the context length used to push that reservation past its ``req_to_token`` row and
   kill the scheduler. Here such requests run alone and batched with short ones; greedy
   output must equal the plain server's;
+* the same at width 1 (one arm: ``--speculative-ddtree-budget auto`` with injected costs that
+  make width 1 win at every batch size, so nearly every step is a decoding step,
+  ``adapter/decode_step.py``): greedy identity, and the requests that end at the context limit;
 * the KV pool after a burst in which half of the requests are aborted mid-decode (one
   arm, after its other checks): SGLang's strict idle invariant check (a leak kills the
   scheduler) must stay quiet.
@@ -36,15 +39,18 @@ from serving import (
     ddtree_args,
     generate_batch,
     generate_sequential,
+    last_tree_stats,
     one_batch,
     output_ids,
     reference_server,
     server_spec,
     uses_reference,
+    width1_cost_table,
 )
 from transformers import AutoTokenizer
 
 from lab.models.tiny import build_tiny_models
+from sglang_ddtree.budget import candidate_widths
 from sglang_ddtree.launch import http_json
 
 pytestmark = pytest.mark.server
@@ -65,8 +71,10 @@ ARMS = {
     "sync-page1": (False, 1, False),
     "overlap-page16-chunked": (True, 16, True),
     "sync-page16": (False, 16, False),
+    "overlap-page16-width1": (True, 16, False),
 }
-CONTEXT_LIMIT_ARMS = ["overlap-page1", "sync-page16"]
+CONTEXT_LIMIT_ARMS = ["overlap-page1", "sync-page16", "overlap-page16-width1"]
+WIDTH1_ARM = "overlap-page16-width1"
 BURST_ARM = "overlap-page1"
 # The TP agreement check rides along on one arm: at TP-1 its group is one rank, and it
 # still runs the fingerprint, the all-reduce and the host read of every round, which
@@ -95,7 +103,12 @@ def arm_specs() -> dict[str, ServerSpec]:
         if arm == BURST_ARM:
             extra += ["--max-running-requests", "8"]
             env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
-        specs[arm] = server_spec(ddtree_args(tiny, budget=BUDGET, extra=extra), env, f"ddtree-{arm}", logs)
+        budget = BUDGET
+        if arm == WIDTH1_ARM:
+            budget, extra = "auto", [*extra, "--speculative-num-draft-tokens", str(BUDGET + 1)]
+            table = width1_cost_table(logs / "width1_cost_table.json", candidate_widths(BUDGET))
+            env = {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(table), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
+        specs[arm] = server_spec(ddtree_args(tiny, budget=budget, extra=extra), env, f"ddtree-{arm}", logs)
     return specs
 
 
@@ -135,6 +148,9 @@ def test_greedy_identical_to_plain(arm_server, baseline, request):
         log = arm_server.log_path.read_text()
         assert "TP tree check: 1 rounds, trees and accepted paths agree across 1 ranks" in log
         assert "ranks diverged" not in log
+    if request.node.callspec.params["arm_server"] == WIDTH1_ARM:
+        stats = last_tree_stats(arm_server.log_path)
+        assert set(stats["width_steps"]) == {1} and stats["decode_steps"] > 0.8 * stats["rounds"], stats
 
 
 # --------------------------------------------------------------------------- context limit

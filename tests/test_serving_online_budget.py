@@ -13,7 +13,12 @@ output must equal the non-speculative server's, whatever width each step ran.
   ``(w^2 - 1) bs`` it would need) and every step must verify the root alone, without running
   the drafter (the phase timer, on for this server, logs one line per round: a round that
   ran the drafter has a ``draft forward`` phase); when the batch is gone, the tree must come
-  back at batch size 1.
+  back at batch size 1;
+* an injected cost table where width 1 wins at every batch size: every step but the ones that
+  draft to predict (a request's first, a refresh) is a decoding step
+  (``adapter/decode_step.py``): the phase lines of those steps hold its phases and none of the
+  round's (no window, mask, tree verify, accept walk or KV move), and the output is the plain
+  server's, one request at a time and in a batch.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from serving import (
     run_all,
     server_spec,
     uses_reference,
+    width1_cost_table,
     write_json,
 )
 
@@ -70,7 +76,11 @@ MODULE = "test_serving_online_budget.py::"
 TEST_OF = {
     "auto-measured": f"{MODULE}test_auto_with_measured_costs_is_identical_to_plain",
     "auto-injected": f"{MODULE}test_injected_costs_flip_the_width_where_the_arithmetic_says",
+    "auto-width1": f"{MODULE}test_width_1_everywhere_decodes_like_the_plain_server",
 }
+# Phases only a round (a tree, or width 1 with the drafter) has; a decoding step has none.
+ROUND_PHASES = {"window", "mask", "verify prepare", "verify forward", "accept", "target kv commit"}
+DECODE_PHASES = {"decode prepare", "decode forward", "posterior", "draft kv commit"}
 
 
 @functools.cache
@@ -84,9 +94,11 @@ def budget_servers() -> dict[str, ServerSpec]:
         extra=["--speculative-num-draft-tokens", str(MAX_BUDGET + 1), "--log-level", "info"],
     )
     table = write_json(folder / "cost_table.json", INJECTED_TABLE)
+    width1 = width1_cost_table(folder / "width1_cost_table.json", WIDTHS)
     envs = {
         "auto-measured": {},
         "auto-injected": {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(table), "SGLANG_DDTREE_PHASE_TIMES": "1"},
+        "auto-width1": {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(width1), "SGLANG_DDTREE_PHASE_TIMES": "1"},
     }
     return {
         name: server_spec(args, {**oracle_env(folder / "oracle.json"), **env}, name, folder)
@@ -144,6 +156,18 @@ def drafter_rounds(log) -> list[bool]:
     return ["draft forward" in phases for phases in phase_rounds(log)]
 
 
+def check_decoding_steps(log, stats) -> None:
+    """Every round without the drafter ran as a decoding step: its phases, none of a round's."""
+    rounds = phase_rounds(log)
+    decoding = [phases for phases in rounds if "draft forward" not in phases]
+    assert len(decoding) == stats["decode_steps"] == stats["width1_steps_without_draft"], stats
+    for phases in decoding:
+        assert DECODE_PHASES <= set(phases) and not ROUND_PHASES & set(phases), phases
+    for phases in rounds:
+        if "draft forward" in phases:
+            assert ROUND_PHASES <= set(phases) and "decode forward" not in phases, phases
+
+
 def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, plain):
     with _take(servers, "auto-injected") as server:
         log = server.log_path
@@ -174,7 +198,25 @@ def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, plain)
     # the online budget's own host work is a phase of every round, drafted or not
     assert all({"width choice", "width record"} <= set(phases) for phases in phase_rounds(log))
     assert drafted.count(False) == final["width1_steps_without_draft"] == without
+    check_decoding_steps(log, final)
     # the batch is gone: back to the largest tree at batch size 1, drafting every step
     alone_again = final["width_steps_by_bs"][1]
     assert alone_again[WIDTHS[-1]] - after_batch["width_steps_by_bs"][1][WIDTHS[-1]] > 20, final
     assert alone_again.get(1, 0) == after_batch["width_steps_by_bs"][1].get(1, 0), final
+
+
+def test_width_1_everywhere_decodes_like_the_plain_server(servers, plain):
+    with _take(servers, "auto-width1") as server:
+        log = server.log_path
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]  # batch size 1
+        assert run_batch(server, plain["requests"]) == plain["greedy"]  # batch sizes up to 8
+        stats = last_tree_stats(log)
+    assert set(stats["width_steps"]) == {1}, stats
+    # a step drafts (to predict) only where the prediction is missing or stale: a request's
+    # first step alone (it joined a batch of 1), the batch's first steps as its requests join,
+    # a refresh in every 65; every other step is a decoding step
+    drafted = stats["rounds"] - stats["decode_steps"]
+    assert 0 < drafted <= 2 * len(plain["requests"]) + stats["rounds"] // 65, stats
+    assert stats["decode_steps"] > 0.8 * stats["rounds"], stats
+    assert len(stats["width_steps_by_bs"]) > 1, stats  # the batch ran at other sizes
+    check_decoding_steps(log, stats)

@@ -3,7 +3,8 @@
 A drafter whose proposals the test controls (``tests/oracle_plugin.py``) puts the right
 token at rank 1 at some depths. A chain cannot accept past those depths; the tree
 must - while every output (greedy tokens, stop conditions, log-probs, seeded
-samples) stays identical to the non-speculative server.
+samples) stays identical to the non-speculative server. The same at width 1 at every batch
+size (the online budget's decoding steps) under the sync scheduler.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from serving import (
     server_spec,
     token_requests,
     uses_reference,
+    width1_cost_table,
 )
 
 from lab.models.tiny import build_tiny_models
+from sglang_ddtree.budget import candidate_widths
 
 pytestmark = pytest.mark.server
 
@@ -108,6 +111,12 @@ SERVERS = {
         ["--page-size", "16", "--disable-overlap-schedule"],
         {"SGLANG_DDTREE_PHASE_TIMES": "5"},
     ),
+    # width 1 at every batch size (its cost table below): decoding steps, sync scheduler, pages
+    "width1-sync": (
+        "auto",
+        ["--speculative-num-draft-tokens", "17", "--page-size", "16", "--disable-overlap-schedule"],
+        {},
+    ),
 }
 # Seeded sampling runs on the DDTREE server the request features run on (overlap on,
 # deterministic inference: serving.deterministic_tree_spec); this module adds its
@@ -117,6 +126,7 @@ TEST_OF = {
     "chain": f"{MODULE}test_tree_accepts_through_siblings_and_beats_the_chain",
     "tree": f"{MODULE}test_tree_accepts_through_siblings_and_beats_the_chain",
     "pages-sync": f"{MODULE}test_tree_with_pages_and_without_overlap",
+    "width1-sync": f"{MODULE}test_width_1_without_overlap_matches_plain",
 }
 SEEDED_TEST = f"{MODULE}test_seeded_sampling_is_stable_and_matches_plain"
 
@@ -127,7 +137,10 @@ def tree_servers() -> dict[str, ServerSpec]:
     the folder) is written from those answers before the first request."""
     tiny, folder = build_tiny_models(), SHARED_SERVERS.folder("tree")
     specs = {}
+    width1 = width1_cost_table(folder / "width1_cost_table.json", candidate_widths(16))
     for name, (budget, extra, env) in SERVERS.items():
+        if budget == "auto":
+            env = {**env, "SGLANG_DDTREE_BUDGET_COST_TABLE": str(width1)}
         args = ddtree_args(tiny, budget=budget, extra=["--log-level", "info", *extra])
         specs[name] = server_spec(
             args, {**oracle_env(folder / "oracle.json"), **env}, f"ddtree-{name}", folder
@@ -183,6 +196,21 @@ def test_tree_with_pages_and_without_overlap(servers, plain):
     steps = {k: v for k, v in phases.items() if k not in ("round", "between rounds")}
     assert {"draft forward", "tree step", "verify forward", "accept", "draft kv commit"} <= set(steps)
     assert 0 < sum(steps.values()) <= phases["round"]
+
+
+def test_width_1_without_overlap_matches_plain(servers, plain):
+    """Width 1 at every batch size (decoding steps, ``adapter/decode_step.py``) under the sync
+    scheduler, which takes the batch's lengths from each step's result, in pages of 16: greedy
+    output, stops and log-probs as the plain server's."""
+    with _take(servers, "width1-sync") as server:
+        assert server.server_info()["disable_overlap_schedule"] is True
+        assert output_ids(run_all(server, plain["requests"])) == plain["greedy"]
+        assert output_ids(run_all(server, plain["stops"])) == plain["stop"]
+        logprobs = _logprobs(run_all(server, _logprob_requests(plain["tokenizer"])))
+    for got, want in zip(logprobs, plain["logprobs"]):
+        assert got == pytest.approx(want, abs=1e-4)
+    stats = last_tree_stats(server.log_path)
+    assert set(stats["width_steps"]) == {1} and stats["decode_steps"] > 0.8 * stats["rounds"], stats
 
 
 def test_seeded_sampling_is_stable_and_matches_plain(servers, plain):

@@ -119,6 +119,25 @@ class DraftKVGraphs:
         graph.replay()
         return True
 
+    def append_roots(self, hidden, positions, cache_loc) -> bool:
+        """Replay the append of a decoding step (width 1: every request's root, committed);
+        False where no graph covers it."""
+        bs = hidden.shape[0]
+        if hidden.dtype != self.hidden.dtype or hidden.shape[-1] != self.hidden.shape[-1]:
+            return False
+        padded = self.padded_batch(bs)
+        graph = self.graphs.get((padded, 1)) if padded is not None else None
+        if graph is None:
+            return False
+        self.hidden[:bs].copy_(hidden)
+        self.positions[:bs].copy_(positions)
+        self.cache_loc[:bs].copy_(cache_loc)
+        self.commit_lens[:bs].fill_(1)
+        if padded > bs:
+            self.commit_lens[bs:padded].zero_()
+        graph.replay()
+        return True
+
 
 def install(worker, widths) -> DraftKVGraphs | None:
     """The graphs for a DDTREE worker whose target verifies in CUDA graphs (TP 1), or None

@@ -38,6 +38,7 @@ class RoundFeatures:
     penalties: RowPenalties | None = None
     penalty_rows: torch.Tensor | None = None  # [n] batch rows of the penalised requests
     grammar_tree: object | None = None  # sglang GrammarTree, copying to the host
+    trees: object | None = None  # the round's Trees, where a feature reads them
 
 
 class RequestFeatures:
@@ -54,10 +55,15 @@ class RequestFeatures:
 
     def start_round(self, batch, trees) -> RoundFeatures:
         """Before the verify forward: gather the penalty state and start copying the
-        tree links to the host for the grammar traversal (overlapping the forward)."""
+        tree links to the host for the grammar traversal (overlapping the forward).
+        ``trees`` is the round's :class:`Trees`, or a function that makes them (a decoding
+        step makes its root-only trees only where a feature reads them)."""
         features = RoundFeatures()
         rows = [i for i, r in enumerate(batch.reqs) if has_penalties(r.sampling_params)]
-        if rows and self.penalty_table.counts is not None:
+        penalised = bool(rows) and self.penalty_table.counts is not None
+        if penalised or batch.has_grammar:
+            features.trees = trees = trees() if callable(trees) else trees
+        if penalised:
             # Only the penalised requests pay: their rows are adjusted as a sub-batch.
             features.penalty_rows = torch.tensor(rows, dtype=torch.int64).to(trees.tokens.device)
             features.penalties = self.penalty_table.rows(batch.req_pool_indices[features.penalty_rows])
@@ -73,12 +79,13 @@ class RequestFeatures:
             )
         return features
 
-    def apply(self, batch, features: RoundFeatures, logits: torch.Tensor, trees, grammar_barrier) -> None:
+    def apply(self, batch, features: RoundFeatures, logits: torch.Tensor, grammar_barrier) -> None:
         """``logits`` ``[bs * width, vocab]`` in place, after the verify forward."""
-        bs, width = trees.tokens.shape
+        bs = len(batch.reqs)
+        width = logits.shape[0] // bs
         logits_3d = logits.view(bs, width, -1)
         if features.penalties is not None:
-            self._apply_penalties(features, logits_3d[..., : self.vocab], trees)
+            self._apply_penalties(features, logits_3d[..., : self.vocab], features.trees)
         if features.grammar_tree is not None:
             self._apply_grammar(batch, features.grammar_tree, logits, grammar_barrier)
         sampling_info = batch.sampling_info
@@ -115,15 +122,20 @@ class RequestFeatures:
         if grammar_mask is not None:
             grammar_mask.apply(logits)
 
-    def finish_round(self, batch, features: RoundFeatures, trees, acceptance) -> None:
+    def finish_round(self, batch, features: RoundFeatures, acceptance=None) -> None:
+        """After the accept walk (``acceptance``; None: a decoding step, the root alone
+        accepted)."""
         if features.penalties is not None:
-            rows = features.penalty_rows
+            rows, tokens = features.penalty_rows, features.trees.tokens.index_select(0, features.penalty_rows)
+            if acceptance is None:
+                path, accept_lens = torch.zeros_like(tokens), torch.zeros_like(rows)
+            else:
+                path, accept_lens = (
+                    acceptance.path.index_select(0, rows),
+                    acceptance.accept_lens.index_select(0, rows),
+                )
             self.penalty_table.advance(
-                batch.req_pool_indices[rows],
-                features.penalties,
-                trees.tokens.index_select(0, rows),
-                acceptance.path.index_select(0, rows),
-                acceptance.accept_lens.index_select(0, rows),
+                batch.req_pool_indices[rows], features.penalties, tokens, path, accept_lens
             )
 
     def _log_once(self, key: str, message: str) -> None:

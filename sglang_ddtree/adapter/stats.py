@@ -27,6 +27,8 @@ class TreeStats:
         self.rounds = 0
         self._totals: torch.Tensor | None = None  # [requests, accepted, non_argmax, tree_nodes]
         self.extra = dict  # more entries for the log line (the online budget's widths)
+        self.decode_steps = 0  # steps run as decoding steps (width 1 without the drafter)
+        self._decode_requests = 0  # their requests, counted while the stats are on
 
     def record(self, acceptance, trees, draft_top1, non_argmax_accepted) -> None:
         """Add one round. Off (interval 0) this costs nothing: the counters are only
@@ -41,16 +43,30 @@ class TreeStats:
         self._totals[1:].add_(
             torch.stack([accept_lens.sum(), non_argmax.sum(), (trees.tree_sizes - 1).sum()]).to(torch.int64)
         )
+        self._count_round()
+
+    def record_decode_step(self, bs: int) -> None:
+        """A decoding step (width 1 without the drafter): ``bs`` requests, the root alone,
+        nothing drafted; counted on the host."""
+        self.decode_steps += 1
+        if self.interval:
+            self._decode_requests += bs
+            self._count_round()
+
+    def _count_round(self) -> None:
         self.rounds += 1
         if self.is_logging_rank and self.rounds % self.interval == 0:
             logger.info("DDTREE stats: %s", self.summary())
 
     def summary(self) -> dict:
-        if self._totals is None:
+        if not self.rounds:
             return {"rounds": 0}
-        requests, accepted, non_argmax, nodes = (int(x) for x in self._totals.tolist())
+        totals = [0, 0, 0, 0] if self._totals is None else [int(x) for x in self._totals.tolist()]
+        requests, accepted, non_argmax, nodes = totals
+        requests += self._decode_requests
         return {
             "rounds": self.rounds,
+            "decode_steps": self.decode_steps,
             "request_rounds": requests,
             "accepted_drafts_per_round": accepted / max(requests, 1),
             "tokens_per_round": (accepted + requests) / max(requests, 1),

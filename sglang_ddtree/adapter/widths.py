@@ -4,10 +4,11 @@
 The server keeps its largest verify width ``W`` (``speculative_num_draft_tokens``: the KV
 reservation, the round's write window); each step builds a tree of ``width - 1 <= W - 1``
 nodes and verifies exactly ``width`` slots per request, in the first ``width`` columns of
-the window. Width 1 verifies the root alone: a plain decoding step through the verify path,
-with no drafter forward and no tree step (the root-only trees are made directly,
-:meth:`StepWidths.root_only`). Every width is exact (the accept walk and the commit plan only
-ever see the tree that ran).
+the window. Width 1 verifies the root alone; a step that also skips the drafter
+(:attr:`StepWidths.skips_draft`) runs as a decoding step (``decode_step.py``: no tree step, no
+accept walk, no KV move; root-only trees, :meth:`StepWidths.root_only`, only where a request
+feature reads them). Every width is exact (the accept walk and the commit plan only ever see
+the tree that ran).
 
 Per step, two calls from the worker:
 

@@ -13,6 +13,11 @@ One decode round, per batch:
 5. **commit** - move the accepted path's KV to the front of the verify window, and
    write the drafter's context KV for the accepted tokens.
 
+A step of ``--speculative-ddtree-budget auto`` at width 1 without the drafter skips all of
+that for a decoding step (:meth:`DDTreeWorker._decode_step`): the target runs each root alone
+at its reserved slot, the next token is the target's, and the drafter's context KV of the
+root is written; no tree, mask, accept walk or KV move.
+
 Prefill and everything around the round (memory pools, KV reservation, draft KV
 materialisation, CUDA graphs, overlap relay) is the DFlash V2 worker's. The round
 issues no host synchronisation: all shapes are fixed by ``(bs, width)``.
@@ -50,6 +55,7 @@ from ..config import (
     tree_backend_override,
 )
 from ..kernels.backend import get_tree_backend
+from .decode_step import DecodeStep
 from .draft_block import draft_forward_batch
 from .draft_head import DraftTreeHead, draft_topk
 from .draft_kv_graphs import install as install_draft_kv_graphs
@@ -67,7 +73,7 @@ from .widths import LOG_EVERY, StepWidths
 logger = logging.getLogger("sglang_ddtree")
 
 
-class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
+class DDTreeWorker(DecodeStep, KVCommitSteps, DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         spec, settings = get_spec(), settings_of(server_args)
@@ -206,14 +212,16 @@ class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
         draft_input = self._round_input(batch)
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
         width = self._choose_width(bs)
+        if self.widths.skips_draft:  # width 1 without the drafter
+            return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
         window, plan = self._verify_window(batch, draft_input)  # [bs * width] slots
         trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan, width)  # and build
         features = self._start_features(batch, trees)
         logits_output, can_run_graph = self._verify(batch, draft_input, trees, window, plan)
-        self._apply_features(batch, features, logits_output, trees, grammar_barrier)
+        self._apply_features(batch, features, logits_output, grammar_barrier)
         posterior = self._posterior(batch, logits_output, trees.positions, bs)  # [bs, width]
         acceptance = self._accept(trees, posterior, prefix_lens)
-        self._finish_features(batch, features, trees, acceptance)
+        self._finish_features(batch, features, acceptance)
         new_seq_lens = acceptance.new_seq_lens.to(prefix_lens.dtype)  # no-op for SGLang's int64 lengths
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, acceptance.path)
@@ -267,28 +275,31 @@ class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
             draft_token_num=width,
             device=self.device,
         )
-        plan = self.model_runner.kv_index_translator.plan(
+        return window, self._kv_plan(batch, draft_input, window, width)
+
+    def _kv_plan(self, batch, draft_input, window, width: int):
+        """The KV location plan of a step writing ``window`` (``width`` slots a request)."""
+        return self.model_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
+            seq_lens=batch.seq_lens,
             seq_lens_cpu=batch.seq_lens_cpu
             if batch.seq_lens_cpu is not None
             else draft_input.nxt_kv_lens_cpu,
             write_virtual=window,
             read_extent=width,
         )
-        return window, plan
 
     @timed("features")
     def _start_features(self, batch, trees):
         return self.features.start_round(batch, trees)
 
     @timed("features")
-    def _apply_features(self, batch, features, logits_output, trees, grammar_barrier):
-        self.features.apply(batch, features, logits_output.next_token_logits, trees, grammar_barrier)
+    def _apply_features(self, batch, features, logits_output, grammar_barrier):
+        self.features.apply(batch, features, logits_output.next_token_logits, grammar_barrier)
 
     @timed("features")
-    def _finish_features(self, batch, features, trees, acceptance):
-        self.features.finish_round(batch, features, trees, acceptance)
+    def _finish_features(self, batch, features, acceptance=None):
+        self.features.finish_round(batch, features, acceptance)
 
     @timed("accept")
     def _accept(self, trees, posterior, prefix_lens):
@@ -308,15 +319,13 @@ class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
     @timed("width record")
     def _record_width(self, acceptance):
         """What the width policy keeps of the step (the online budget: one drafted step in 8
-        also predicts)."""
-        self.widths.finish(acceptance.accept_lens)
+        also predicts; a decoding step, ``acceptance`` None, only its cost)."""
+        self.widths.finish(None if acceptance is None else acceptance.accept_lens)
 
     def _draft(self, batch, draft_input, roots, prefix_lens, plan, width):
         """One drafter block and the tree step for a verify ``width``: (:class:`Trees`, the
         drafter's top-1 per depth ``[bs, depth]``). On a graph replay the tree step ran
-        inside the graph. An online-budget step at width 1 runs neither (root-only trees)."""
-        if self.widths.skips_draft:
-            return self.widths.root_only(roots, prefix_lens, self._last_position)
+        inside the graph."""
         with self.phase("draft prepare"):
             forward_batch = draft_forward_batch(self, batch, draft_input, roots, prefix_lens, plan)
         with self.phase("draft forward"), torch.inference_mode():
@@ -368,11 +377,16 @@ class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
         with self.phase("verify prepare"):
             forward_batch = self._verify_forward_batch(batch, draft_input, trees, window, plan, mask)
         with self.phase("verify forward"):
-            self.widths.verify_started()  # the online budget prices a width by its verify's time
-            out = self.target_worker.forward_batch_generation(
-                batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
-            )
-            self.widths.verify_finished()
+            return self._target_forward(forward_batch)
+
+    def _target_forward(self, forward_batch):
+        """The target's verify forward (at any width): its logits output with the logits
+        gathered, and whether it ran from a CUDA graph."""
+        self.widths.verify_started()  # the online budget prices a width by its verify's time
+        out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        self.widths.verify_finished()
         logits_output = out.logits_output
         target_lp = self._target_logits_processor
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
@@ -393,6 +407,12 @@ class DDTreeWorker(KVCommitSteps, DFlashWorkerV2):
             tree_visibility=None if mask is not None else trees.visibility(),
             kv_loc_cols=None if width == self.width else slice(0, width),
         )
+        return self._prepare_verify(batch, draft_input, verify_input, window)
+
+    def _prepare_verify(self, batch, draft_input, verify_input, window):
+        """The target's forward batch of ``verify_input``, writing ``window``; the host
+        lengths its attention reads bound the prefix plus this step's width."""
+        width = verify_input.draft_token_num
         batch.out_cache_loc = window
         seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
         if seq_lens_cpu is not None:

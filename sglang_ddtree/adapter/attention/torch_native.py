@@ -17,8 +17,9 @@ from torch.nn.functional import scaled_dot_product_attention
 
 
 def block_mask(n_q: int, prefix_len: int, tree: torch.Tensor | None, causal: bool) -> torch.Tensor | None:
-    """Allowed (query, key) pairs over ``prefix_len + n_q`` keys; None = all allowed."""
-    if not causal:
+    """Allowed (query, key) pairs over ``prefix_len + n_q`` keys; None = all allowed (also
+    for a block of one slot: it sees the prefix and itself)."""
+    if not causal or n_q == 1:
         return None
     if tree is None:
         tree = torch.ones((n_q, n_q), dtype=torch.bool).tril_()

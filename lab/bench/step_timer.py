@@ -1,0 +1,130 @@
+"""Host time of SGLang's scheduler per decode step, split by stage, in any server (plain or
+speculative): a lab plugin module (``SGLANG_DDTREE_TEST_PLUGIN=lab.bench.step_timer``, with the
+checkout on ``PYTHONPATH``), loaded by the plugin's ``register`` in every scheduler process.
+
+Per decode iteration of the scheduler's loop it adds up (microseconds, host clock):
+
+* ``schedule``: ``Scheduler.get_next_batch_to_run`` (filter, memory check and the batch's
+  ``prepare_for_decode``: the KV reservation);
+* ``prepare_for_decode``: that preparation alone;
+* ``run_batch``: ``Scheduler.run_batch``, the launch of the step (on a GPU the forward is
+  asynchronous; on a CPU it runs inside), of which ``worker``: the model worker's
+  ``forward_batch_generation`` (the plain worker's, or the speculative worker's whole step),
+  and ``resolve_seq_lens``: the spec-v2 relay's wait for and copy of the previous step's lengths;
+* ``relay_payload`` and ``copy_to_cpu``: after the worker, inside ``run_batch``: the next
+  step's inputs stashed in the relay, the result's copy to the host started;
+* ``process_result``: ``Scheduler.process_batch_result`` of a decode batch (the tokens to the
+  requests, stop checks, streaming);
+* ``iteration``: from one decode launch to the next (the whole loop, everything included).
+
+Every ``$SGLANG_STEP_TIMER_EVERY`` decode iterations (default 64) one line is logged:
+``STEP TIMER us/step: {...}``, the means over those iterations.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+
+logger = logging.getLogger("sglang_ddtree")
+
+LINE = "STEP TIMER us/step:"
+_totals: dict[str, float] = defaultdict(float)
+_state = {"steps": 0, "last_launch": None, "depth": 0, "in_decode_launch": False}
+
+
+def _every() -> int:
+    return int(os.environ.get("SGLANG_STEP_TIMER_EVERY", "64"))
+
+
+def _is_decode(batch) -> bool:
+    mode = getattr(batch, "forward_mode", None)
+    return mode is not None and mode.is_decode()
+
+
+def _timed(name: str, decode_only_arg: int | None = None, outermost: bool = False, in_launch: bool = False):
+    """An AROUND hook adding the call's host time to ``name``: only for a decode batch when
+    the ``decode_only_arg``-th argument is the batch, or (``in_launch``) only inside the launch
+    of a decode batch (a speculative worker leaves the batch in its verify mode until the
+    launch ends); only the outermost call when asked."""
+
+    def hook(original, *args, **kwargs):
+        if in_launch and not _state["in_decode_launch"]:
+            return original(*args, **kwargs)
+        if decode_only_arg is not None:
+            batch = args[decode_only_arg] if len(args) > decode_only_arg else kwargs.get("batch")
+            if not _is_decode(batch):
+                return original(*args, **kwargs)
+        if outermost and _state["depth"]:
+            return original(*args, **kwargs)
+        _state["depth"] += outermost
+        began = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _totals[name] += time.perf_counter() - began
+            _state["depth"] -= outermost
+
+    return hook
+
+
+def _run_batch(original, scheduler, batch, *args, **kwargs):
+    if not _is_decode(batch):
+        _state["last_launch"] = None  # a prefill in between: the next period is not a step's
+        return original(scheduler, batch, *args, **kwargs)
+    began = time.perf_counter()
+    last, _state["last_launch"] = _state["last_launch"], began
+    _state["in_decode_launch"] = True
+    try:
+        return original(scheduler, batch, *args, **kwargs)
+    finally:
+        _state["in_decode_launch"] = False
+        _totals["run_batch"] += time.perf_counter() - began
+        if last is not None:
+            _totals["iteration"] += began - last
+            _totals["iterations"] += 1
+        _state["steps"] += 1
+        if _state["steps"] % _every() == 0:
+            _log()
+
+
+def _schedule(original, scheduler, *args, **kwargs):
+    began = time.perf_counter()
+    plan = original(scheduler, *args, **kwargs)
+    if _is_decode(getattr(plan, "batch_to_run", None)):
+        _totals["schedule"] += time.perf_counter() - began
+    return plan
+
+
+def _log() -> None:
+    steps, iterations = _every(), _totals.pop("iterations", 0)
+    means = {k: round(1e6 * v / steps, 1) for k, v in _totals.items() if k != "iteration"}
+    if iterations:
+        means["iteration"] = round(1e6 * _totals["iteration"] / iterations, 1)
+    logger.warning("%s %s", LINE, means)
+    _totals.clear()
+
+
+def install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    scheduler = "sglang.srt.managers.scheduler.Scheduler"
+    hooks = {
+        f"{scheduler}.run_batch": _run_batch,
+        f"{scheduler}.get_next_batch_to_run": _schedule,
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode": _timed("prepare_for_decode"),
+        "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu": _timed("resolve_seq_lens", 1),
+        f"{scheduler}.process_batch_result": _timed("process_result", 1),
+        f"{scheduler}._relay_forward_payload": _timed("relay_payload", in_launch=True),
+        f"{scheduler}._copy_result_to_cpu": _timed("copy_to_cpu", in_launch=True),
+        "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation": _timed(
+            "worker", 1, outermost=True
+        ),
+        "sglang_ddtree.adapter.worker.DDTreeWorker.forward_batch_generation": _timed(
+            "worker", 1, outermost=True
+        ),
+    }
+    for target, hook in hooks.items():
+        HookRegistry.register(target, hook, HookType.AROUND)
