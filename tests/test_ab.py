@@ -168,6 +168,9 @@ def test_ab_interleaved_end_to_end():
     assert (cmp_["arm"], cmp_["reference"], cmp_["pairs"]) == ("ddtree", "plain", 2)
     assert cmp_["verdict"] == "unresolved" and "at least 3" in cmp_["why"]  # two repeats: no verdict
     assert report["greedy_check"]["ok"] and report["greedy_check"]["servers_checked"] == 3
+    plain = arms["plain"]["servers"][0]  # plain kept its two best log-probs per token: each token its argmax
+    assert [[row[0][1] for row in rows] for rows in plain["greedy_top2"]] == plain["greedy"]
+    assert arms["ddtree"]["servers"][0]["greedy_top2"] is None
     assert report["parity"]["arms_read"] == ["plain", "ddtree", "plain+again"]
     stamp = report["stamp"]
     assert stamp["commit"] and stamp["date_utc"] and stamp["device_name"] == "cpu"
@@ -400,7 +403,9 @@ class _FakeWorker:
         return True
 
 
-def _fake_engine(monkeypatch, greedy_by_arm: dict, readback_by_arm: dict | None = None, speeds=None):
+def _fake_engine(
+    monkeypatch, greedy_by_arm: dict, readback_by_arm: dict | None = None, speeds=None, top2=None
+):
     """The engine with every server and pass faked: speed per arm times a spell per repeat
     (shared by every arm of the repeat), as an interleaved run on a host with slow spells."""
     from sglang_ddtree.ab import engine, run
@@ -418,11 +423,12 @@ def _fake_engine(monkeypatch, greedy_by_arm: dict, readback_by_arm: dict | None 
         logs[arm.name] = fake.log_path  # its latest start's
         return fake, record
 
-    def check_server(server, record, opts):
+    def check_server(server, record, opts, reference=False):
         arm = by_server[id(server)]
         record["readback"] = {"disable_overlap_schedule": False, "cuda_graph_config.decode.max_bs": 64}
         record["readback"].update((readback_by_arm or {}).get(arm.name, {}))
         record["greedy"] = greedy_by_arm[arm.base]
+        record["greedy_top2"] = top2 if reference and opts.greedy_margin > 0 else None
 
     def run_pass(worker, url, opts, *, concurrency, num_prompts, stem):
         rep = int(stem.split("_r")[-1].split("_")[0])
@@ -626,6 +632,49 @@ def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
     (mismatch,) = report["greedy_check"]["mismatches"]
     assert (mismatch["arm"], mismatch["prompt_index"], mismatch["first_diff_token"]) == ("ddtree", 1, 2)
     assert "**GREEDY CHECK FAILED" in (tmp_path / "fake_h200_ab.md").read_text()
+
+
+def _top2_at_divergence(gap: float) -> list:
+    """plain's two best per token of the outputs below: at prompt 1's third token, 6 leads 7 by
+    ``gap`` nats (elsewhere by far)."""
+    far = lambda best, second: [[-0.01, best], [-9.0, second]]  # noqa: E731
+    return [[far(1, 0), far(2, 0), far(3, 0)], [far(4, 0), far(5, 0), [[-0.6, 6], [-0.6 - gap, 7]]]]
+
+
+NEAR_TIE_OUTPUTS = {
+    "ddtree": [[1, 2, 3], [4, 5, 7]],
+    "dflash": [[1, 2, 3], [4, 5, 6]],
+    "plain": [[1, 2, 3], [4, 5, 6]],
+}
+
+
+def test_greedy_divergence_at_a_near_tie_of_plain_is_rounding(tmp_path, monkeypatch, capsys):
+    from sglang_ddtree.ab import cli as ab
+
+    _fake_engine(monkeypatch, NEAR_TIE_OUTPUTS, top2=_top2_at_divergence(0.1))
+    assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree")) == 0
+    gc = _series(tmp_path, "fake_h200_ab")["greedy_check"]
+    assert gc["ok"] and gc["near_ties"] == 1 and gc["margin"] == 0.25
+    (mismatch,) = gc["mismatches"]
+    assert mismatch["near_tie"] and abs(mismatch["gap"] - 0.1) < 1e-9
+    assert "up to 1 near-ties of plain's argmax" in gc["message"]
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert "GREEDY CHECK FAILED" not in md and "0.1 nats below plain's argmax: a near-tie" in md
+
+
+def test_greedy_divergence_beyond_the_margin_fails(tmp_path, monkeypatch, capsys):
+    from sglang_ddtree.ab import cli as ab
+
+    _fake_engine(monkeypatch, NEAR_TIE_OUTPUTS, top2=_top2_at_divergence(0.5))
+    assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree")) == 1
+    assert (
+        "ddtree prompt 1 diverges from plain at token 2 (0.5 nats below its argmax)"
+        in capsys.readouterr().err
+    )
+    # the same near-tie is a failure where only identity is asked for
+    _fake_engine(monkeypatch, NEAR_TIE_OUTPUTS, top2=_top2_at_divergence(0.1))
+    assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree", "--greedy-margin", "0")) == 1
+    assert not _series(tmp_path, "fake_h200_ab")["greedy_check"]["ok"]
 
 
 def test_parity_difference_is_explained(tmp_path, monkeypatch):

@@ -282,3 +282,66 @@ def test_tp2_runs_the_ab_tool_at_tp2_beside_the_suite(tmp_path):
     assert "the first pass waits for /tmp/ddtree-tp2-suite-done" in out
     assert "series pycode-4l_h200x2_tp2_ab" in out
     assert (tmp_path / "out" / "tp2_logs.tar.gz").exists()
+
+
+TWO_GPUS = ROOT / "gpu" / "jobs" / "two_gpus.sh"
+
+
+def _two_gpus(tmp_path, *jobs: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OUT": str(tmp_path), "GPUS": "3 5", "TAIL_LINES": "5"}
+    return subprocess.Popen(
+        ["bash", str(TWO_GPUS), *jobs],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_two_gpus_runs_each_job_on_its_gpu_into_one_archive(tmp_path):
+    import tarfile
+
+    job = 'echo "gpu $CUDA_VISIBLE_DEVICES results $GPU_RESULTS_DIR"; echo {} > "$OUT/{}.json"; exit {}'
+    proc = _two_gpus(tmp_path, "suite", job.format(1, "s", 0), "k26", job.format(2, "k", 3))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out  # the second job's failure is the call's
+    assert "suite exited with 0, k26 with 3" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k26.tar", "suite.tar"]  # two files come back
+    with tarfile.open(tmp_path / "k26.tar") as tar:
+        assert sorted(tar.getnames()) == ["k26", "k26/k.json", "k26/k26.log"]
+        log = tar.extractfile("k26/k26.log").read().decode()
+    assert log.strip() == f"gpu 5 results {tmp_path}/k26"
+
+
+def test_two_gpus_stops_both_jobs_when_stopped(tmp_path):
+    import signal
+    import time
+
+    marker = f"sleep {os.getpid() % 1000 + 7000}"
+    proc = _two_gpus(tmp_path, "a", f"bash -c '{marker}; true'", "b", f"{marker}.5")
+    try:
+        deadline = time.time() + 30
+        while len(_pids_running(marker)) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        assert len(_pids_running(marker)) == 2
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.time() + 10
+        while _pids_running(marker) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _pids_running(marker) == []
+    finally:
+        for pid in _pids_running(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _pids_running(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"^{marker}"], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def test_two_gpus_refuses_one_name_twice(tmp_path):
+    proc = _two_gpus(tmp_path, "a", "true", "a", "true")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 2 and "two different names" in out

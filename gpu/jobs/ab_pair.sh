@@ -47,7 +47,7 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --repeats "${REPEATS:-4}" --time-limit "${TIME_LIMIT_S:-400}" \
   --dataset custom --dataset-path "$P/heldout_prompts.json" \
   --output-len "${OUTPUT_LEN:-128}" --range-ratio 0.5 \
-  --check-prompts 4 --check-tokens 32 --allow-greedy-mismatch --start-timeout 360 --keep-going \
+  --check-prompts 4 --check-tokens 32 --start-timeout 360 --keep-going \
   --label pycode-4l --device-name h200 --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?

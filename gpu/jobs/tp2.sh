@@ -47,7 +47,7 @@ timeout -s TERM "${AB_S:-465}" python -m sglang_ddtree.ab \
   --schedule interleaved --concurrency 1,8 --num-prompts 8,16 --repeats "${REPEATS:-3}" \
   --profile dflash@1,dflash@8,ddtree@32@1,ddtree@32@8 --profile-steps 10 \
   --dataset custom --dataset-path "$P/heldout_prompts.json" --output-len 128 --range-ratio 0.5 \
-  --check-prompts 4 --check-tokens 32 --allow-greedy-mismatch --start-timeout 330 --keep-going \
+  --check-prompts 4 --check-tokens 32 --start-timeout 330 --keep-going \
   --time-limit "${TIME_LIMIT_S:-425}" --wait-file "$DONE" \
   --label pycode-4l --device-name h200x2 --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}

@@ -7,6 +7,7 @@ import argparse
 
 from .arms import CHECK_PROMPTS, DEFAULT_ARMS
 from .profiling import DEFAULT_STEPS as DEFAULT_PROFILE_STEPS
+from .report import BF16_MARGIN
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -194,6 +195,17 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         "--allow-greedy-mismatch",
         action="store_true",
         help="report greedy mismatches without failing (bf16 on GPUs can flip a near-tied argmax)",
+    )
+    g.add_argument(
+        "--greedy-margin",
+        type=float,
+        default=BF16_MARGIN,
+        metavar="NATS",
+        help="a divergence from the baseline is rounding, not a failure, where the baseline's own "
+        "decode step gave the arm's token a log-prob within NATS of its argmax's (its two best "
+        "log-probs at the first different token; the baseline must be plain). bf16 on a GPU can "
+        "flip a near-tied argmax; a wrong tree or a stale KV entry misses by whole nats. "
+        f"0: token identity only (default {BF16_MARGIN})",
     )
 
 

@@ -297,13 +297,20 @@ def readback(info: dict) -> dict:
     return {k: _dig(merged, k) for k in dict.fromkeys((*PARITY_KEYS, *CONTEXT_KEYS))}
 
 
-def greedy_outputs(server: ServerProcess, prompts: list, max_new_tokens: int) -> list[list[int]]:
+def greedy_outputs(server: ServerProcess, prompts: list, max_new_tokens: int, top2: bool = False):
+    """The server's greedy output ids per prompt and, with ``top2``, per output token the two
+    best ``[log-prob, token]`` of the decode step that chose it (else None)."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
-    out = []
+    extra = {"return_logprob": True, "top_logprobs_num": 2} if top2 else {}
+    outputs, tops = [], []
     for p in prompts:
         key = "text" if isinstance(p, str) else "input_ids"
-        out.append(server.generate({key: p, "sampling_params": params})["output_ids"])
-    return out
+        answer = server.generate({key: p, "sampling_params": params, **extra})
+        outputs.append(answer["output_ids"])
+        if top2:
+            rows = answer["meta_info"]["output_top_logprobs"]
+            tops.append([[[row[0][0], row[0][1]], [row[1][0], row[1][1]]] for row in rows])
+    return outputs, (tops if top2 else None)
 
 
 def new_server(arm, opts, start: int) -> tuple[ServerProcess, dict]:
@@ -349,12 +356,16 @@ def wait_up(server: ServerProcess, record: dict) -> None:
     record["start_seconds"] = round(time.perf_counter() - record.pop("launched_at"), 1)
 
 
-def check_server(server: ServerProcess, record: dict, opts) -> None:
-    """Read a ready server's settings back and run the greedy side-check."""
+def check_server(server: ServerProcess, record: dict, opts, reference: bool = False) -> None:
+    """Read a ready server's settings back and run the greedy side-check (a ``reference``
+    server, plain's, also keeps its two best log-probs per token: a divergence's margin)."""
     record["readback"] = readback(server.server_info())
     if opts.check_prompts > 0:
         t0 = time.perf_counter()
-        record["greedy"] = greedy_outputs(server, opts.check_texts, opts.check_tokens)
+        top2 = reference and opts.greedy_margin > 0
+        record["greedy"], record["greedy_top2"] = greedy_outputs(
+            server, opts.check_texts, opts.check_tokens, top2
+        )
         record["check_seconds"] = round(time.perf_counter() - t0, 1)
 
 

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sglang_ddtree.ab.report import BF16_MARGIN
 from sglang_ddtree.launch import ServerProcess, ServerStartError
 
 PAIR = Path(__file__).resolve().parents[2] / "lab" / "models" / "pairs" / "pycode-4l"
@@ -238,8 +239,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 # bf16 logits of the same prefix differ between a batched verify and a prefill by rounding.
 # This pair's logits lie within |16|..|32|, where one bf16 step is 0.125; two independently
 # rounded logits can trade places by up to two steps. A token is a violation only if the
-# full forward prefers another token by more than that.
-BF16_MARGIN = 0.25  # nats
+# full forward prefers another token by more than that (the A/B tool's margin, 0.25 nats).
 
 
 # Float32 logits of one prefix still differ by rounding between kernels of different shapes (a
