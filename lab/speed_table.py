@@ -35,7 +35,9 @@ ROWS = (
     Row("pycode-4l_h200_ab", "ddtree@32", "plain", "trained pair, one H200: DDTREE@32 / plain"),
     Row("pycode-4l_h200_ab", "ddtree@auto64", "plain", "trained pair, one H200: online budget / plain"),
     Row("pycode-4l_h200_ab", "dflash", "plain", "trained pair, one H200: stock DFLASH / plain"),
-    Row("k26-rank_h200_ab", "ddtree@7", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@7 / chain"),
+    Row(
+        "k26-rank_h200_ab", "ddtree@16", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@16 / chain"
+    ),
 )
 
 
@@ -52,8 +54,14 @@ def level_text(comparison: dict) -> str:
         interval = f"({comparison.get('pairs', 0)} pairs, no interval)"
     return (
         f"c={comparison['concurrency']}: {comparison['ratio']:.2f}x {interval}, "
-        f"A/A {_interval(comparison.get('aa_band'))}, {verdict}"
+        f"A/A {_interval(comparison.get('aa_band'))}{_start_spread(comparison)}, {verdict}"
     )
+
+
+def _start_spread(comparison: dict) -> str:
+    """An alternating series' spread between two starts of one arm (the largest of the pair's)."""
+    spreads = [s for s in (comparison.get("start_spread") or {}).values() if s is not None]
+    return f", start spread {max(spreads):.2f}x" if spreads else ""
 
 
 def row_text(row: Row, report: dict) -> str:
@@ -71,7 +79,10 @@ def row_text(row: Row, report: dict) -> str:
 def table(results: Path, rows=ROWS) -> str:
     """The table, markers included, from the series' JSON files in ``results``."""
     reports = {name: json.loads((results / f"{name}.json").read_text()) for name in {r.series for r in rows}}
-    lines = [START, "| comparison | per concurrency c: ratio of tok/s [90%], A/A spread, verdict | series |"]
+    lines = [
+        START,
+        "| comparison | per concurrency c: ratio of tok/s [90%], A/A spread (alternating: start spread), verdict | series |",
+    ]
     lines += ["|---|---|---|", *(row_text(r, reports[r.series]) for r in rows), END]
     return "\n".join(lines)
 

@@ -617,6 +617,44 @@ def test_runs_of_one_series_merge_start_after_start(tmp_path, monkeypatch, capsy
     assert "plain: other flags or environment" in capsys.readouterr().err
 
 
+def test_runs_made_in_two_folders_merge_with_their_paths_read_as_one(tmp_path, monkeypatch, capsys):
+    """Two calls whose prompts and arm environment lie in each call's own work folder."""
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import merge
+
+    _fake_engine(monkeypatch, {name: [[1]] for name in ("plain", "ddtree")})
+    prompts = [[5, 6, 7], [8, 9]]
+    runs = []
+    for call in ("call1", "call2"):
+        work = tmp_path / f"{call}_work"
+        work.mkdir()
+        (work / "prompts.json").write_text(json.dumps(prompts))
+        argv = [*FAKE, "--raw-dir", str(tmp_path / "raw"), "--arms", "plain,ddtree", "--repeats", "2"]
+        argv += ["--schedule", "alternating", "--starts", "1", "--results-dir", str(tmp_path / call)]
+        argv += ["--dataset", "custom", "--dataset-path", str(work / "prompts.json")]
+        argv += ["--arm-env", f"ddtree=RECORDING={work}/recording.json"]
+        assert ab.main(argv) == 0
+        runs.append(str(tmp_path / call / "fake_h200_ab.json"))
+    x = ["--series", "m", "--results-dir", str(tmp_path / "m"), "--no-index"]
+    assert merge.main([*runs, *x]) == 2
+    err = capsys.readouterr().err
+    assert "dataset_path" in err and "ddtree: other flags or environment" in err
+    same = f"{tmp_path}/call2_work={tmp_path}/call1_work"
+    assert merge.main([*runs, *x, "--same-path", same]) == 0
+    report = _series(tmp_path / "m", "m")
+    assert (
+        report["settings"]["same_paths"] == [same]
+        and "paths read as the same" in report["settings"]["schedule_reason"]
+    )
+    assert [s["start"] for s in next(a for a in report["arms"] if a["name"] == "ddtree")["servers"]] == [0, 1]
+    # the greedy prompts are still compared: other prompts behind the same path do not merge
+    other = json.loads(Path(runs[1]).read_text())
+    other["settings"]["check_prompts"] = [[1, 2]]
+    Path(runs[1]).write_text(json.dumps(other))
+    assert merge.main([*runs, *x, "--same-path", same]) == 2
+    assert "check_prompts" in capsys.readouterr().err
+
+
 def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
     from sglang_ddtree.ab import cli as ab
 
@@ -675,6 +713,36 @@ def test_greedy_divergence_beyond_the_margin_fails(tmp_path, monkeypatch, capsys
     _fake_engine(monkeypatch, NEAR_TIE_OUTPUTS, top2=_top2_at_divergence(0.1))
     assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree", "--greedy-margin", "0")) == 1
     assert not _series(tmp_path, "fake_h200_ab")["greedy_check"]["ok"]
+
+
+def test_alternating_time_limit_gates_starts_not_the_passes_of_a_started_server(tmp_path, monkeypatch):
+    """A 61-layer server takes minutes to start: one started before the limit runs all its
+    passes, and no server starts after it."""
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import engine
+
+    _fake_engine(monkeypatch, {name: [[1]] for name in ("plain", "dflash")})
+    launched = []
+    monkeypatch.setattr(engine, "launch", lambda server, record: launched.append(record))
+    monkeypatch.setattr(
+        engine.Engine, "_past_deadline", lambda self: len(launched) >= 2
+    )  # from dflash's start
+    argv = _argv(
+        tmp_path,
+        "--arms",
+        "plain,dflash,dflash+again",
+        "--schedule",
+        "alternating",
+        "--starts",
+        "1",
+        "--time-limit",
+        "1",
+    )
+    ab.main(argv)
+    report = _series(tmp_path, "fake_h200_ab")
+    runs = {a["name"]: len(a["runs"]) for a in report["arms"]}
+    assert runs == {"plain": 10, "dflash": 10, "dflash+again": 0}  # 2 levels x 5 repeats each
+    assert report["skipped"] == ["dflash+again start 1: not started, past --time-limit"]
 
 
 def test_parity_difference_is_explained(tmp_path, monkeypatch):

@@ -26,6 +26,11 @@ def test_a_level_states_ratio_interval_aa_and_verdict():
     assert two == "c=1: 1.39x (2 pairs, no interval), A/A [0.79, 1.26], unresolved"
 
 
+def test_an_alternating_level_states_the_start_spread_of_its_arms():
+    level = _comparison(aa_band=None, verdict="unresolved", start_spread={"ddtree@32": None, "plain": 1.24})
+    assert speed_table.level_text(level) == "c=1: 1.39x [1.28, 1.61], A/A -, start spread 1.24x, unresolved"
+
+
 def test_a_row_without_its_comparison_is_refused():
     row = speed_table.Row("s", "ddtree@64", "plain", "what")
     with pytest.raises(ValueError, match="no comparison of ddtree@64 with plain"):

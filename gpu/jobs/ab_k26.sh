@@ -7,8 +7,12 @@
 # series is made of calls, each with plain, the chain and its A/A (chain+again) beside one or two
 # DDTREE arms, merged afterwards (each call's servers the next start of their arms):
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call1 ARMS=plain,chain,ddtree@7,chain+again bash gpu/jobs/ab_k26.sh
-#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call2 ARMS=plain,chain,ddtree@16,chain+again bash gpu/jobs/ab_k26.sh
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call2 ARMS=chain,ddtree@16,chain+again \
+#     AB_ARGS="--recording /tmp/k26-rank_h200_work/recording.json" bash gpu/jobs/ab_k26.sh   # same warm machine
 #   python -m sglang_ddtree.ab.merge <call1>.json <call2>.json ... --series k26-rank_h200_ab
+# Every call works in one folder (/tmp/k26-rank_h200_work: the prompts, plain's recording), so the
+# calls' settings name the same files and merge as they are. An arm's +again needs its arm in the
+# same call. A server started before TIME_LIMIT_S runs all its passes (the tool's alternating rule).
 # Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
 # Writes k26-rank_h200_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
 # starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
@@ -37,7 +41,7 @@ AB_S="${AB_S:-$(( left > 60 ? left : 60 ))}"
 TIME_LIMIT_S="${TIME_LIMIT_S:-$(( AB_S > 240 ? AB_S - 180 : 60 ))}"
 echo "[ab_k26] the tool gets ${AB_S} s; no server starts after ${TIME_LIMIT_S} s"
 timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
-  --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work "/tmp/${SERIES}_work" \
+  --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work /tmp/k26-rank_h200_work \
   --mem-fraction-static "${MEM:-0.88}" --max-total-tokens "${MAX_TOKENS:-200000}" \
   --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-3}" \
   --concurrency "${CONC:-1,8,32,64}" --num-prompts "${PROMPTS:-8,16,32,64}" --output-len "${OUTPUT_LEN:-64}" \

@@ -17,7 +17,7 @@ timed_tests() {
   shift 2
   collected=$(mktemp)
   python -m pytest "$@" --collect-only -q > "$collected" 2>&1
-  timeout "$seconds" python -m pytest "$@" -v -rA >> "$log" 2>&1
+  timeout -k 30 "$seconds" python -m pytest "$@" -v -rA >> "$log" 2>&1  # -k: a teardown that hangs after TERM
   python "$(dirname "${BASH_SOURCE[0]}")/unfinished_tests.py" "$collected" "$log" >> "$log"
   rm -f "$collected"
 }

@@ -214,9 +214,12 @@ class Engine:
 
     def _measure(self, arm: Arm, server, concurrency: int, prompts: int, repeat: int, start: int, order: int):
         label = f"c={concurrency} rep {repeat + 1}/{self.opts.repeats}"
-        if self.opts.schedule == "alternating":
+        alternating = self.opts.schedule == "alternating"
+        if alternating:
             label = f"start {start + 1}/{self.opts.starts} {label}"
-        if self._past_deadline():
+        # Alternating, the limit gates server starts only: a server that took its minutes to
+        # start runs all its passes (cut short, its start would be spent for no cell).
+        if not alternating and self._past_deadline():
             self.skipped.append(f"{arm.name} {label}: past --time-limit")
             self.pbar.update(1)
             return

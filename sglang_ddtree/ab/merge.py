@@ -7,7 +7,11 @@ servers become the next start indices of their arms, so start ``s`` of one arm s
 start ``s`` of another (servers that ran in the same call, close in time), and the interval
 resamples whole starts. The runs must serve the same requests (model, prompts, output lengths,
 seed and levels); an arm of the same name must have the same flags and environment in every run.
-The merged report keeps the first run's stamp (its device) and lists every run it was made of.
+Runs made in different folders name the same files by different paths (a K2.6-rank call's prompts
+and recording): ``--same-path FROM=TO`` reads FROM as TO in every run's settings, flags and
+environment before they are compared, and the merged report says so; the greedy prompts (the
+dataset's first prompts, token ids) must still be equal. The merged report keeps the first run's
+stamp (its device) and lists every run it was made of.
 """
 
 from __future__ import annotations
@@ -24,7 +28,42 @@ from . import report as ab_report
 from .arms import Arm
 from .index import write_index
 
-SAME = ("model", "drafter", "dataset", "dataset_path", "input_len", "output_len", "range_ratio", "seed")
+SAME = (
+    "model",
+    "drafter",
+    "dataset",
+    "dataset_path",
+    "input_len",
+    "output_len",
+    "range_ratio",
+    "seed",
+    "check_prompts",
+)
+
+
+def equate_paths(report: dict, same_paths: list[tuple[str, str]]) -> dict:
+    """``report`` with every FROM read as TO in its settings and its arms' flags and environment."""
+
+    def rewrite(value):
+        if isinstance(value, str):
+            for old, new in same_paths:
+                value = value.replace(old, new)
+            return value
+        if isinstance(value, list):
+            return [rewrite(v) for v in value]
+        if isinstance(value, dict):
+            return {k: rewrite(v) for k, v in value.items()}
+        return value
+
+    arms = [{**a, "server_args": rewrite(a["server_args"]), "env": rewrite(a["env"])} for a in report["arms"]]
+    return {**report, "settings": rewrite(report["settings"]), "arms": arms}
+
+
+def same_path(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not sep or not old or not new:
+        raise argparse.ArgumentTypeError(f"--same-path wants FROM=TO, got {text!r}")
+    return old, new
 
 
 def arm_from_json(data: dict) -> Arm:
@@ -101,14 +140,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results-dir", type=Path, default=Path("results"))
     p.add_argument("--no-index", action="store_true")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--same-path",
+        type=same_path,
+        action="append",
+        default=[],
+        metavar="FROM=TO",
+        help="a path (or its start) that names in some runs what TO names in the others, e.g. each "
+        "call's work folder (repeatable)",
+    )
     args = p.parse_args(argv)
-    reports = [json.loads(path.read_text()) for path in args.reports]
+    reports = [equate_paths(json.loads(path.read_text()), args.same_path) for path in args.reports]
     arms, settings, problems = merge(reports)
     if problems:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
     settings["series"] = args.series
+    if args.same_path:
+        settings["same_paths"] = [f"{old}={new}" for old, new in args.same_path]
+        settings["schedule_reason"] += "; paths read as the same: " + ", ".join(settings["same_paths"])
     statuses = [r["status"] for r in reports]
     status = next((s for s in ("failed", "interrupted") if s in statuses), "ok")
     errors = [f"{r.get('series')}: {r['error']}" for r in reports if r.get("error")]

@@ -100,7 +100,8 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
         "--time-limit",
         type=float,
         default=None,
-        help="seconds from the start after which no pass (or server start) begins; those left are reported "
+        help="seconds from the start after which nothing new begins: no pass (interleaved) or no server "
+        "start (alternating: a server started before it runs all its passes); what is left is reported "
         "as skipped",
     )
     g.add_argument(
