@@ -109,7 +109,9 @@ def test_serving_imports_no_bench_or_trainer():
     assert out.returncode == 0, out.stderr[-3000:]
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert "sglang_ddtree.adapter.worker" in loaded
-    trainer = {f"lab.models.{m}" for m in ("train_pair", "train_loop", "pair_corpus", "pair_export")}
+    trainer = {
+        f"lab.models.{m}" for m in ("train_pair", "train_drafter", "train_loop", "pair_corpus", "pair_export")
+    }
     unwanted = [m for m in loaded if m.startswith("lab.bench") or m in trainer]
     assert unwanted == []
 

@@ -18,15 +18,19 @@
 # stopped at TRACE_S (540) so that the caches still come back.
 # Variables: ARMS (chain,7,16,32,64), PROMPTS (0: all 43 held-out prompts), OUTPUT_LEN (128: the
 # K2.6 rank's A/B draws up to 64), TOPK (64: ranks the trace keeps per depth), TRACE_S, TRACE_ARGS,
-# SERVER_ARGS (the servers' flags; empty with SGLANG_USE_CPU_ENGINE=1: the job's plumbing on a CPU).
+# SERVER_ARGS (the servers' flags; empty with SGLANG_USE_CPU_ENGINE=1: the job's plumbing on a CPU),
+# DRAFTER (drafter: the pair's own; another folder of the pair, e.g. one gpu/jobs/train_drafter.sh
+# trained, names the series pycode-4l-<DRAFTER>_h200_trace).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
+DRAFTER="${DRAFTER:-drafter}"
 NAME=pycode-4l_h200_trace
+[ "$DRAFTER" != drafter ] && NAME="pycode-4l-${DRAFTER}_h200_trace"
 WORK=/tmp/trace_pair_work
 rm -rf "$WORK"
 source "$(dirname "$0")/pair_server_args.sh"
 COMMON="$PAIR_SERVER_ARGS"
-timeout -s TERM "${TRACE_S:-540}" python -m lab.bench.trace_pair --pair "$P" \
+timeout -s TERM "${TRACE_S:-540}" python -m lab.bench.trace_pair --pair "$P" --drafter "$DRAFTER" \
   --arms "${ARMS:-chain,7,16,32,64}" --prompts "${PROMPTS:-0}" --output-len "${OUTPUT_LEN:-128}" \
   --topk "${TOPK:-64}" --server-args "${SERVER_ARGS-$COMMON}" --work "$WORK" \
   --trace-out "$OUT/$NAME.json.gz" --out "$OUT" --name "${NAME}_selfcheck" ${TRACE_ARGS:-}

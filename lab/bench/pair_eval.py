@@ -46,16 +46,21 @@ from sglang_ddtree.launch import ServerStartError
 DEFAULT_PAIR = Path(__file__).resolve().parents[1] / "models" / "pairs" / "pycode-4l"
 
 
-def load_pair(path: Path) -> dict:
-    drafter_cfg = json.loads((path / "drafter" / "config.json").read_text())
+def load_pair(path: Path, drafter: str = "drafter") -> dict:
+    """The pair at ``path``, served with its drafter folder ``drafter`` (another one, from
+    ``lab.models.train_drafter``, brings its own spec in its manifest)."""
+    drafter_cfg = json.loads((path / drafter / "config.json").read_text())
+    manifest = json.loads((path / "manifest.json").read_text())
+    if drafter != "drafter":
+        manifest = {**manifest, "spec": json.loads((path / drafter / "manifest.json").read_text())["spec"]}
     return {
         "path": path,
-        "name": path.name,
+        "name": path.name if drafter == "drafter" else f"{path.name}-{drafter}",
         "target": path / "target",
-        "drafter": path / "drafter",
+        "drafter": path / drafter,
         "block": int(drafter_cfg["block_size"]),
         "prompts": json.loads((path / "heldout_prompts.json").read_text()),
-        "manifest": json.loads((path / "manifest.json").read_text()),
+        "manifest": manifest,
     }
 
 
@@ -64,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pair", type=Path, default=DEFAULT_PAIR)
+    parser.add_argument("--drafter", default="drafter", help="the pair's drafter folder to serve")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--budgets", default="", help="tree budgets (default: block-1,16,32,64)")
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     torch.set_num_threads(1)
-    pair = load_pair(args.pair)
+    pair = load_pair(args.pair, args.drafter)
     block = pair["block"]
     budgets = [int(b) for b in args.budgets.split(",")] if args.budgets else [block - 1, 16, 32, 64]
     arms = arms_for(block, budgets)

@@ -279,6 +279,9 @@ def markdown(data: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", type=Path, default=DEFAULT_PAIR)
+    p.add_argument(
+        "--drafter", default="drafter", help="the pair's drafter folder (e.g. one of train_drafter's)"
+    )
     p.add_argument("--arms", default="chain,7,16,32,64", help="chain and/or DDTREE budgets")
     p.add_argument("--prompts", type=int, default=0, help="held-out prompts (0: all)")
     p.add_argument("--output-len", type=int, default=128)
@@ -290,7 +293,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="report folder (default: results)")
     p.add_argument("--name", default=None, help="report name (default: <pair>_<device>_trace_selfcheck)")
     args = p.parse_args(argv)
-    pair = load_pair(args.pair)
+    pair = load_pair(args.pair, args.drafter)
     prompts = [q["input_ids"] for q in pair["prompts"][: args.prompts or None]]
     extra = shlex.split(args.server_args)
     arms = parse_arms(args.arms, pair["block"])

@@ -51,11 +51,13 @@ class PairSpec:
     gen_sequences: int = 8192  # half greedy, half sampled at T=1
     gen_prompt: int = 192
     gen_new: int = 128
+    gen_greedy_share: float = 0.5  # the rest sampled at T=1
     # drafter training
     draft_steps: int = 3000
     draft_batch: int = 64
     draft_anchors: int = 24  # blocks per sequence
     draft_lr: float = 3e-3
+    draft_gen_share: float = 0.5  # share of each batch from the continuations, the rest corpus windows
     soft_weight: float = 0.5  # share of the loss against the target's distribution
     depth_decay: float = 4.0  # loss weight of depth k: exp(-(k-1)/decay)
     # evaluation

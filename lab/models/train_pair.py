@@ -138,7 +138,7 @@ def target_continuations(target, train, spec, device, log, gen) -> torch.Tensor:
     for i in range(0, spec.gen_sequences, batch):
         n = min(batch, spec.gen_sequences - i)
         prompts = random_windows(train, n, spec.gen_prompt, gen).to(device)
-        greedy = torch.arange(n) % 2 == 0
+        greedy = (torch.arange(n) * spec.gen_greedy_share) % 1 < spec.gen_greedy_share  # 0.5: every other
         chunks.append(generate(target, prompts, spec.gen_new, greedy, gen, device).cpu())
     out = torch.cat(chunks)
     log(f"continuations: {out.shape[0]} x {out.shape[1]} tokens in {time.perf_counter() - started:.0f}s")
@@ -146,13 +146,14 @@ def target_continuations(target, train, spec, device, log, gen) -> torch.Tensor:
 
 
 def draft_batch(train, generated, spec, gen):
-    """Half corpus windows (anchors anywhere), half target continuations (anchors
-    in the generated part)."""
-    n_gen = spec.draft_batch // 2
+    """Corpus windows (anchors anywhere) and target continuations (anchors in the generated
+    part), ``draft_gen_share`` of the batch (half by default)."""
+    n_gen = round(spec.draft_batch * spec.draft_gen_share)
     n_corpus = spec.draft_batch - n_gen
     length, block = spec.draft_seq, spec.block_size
     rows = torch.randint(0, generated.shape[0], (n_gen,), generator=gen)
-    seqs = torch.cat((random_windows(train, n_corpus, length, gen), generated[rows]))
+    corpus = random_windows(train, n_corpus, length, gen) if n_corpus else generated[:0]
+    seqs = torch.cat((corpus, generated[rows]))
     low = torch.cat((torch.ones(n_corpus, dtype=torch.int64), torch.full((n_gen,), spec.gen_prompt)))
     anchors = sample_anchors(spec.draft_batch, spec.draft_anchors, low, length - block, gen)
     return seqs, anchors

@@ -1,0 +1,74 @@
+"""A second drafter for the trained pair's target (``lab/models/train_drafter.py``), trained a
+few steps on the CPU on a stand-in corpus tokenized as the pair's: what it writes is a drafter
+folder for the pair's unchanged target."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PAIR = Path(__file__).resolve().parents[1] / "lab" / "models" / "pairs" / "pycode-4l"
+
+
+def _stand_in_data(folder: Path, tokenizer_from: Path) -> Path:
+    """Prepared data as ``train_pair`` leaves it, with random tokens for the pair's corpus."""
+    from lab.models.pair_corpus import _data_key
+    from lab.models.train_drafter import load_target
+
+    spec = load_target(PAIR, __import__("torch").device("cpu"))[0]
+    folder.mkdir()
+    (folder / "tokenizer").mkdir()
+    shutil.copy(tokenizer_from / "tokenizer.json", folder / "tokenizer" / "tokenizer.json")
+    rng = np.random.default_rng(0)
+    np.save(folder / "train.npy", rng.integers(4, 4096, 60_000).astype(np.uint16))
+    np.save(folder / "heldout.npy", rng.integers(4, 4096, 20_000).astype(np.uint16))
+    (folder / "DONE.json").write_text(json.dumps({"key": _data_key(spec)}))
+    return folder
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _train(pair: Path, data: Path, *extra: str) -> int:
+    from lab.models.train_drafter import main
+
+    argv = ["--pair", str(pair), "--name", "drafter-test", "--device", "cpu", "--data", str(data)]
+    argv += ["--draft-layers", "1", "--target-layer-ids", "0,3", "--gen-sequences", "4"]
+    return main([*argv, "--draft-steps", "2", "--draft-batch", "2", "--eval-prompts", "3", *extra])
+
+
+def test_a_second_drafter_is_a_drafter_folder_for_the_unchanged_target(tmp_path):
+    from safetensors.torch import load_file
+
+    pair = tmp_path / "pair"
+    shutil.copytree(PAIR, pair, ignore=shutil.ignore_patterns("drafter-*"))
+    target_before = _digest(pair / "target" / "model.safetensors")
+    assert _train(pair, _stand_in_data(tmp_path / "data", PAIR / "target")) == 0
+    out = pair / "drafter-test"
+    config = json.loads((out / "config.json").read_text())
+    ours = json.loads((PAIR / "drafter" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and ours["num_hidden_layers"] == 2
+    assert config["dflash_config"]["target_layer_ids"] == [0, 3]
+    assert config["dflash_config"]["mask_token_id"] == ours["dflash_config"]["mask_token_id"]
+    assert "mask_embedding" not in load_file(out / "model.safetensors")  # the target's row serves it
+    assert _digest(pair / "target" / "model.safetensors") == target_before
+    record = json.loads((out / "manifest.json").read_text())
+    assert record["spec"]["gen_greedy_share"] == 1.0 and record["spec"]["draft_gen_share"] == 1.0
+    assert (
+        record["drafter"]["steps"] == 2
+        and 1.0 <= record["drafter"]["greedy_chain_tokens_per_round_estimate"] <= 8.0
+    )
+
+
+def test_a_corpus_of_another_tokenizer_is_refused(tmp_path):
+    other = tmp_path / "other_tokenizer"
+    other.mkdir()
+    (other / "tokenizer.json").write_text("{}")
+    with pytest.raises(SystemExit, match="is not the pair's tokenizer"):
+        _train(PAIR, _stand_in_data(tmp_path / "data", other))
