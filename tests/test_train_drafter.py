@@ -27,7 +27,7 @@ def _stand_in_data(folder: Path, tokenizer_from: Path) -> Path:
     rng = np.random.default_rng(0)
     np.save(folder / "train.npy", rng.integers(4, 4096, 60_000).astype(np.uint16))
     np.save(folder / "heldout.npy", rng.integers(4, 4096, 20_000).astype(np.uint16))
-    (folder / "DONE.json").write_text(json.dumps({"key": _data_key(spec)}))
+    (folder / "DONE.json").write_text(json.dumps({"key": _data_key(spec, PAIR / "target")}))
     return folder
 
 
@@ -64,6 +64,25 @@ def test_a_second_drafter_is_a_drafter_folder_for_the_unchanged_target(tmp_path)
         record["drafter"]["steps"] == 2
         and 1.0 <= record["drafter"]["greedy_chain_tokens_per_round_estimate"] <= 8.0
     )
+
+
+def test_the_corpus_is_encoded_by_the_pairs_own_tokenizer(tmp_path):
+    """Packages installed since the pair was made change the corpus; its tokens stay the pair's."""
+    from lab.models.pair_corpus import prepare_data
+    from lab.models.pair_modules import PairSpec
+
+    site = tmp_path / "site-packages" / "pkg"
+    site.mkdir(parents=True)
+    for i in range(300):
+        body = "".join(f"def f{i}_{k}(x):\n    return x + {i * k}\n\n\n" for k in range(40))  # >= 1 kB a file
+        (site / f"mod{i}.py").write_text(body)
+    data = tmp_path / "data"
+    prepare_data(data, PairSpec(), site.parent, lambda line: None, tokenizer_from=PAIR / "target")
+    assert (data / "tokenizer" / "tokenizer.json").read_bytes() == (
+        PAIR / "target" / "tokenizer.json"
+    ).read_bytes()
+    train = np.load(data / "train.npy")
+    assert train.size > 300 and int(train.max()) < 4096
 
 
 def test_a_corpus_of_another_tokenizer_is_refused(tmp_path):

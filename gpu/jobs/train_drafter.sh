@@ -2,9 +2,9 @@
 # GPU job: a second drafter for the trained pair's target, more confident than the pair's own
 # (python -m lab.models.train_drafter: 4 layers reading target layers 0, 1 and 3, trained on the
 # target's greedy continuations), then its chain accept length estimated on the held-out prompts.
-# The corpus is the pair's, prepared on the CPU machine whose packages it was cut from and carried
-# (the GPU machine's packages are other files):
-#   python -m lab.models.train_pair --prepare-only --data /tmp/pair-data/full
+# The corpus is cut from the CPU machine's packages as the pair's was and encoded by the pair's
+# tokenizer, prepared there and carried (the GPU machine's packages are other files):
+#   python -m lab.models.train_drafter --pair lab/models/pairs/pycode-4l --name x --prepare-only --data /tmp/pair-data/full
 #   mkdir -p .carry/pair && tar cJf .carry/pair/pair-data.tar.xz -C /tmp/pair-data full
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/train_drafter.sh   # carry .carry/gpu/site-*, .carry/pair
 # Writes $OUT/<NAME>.tar (the drafter folder lab/models/pairs/pycode-4l/<NAME>: config, weights,

@@ -130,9 +130,21 @@ def _encode(tok, texts: list[str]) -> list[np.ndarray]:
     return out
 
 
-def prepare_data(data: Path, spec: PairSpec, site_packages: Path, log: Callable[[str], None]) -> None:
-    """Corpus, tokenizer and token arrays into ``data`` (skipped when already there)."""
-    key = _data_key(spec)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def prepare_data(
+    data: Path,
+    spec: PairSpec,
+    site_packages: Path,
+    log: Callable[[str], None],
+    tokenizer_from: Path | None = None,
+) -> None:
+    """Corpus, tokenizer and token arrays into ``data`` (skipped when already there). With
+    ``tokenizer_from`` (a trained pair's target folder) the corpus is encoded by that tokenizer
+    instead of a newly trained one: the packages installed since the pair was made change the
+    corpus, and a new BPE on it would not be the pair's."""
+    key = _data_key(spec, tokenizer_from)
     done = data / "DONE.json"
     if done.exists() and json.loads(done.read_text()).get("key") == key:
         log(f"data: reusing {data}")
@@ -144,10 +156,15 @@ def prepare_data(data: Path, spec: PairSpec, site_packages: Path, log: Callable[
     log(f"data: {json.dumps({k: v for k, v in corpus['info'].items() if k != 'package_sample'})}")
     tmp = data.with_name(data.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    train_tokenizer(corpus["train"], spec, tmp / "tokenizer")
+    if tokenizer_from is None:
+        train_tokenizer(corpus["train"], spec, tmp / "tokenizer")
+    else:
+        (tmp / "tokenizer").mkdir(parents=True)
+        for name in TOKENIZER_FILES:
+            shutil.copy(tokenizer_from / name, tmp / "tokenizer" / name)
     tok = AutoTokenizer.from_pretrained(tmp / "tokenizer")
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
-    log(f"data: tokenizer of {len(tok)} tokens trained; encoding")
+    log(f"data: tokenizer of {len(tok)} tokens {'trained' if tokenizer_from is None else 'copied'}; encoding")
     train_docs = _encode(tok, corpus["train"])
     heldout_docs = _encode(tok, corpus["heldout"])
     sep = np.asarray([eos], dtype=np.uint16)
@@ -171,8 +188,11 @@ def prepare_data(data: Path, spec: PairSpec, site_packages: Path, log: Callable[
     log(f"data: {info['train_tokens']} train / {info['heldout_tokens']} held-out tokens in {data}")
 
 
-def _data_key(spec: PairSpec) -> str:
+def _data_key(spec: PairSpec, tokenizer_from: Path | None = None) -> str:
     """The corpus root is left out: prepared data may move to another machine."""
     fields = ("seed", "corpus_bytes", "heldout_permille", "tokenizer_bytes", "vocab_size")
-    blob = json.dumps({f: getattr(spec, f) for f in fields}, sort_keys=True)
+    values = {f: getattr(spec, f) for f in fields}
+    if tokenizer_from is not None:
+        values["tokenizer"] = hashlib.sha256((tokenizer_from / "tokenizer.json").read_bytes()).hexdigest()
+    blob = json.dumps(values, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -7,8 +7,8 @@ of Kimi's (chain accept length about 5) rather than the pair's (about 2.4).
         [--draft-layers 4] [--target-layer-ids 0,1,3] [--greedy-share 1.0] [--gen-share 1.0] \\
         [--gen-sequences 32768] [--draft-steps N] [--time-limit MINUTES] [--data DIR] [--device cuda]
 
-The corpus is the pair's (``--data``: the prepared-data cache of ``train_pair``, whose tokenizer
-must be the pair's). The drafter's mask embedding is the target's ``<|MASK|>`` row, frozen, so the
+The corpus is cut as the pair's was, from this Python's packages, and encoded by the pair's own
+tokenizer (``--data``: where it is prepared, or was, e.g. on another machine). The drafter's mask embedding is the target's ``<|MASK|>`` row, frozen, so the
 pair's target folder serves the new drafter as it is. Writes ``PAIR/NAME/`` (``config.json``,
 ``model.safetensors``: what ``--speculative-draft-model-path`` takes) with ``manifest.json``
 (sizes, training, and the chain's estimated tokens per round on the pair's held-out prompts,
@@ -92,7 +92,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pair", type=Path, required=True, help="the trained pair's folder")
     p.add_argument("--name", required=True, help="the new drafter's folder inside the pair")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--data", type=Path, default=None, help="prepared-data cache (default: train_pair's)")
+    p.add_argument("--data", type=Path, default=None, help="prepared-data cache (default: in the cache dir)")
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--target-layer-ids", default="0,1,3", help="target layers the drafter reads")
     p.add_argument("--greedy-share", type=float, default=1.0, help="greedy share of the continuations")
@@ -102,6 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-batch", type=int, default=None, help="sequences per step (default: the pair's)")
     p.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts evaluated (default: all)")
     p.add_argument("--time-limit", type=float, default=8.0, help="minutes for continuations and training")
+    p.add_argument("--prepare-only", action="store_true", help="only prepare --data (to carry it elsewhere)")
     args = p.parse_args(argv)
     for name, share in (("--greedy-share", args.greedy_share), ("--gen-share", args.gen_share)):
         if not 0.0 <= share <= 1.0:
@@ -129,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         draft_steps=args.draft_steps,
         draft_batch=args.draft_batch or pair_spec.draft_batch,
     )
-    data = args.data or cache_root() / "pair-data" / "full"
-    prepare_data(data, pair_spec, default_site_packages(), log)
+    data = args.data or cache_root() / "pair-data" / args.pair.name
+    prepare_data(data, pair_spec, default_site_packages(), log, tokenizer_from=args.pair / "target")
     check_same_tokenizer(data, args.pair)
+    if args.prepare_only:
+        return 0
     train, heldout = np.load(data / "train.npy"), np.load(data / "heldout.npy")
     torch.manual_seed(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed + 7)
