@@ -134,6 +134,7 @@ def test_bundle_names_match_load_jit_names():
 # --------------------------------------------------------------------------- TP all-reduce orchestration
 
 
+@pytest.mark.slow  # two rank processes importing SGLang: ~50 s on the CI machine
 def test_tp_allreduce_dry_run_two_ranks(tmp_path):
     from lab.bench import moe_tp_allreduce as tp
 
