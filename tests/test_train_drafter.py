@@ -59,6 +59,7 @@ def test_a_second_drafter_is_a_drafter_folder_for_the_unchanged_target(tmp_path)
     assert "mask_embedding" not in load_file(out / "model.safetensors")  # the target's row serves it
     assert _digest(pair / "target" / "model.safetensors") == target_before
     record = json.loads((out / "manifest.json").read_text())
+    assert record["commit"] and record["created_utc"] and "--draft-layers 1" in record["command"]
     assert record["spec"]["gen_greedy_share"] == 1.0 and record["spec"]["draft_gen_share"] == 1.0
     assert (
         record["drafter"]["steps"] == 2

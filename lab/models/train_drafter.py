@@ -33,6 +33,7 @@ from lab.models.pair_modules import Drafter, PairSpec, Target, init_weights
 from lab.models.tiny import drafter_config
 from lab.models.train_loop import Log
 from lab.models.train_pair import evaluate_pair, target_continuations, train_drafter
+from sglang_ddtree.ab.stamp import git_commit
 
 
 def load_target(pair: Path, device: torch.device) -> tuple[PairSpec, Target, int, int]:
@@ -76,6 +77,7 @@ def save_drafter(out: Path, drafter, spec, vocab, mask_id, stats, log, args, arg
         "name": args.name,
         "pair": args.pair.name,
         "created_utc": started_at,
+        "commit": git_commit(),
         "command": "python -m lab.models.train_drafter " + " ".join(sys.argv[1:] if argv is None else argv),
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "spec": asdict(spec),
