@@ -48,6 +48,8 @@ timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "
   --time-limit "$TIME_LIMIT_S" --start-timeout 400 --keep-going \
   --device-name h200 --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
+# plain's recording comes back, so that a later call on a fresh machine can replay it (--recording)
+cp /tmp/k26-rank_h200_work/recording.json "$OUT/${SERIES}_recording.json" 2>/dev/null
 source "$(dirname "$0")/ab_logs.sh"
 bring_back_logs "$RAW" "$SERIES"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
