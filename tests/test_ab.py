@@ -700,6 +700,18 @@ def test_greedy_divergence_at_a_near_tie_of_plain_is_rounding(tmp_path, monkeypa
     assert "GREEDY CHECK FAILED" not in md and "0.1 nats below plain's argmax: a near-tie" in md
 
 
+def test_greedy_divergence_at_an_exact_tie_listed_in_the_other_order_is_a_near_tie():
+    """On the H200 plain's sampler chose 86 where its top-k listed 664 first at the same bf16
+    log-prob; the arm chose 664: a gap of 0, not "not among plain's two best"."""
+    from sglang_ddtree.ab.report import _divergence_gap
+
+    tie = [[[[-2.85, 664], [-2.85, 86]]]]
+    assert _divergence_gap(tie, 0, 0, [664]) == 0.0
+    assert _divergence_gap(tie, 0, 0, [86]) == 0.0
+    assert _divergence_gap([[[[-0.6, 6], [-0.9, 7]]]], 0, 0, [7]) == pytest.approx(0.3)
+    assert _divergence_gap([[[[-0.6, 6], [-0.9, 7]]]], 0, 0, [8]) is None  # not among its two best
+
+
 def test_greedy_divergence_beyond_the_margin_fails(tmp_path, monkeypatch, capsys):
     from sglang_ddtree.ab import cli as ab
 

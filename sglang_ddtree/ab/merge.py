@@ -11,7 +11,8 @@ Runs made in different folders name the same files by different paths (a K2.6-ra
 and recording): ``--same-path FROM=TO`` reads FROM as TO in every run's settings, flags and
 environment before they are compared, and the merged report says so; the greedy prompts (the
 dataset's first prompts, token ids) must still be equal. The merged report keeps the first run's
-stamp (its device) and lists every run it was made of.
+stamp (its device) and lists every run it was made of. Given one run, it rebuilds that run's
+report with today's checks (the measurements as they were).
 """
 
 from __future__ import annotations
@@ -116,8 +117,12 @@ def merge(reports: list[dict]) -> tuple[list[Arm], dict, list[str]]:
         **first,
         "arms": names,
         "schedule": "alternating" if len(reports) > 1 else first["schedule"],
-        "schedule_reason": f"{len(reports)} runs merged, each run's servers the next start of their arms "
-        f"(the runs: {', '.join(r['settings']['schedule'] for r in reports)})",
+        "schedule_reason": (
+            f"{len(reports)} runs merged, each run's servers the next start of their arms "
+            f"(the runs: {', '.join(r['settings']['schedule'] for r in reports)})"
+            if len(reports) > 1
+            else f"{first.get('schedule_reason')}; the report rebuilt from the run's JSON"
+        ),
         "starts": offset,
         "merged_from": [
             {

@@ -248,11 +248,14 @@ def greedy_check(
 
 def _divergence_gap(top2: list | None, prompt: int, index: int, got: list[int]) -> float | None:
     """How far below the reference's argmax its own decode step put the arm's token at the
-    first different ``index`` (None: unknown, or not among its two best)."""
+    first different ``index`` (None: unknown, or not among its two best). Where the two best tie
+    exactly, the top-k list may name the arm's token first though the reference's sampler chose
+    the other: the gap is then 0."""
     if not top2 or prompt >= len(top2) or index >= len(top2[prompt]) or index >= len(got):
         return None
-    (best, _), (second, second_token) = top2[prompt][index]
-    return best - second if second_token == got[index] else None
+    best = max(logprob for logprob, _ in top2[prompt][index])
+    mine = [logprob for logprob, token in top2[prompt][index] if token == got[index]]
+    return best - mine[0] if mine else None
 
 
 def capacity_warnings(arms: list[Arm], concurrency: list[int]) -> list[str]:
