@@ -2,14 +2,18 @@
 # GPU job: the A/B tool on one Kimi K2.6 TP-8 rank (61 layers, INT4 Marlin experts, dummy weights)
 # through its preset (python -m lab.ab_k26): the replay drafter on every speculative arm, plain
 # first (its first server records the continuations the others replay), the servers one at a time
-# (alternating: the rank fills the H200), every start measured. One call holds about four server
-# starts (~90-110 s each with the Marlin cache carried; the online budget's arms ~200 s), so a
-# series is made of calls, each with plain, the chain and its A/A (chain+again) beside one or two
-# DDTREE arms, merged afterwards (each call's servers the next start of their arms):
-#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call1 ARMS=plain,chain,ddtree@7,chain+again bash gpu/jobs/ab_k26.sh
+# (alternating: the rank fills the H200), every start measured. One call holds three server
+# starts (~100-140 s each with the Marlin cache carried; the online budget's arms ~200 s), so a
+# series is made of calls, each with the chain and its A/A (chain+again) beside one DDTREE arm,
+# merged afterwards (each call's servers the next start of their arms):
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call1 ARMS=plain,chain,chain+again bash gpu/jobs/ab_k26.sh
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call2 ARMS=chain,ddtree@16,chain+again \
-#     AB_ARGS="--recording /tmp/k26-rank_h200_work/recording.json" bash gpu/jobs/ab_k26.sh   # same warm machine
+#     AB_ARGS="--recording results/k26-rank_h200_ab_recording.json" bash gpu/jobs/ab_k26.sh
 #   python -m sglang_ddtree.ab.merge <call1>.json <call2>.json ... --series k26-rank_h200_ab
+# plain's recording comes back as k26-rank_h200_<WHAT>_recording.json: the dummy weights are seeded
+# (plain's greedy output was the same on three machines), so a call on a fresh machine can replay
+# the committed one (results/k26-rank_h200_ab_recording.json, 96-token prompts, 64 tokens)
+# instead of starting plain again: three servers fit a call.
 # Every call works in one folder (/tmp/k26-rank_h200_work: the prompts, plain's recording), so the
 # calls' settings name the same files and merge as they are. An arm's +again needs its arm in the
 # same call. A server started before TIME_LIMIT_S runs all its passes (the tool's alternating rule).
@@ -48,8 +52,7 @@ timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "
   --time-limit "$TIME_LIMIT_S" --start-timeout 400 --keep-going \
   --device-name h200 --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
-# plain's recording comes back, so that a later call on a fresh machine can replay it (--recording)
-cp /tmp/k26-rank_h200_work/recording.json "$OUT/${SERIES}_recording.json" 2>/dev/null
+cp /tmp/k26-rank_h200_work/recording.json "$OUT/${SERIES}_recording.json" 2>/dev/null  # see above
 source "$(dirname "$0")/ab_logs.sh"
 bring_back_logs "$RAW" "$SERIES"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
