@@ -14,7 +14,7 @@
 #                                arm, the worker's phases (SGLANG_DDTREE_PHASE_TIMES): where a step's
 #                                host time goes. Diagnostics only: compare the untimed arms.
 # Read: the series' ITL and tok/s per level (width1 / plain), then in the logs the lines
-# "STEP TIMER us/step" (both timed arms) and "DDTREE phase host us/round" (lab/notes/no-spec-step.md,
+# "STEP TIMER us/step" and "STEP TIMER syncs/step" (both timed arms: a sync a step costs the overlap) and "DDTREE phase host us/round" (lab/notes/no-spec-step.md,
 # "On the H200 next").
 # Writes the series pycode-4l_h200_width1_ab.{json,md,png} and its logs to $OUT:
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/ab_width1.sh
@@ -61,6 +61,6 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
 rc=$?
 source "$(dirname "$0")/ab_logs.sh"
 bring_back_logs "$RAW" "$SERIES"
-grep -h "STEP TIMER us/step\|DDTREE phase host us/round" "$RAW"/*/*.log "$RAW"/*.log 2>/dev/null | tail -40
+grep -h "STEP TIMER us/step\|STEP TIMER syncs/step\|DDTREE phase host us/round" "$RAW"/*/*.log "$RAW"/*.log 2>/dev/null | tail -40
 head -60 "$OUT/$SERIES.md" 2>/dev/null
 exit $rc

@@ -19,6 +19,12 @@ Per decode iteration of the scheduler's loop it adds up (microseconds, host cloc
 
 Every ``$SGLANG_STEP_TIMER_EVERY`` decode iterations (default 64) one line is logged:
 ``STEP TIMER us/step: {...}``, the means over those iterations.
+
+On a GPU it also counts the host synchronisations of decode iterations (PyTorch's sync debug
+mode: ``.item()``, ``.tolist()``, ``nonzero``, a blocking device-to-host copy): a step that waits
+for the device loses the overlap scheduler's head start, and its device time joins its host time.
+With the same period a second line, ``STEP TIMER syncs/step: {...}``, gives per source line (the
+Python frame that asked) the synchronisations a step; ``SGLANG_STEP_TIMER_SYNCS=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -26,13 +32,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 
 logger = logging.getLogger("sglang_ddtree")
 
 LINE = "STEP TIMER us/step:"
+SYNC_LINE = "STEP TIMER syncs/step:"
+SYNC_WARNING = "called a synchronizing CUDA operation"  # PyTorch's sync debug mode, "warn"
 _totals: dict[str, float] = defaultdict(float)
-_state = {"steps": 0, "last_launch": None, "depth": 0, "in_decode_launch": False}
+_syncs: Counter = Counter()
+_state = {"steps": 0, "last_launch": None, "depth": 0, "in_decode_launch": False, "decoding": False}
 
 
 def _every() -> int:
@@ -71,6 +81,7 @@ def _timed(name: str, decode_only_arg: int | None = None, outermost: bool = Fals
 
 
 def _run_batch(original, scheduler, batch, *args, **kwargs):
+    _state["decoding"] = _is_decode(batch)  # syncs count from a decode launch to the next launch
     if not _is_decode(batch):
         _state["last_launch"] = None  # a prefill in between: the next period is not a step's
         return original(scheduler, batch, *args, **kwargs)
@@ -105,6 +116,35 @@ def _log() -> None:
         means["iteration"] = round(1e6 * _totals["iteration"] / iterations, 1)
     logger.warning("%s %s", LINE, means)
     _totals.clear()
+    if _syncs or _state.get("counting_syncs"):
+        per_step = {site: round(n / steps, 2) for site, n in _syncs.most_common(12)}
+        logger.warning("%s %s", SYNC_LINE, {"total": round(sum(_syncs.values()) / steps, 2), **per_step})
+        _syncs.clear()
+
+
+def _count_sync(show):
+    """A ``warnings.showwarning`` that counts the sync debug mode's warnings of decode iterations
+    by the source line that asked (``show``: the one it replaces, for every other warning)."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if SYNC_WARNING not in str(message):
+            return show(message, category, filename, lineno, file, line)
+        if _state["decoding"]:
+            parts = os.path.normpath(filename).split(os.sep)
+            _syncs[f"{'/'.join(parts[-3:])}:{lineno}"] += 1
+
+    return showwarning
+
+
+def _install_sync_counter() -> None:
+    import torch
+
+    if os.environ.get("SGLANG_STEP_TIMER_SYNCS", "1") == "0" or not torch.cuda.is_available():
+        return
+    warnings.filterwarnings("always", message=f".*{SYNC_WARNING}.*")
+    warnings.showwarning = _count_sync(warnings.showwarning)
+    torch.cuda.set_sync_debug_mode("warn")
+    _state["counting_syncs"] = True
 
 
 def install() -> None:
@@ -128,3 +168,4 @@ def install() -> None:
     }
     for target, hook in hooks.items():
         HookRegistry.register(target, hook, HookType.AROUND)
+    _install_sync_counter()

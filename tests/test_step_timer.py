@@ -1,0 +1,49 @@
+"""The lab's step timer (``lab/bench/step_timer.py``): its count of host synchronisations per
+decode step, by the source line that asked, fed the warnings PyTorch's sync debug mode gives on a
+GPU (here written by hand: a CPU run has no device to wait for)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from lab.bench import step_timer
+
+
+@pytest.fixture()
+def timer(monkeypatch):
+    monkeypatch.setenv("SGLANG_STEP_TIMER_EVERY", "4")
+    monkeypatch.setattr(step_timer, "_syncs", step_timer.Counter())
+    monkeypatch.setattr(step_timer, "_totals", step_timer.defaultdict(float))
+    monkeypatch.setattr(
+        step_timer, "_state", {**step_timer._state, "decoding": False, "counting_syncs": True}
+    )
+    return step_timer
+
+
+def test_syncs_of_decode_iterations_are_counted_per_source_line(timer, caplog):
+    shown = []
+    count = timer._count_sync(lambda *args: shown.append(args[0]))
+    sync = f"UserWarning: {timer.SYNC_WARNING}"
+    count(sync, UserWarning, "/x/prefill.py", 3)  # a prefill: not a decode step's
+    timer._state["decoding"] = True
+    for _ in range(4):
+        count(sync, UserWarning, "/site/sglang_ddtree/adapter/decode_step.py", 61)
+    for _ in range(2):
+        count(sync, UserWarning, "/site/sglang/srt/managers/scheduler.py", 900)
+    count("something else", UserWarning, "/x/y.py", 1)  # every other warning is shown as before
+    assert shown == ["something else"]
+    with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
+        timer._log()
+    (line,) = [r.getMessage() for r in caplog.records if timer.SYNC_LINE in r.getMessage()]
+    assert line.endswith(
+        "{'total': 1.5, 'sglang_ddtree/adapter/decode_step.py:61': 1.0, 'srt/managers/scheduler.py:900': 0.5}"
+    ), line
+    assert not timer._syncs  # the next period starts from zero
+
+
+def test_a_period_without_syncs_says_zero(timer, caplog):
+    with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
+        timer._log()
+    assert any(r.getMessage().endswith(f"{timer.SYNC_LINE} {{'total': 0.0}}") for r in caplog.records)
