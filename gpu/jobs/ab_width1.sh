@@ -14,8 +14,9 @@
 #                                arm, the worker's phases (SGLANG_DDTREE_PHASE_TIMES): where a step's
 #                                host time goes. Diagnostics only: compare the untimed arms.
 # Read: the series' ITL and tok/s per level (width1 / plain), then in the logs the lines
-# "STEP TIMER us/step" and "STEP TIMER syncs/step" (both timed arms: a sync a step costs the overlap) and "DDTREE phase host us/round" (lab/notes/no-spec-step.md,
-# "On the H200 next").
+# "STEP TIMER us/step" and "STEP TIMER syncs/step" (both timed arms; a step that waits for the
+# device loses the overlap) and "DDTREE phase host us/round" (lab/notes/no-spec-step.md, "On the
+# H200 next").
 # Writes the series pycode-4l_h200_width1_ab.{json,md,png} and its logs to $OUT:
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/ab_width1.sh
 # Time: five servers up at once (~1-2 min with the caches carried; the DDTREE arm captures a verify
