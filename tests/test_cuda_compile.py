@@ -58,7 +58,9 @@ def _assert_split_topk_keeps_to_registers(ptxas_report: str) -> None:
         ptxas_report
     )
     for name, stack, spills in report:
-        assert (int(stack), int(spills)) == (0, 0), f"{name}: {stack} bytes stack frame, {spills} bytes spilled"
+        assert (int(stack), int(spills)) == (0, 0), (
+            f"{name}: {stack} bytes stack frame, {spills} bytes spilled"
+        )
 
 
 def test_launched_kernels_exist():
