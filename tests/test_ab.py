@@ -500,6 +500,38 @@ def test_report_verdicts_aa_and_ratios(tmp_path, monkeypatch):
     assert "c=1: ddtree 2.00x [2.00, 2.00] vs plain, A/A [1.00, 1.00], **wins**" in index
 
 
+def test_the_online_budget_is_compared_with_every_fixed_choice_and_the_fastest_named(tmp_path, monkeypatch):
+    """Issue 48's reading: ``auto`` against the fastest of plain, the chain and each fixed
+    budget, per level, paired (here DDTREE@16 is fastest and ``auto`` makes 0.95x of it)."""
+    from sglang_ddtree.ab import cli as ab
+
+    names = ("plain", "chain", "ddtree@16", "ddtree@auto16")
+    speeds = {
+        "plain": 100.0,
+        "chain": 150.0,
+        "chain+again": 150.0,
+        "ddtree@16": 200.0,
+        "ddtree@auto16": 190.0,
+    }
+    _fake_engine(monkeypatch, {n: [[1, 2]] for n in names}, speeds=speeds)
+    assert ab.main(_argv(tmp_path, "--arms", ",".join(names) + ",chain+again", "--block-size", "8")) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    pairs = [(c["arm"], c["reference"], c["against"]) for c in report["comparisons"] if c["concurrency"] == 1]
+    assert ("ddtree@auto16", "ddtree@16", "fixed") in pairs
+    assert [p for p in pairs if p[:2] == ("ddtree@auto16", "chain")] == [("ddtree@auto16", "chain", "chain")]
+    assert not [
+        p for p in pairs if p[1] == "ddtree@auto16" or p[0] in ("ddtree@16", "chain") and p[2] == "fixed"
+    ]
+    best = report["online_budget"]
+    assert [(r["arm"], r["concurrency"], r["reference"]) for r in best] == [
+        ("ddtree@auto16", 1, "ddtree@16"),
+        ("ddtree@auto16", 4, "ddtree@16"),
+    ]
+    assert best[0]["ratio"] == pytest.approx(0.95) and best[0]["verdict"] == "loses"
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert "| ddtree@auto16 | 1 | ddtree@16 | 0.95x [0.95, 0.95] | [1.00, 1.00] | **loses** |" in md
+
+
 def test_a_rerun_replaces_the_series_and_the_index_lists_each_once(tmp_path, monkeypatch):
     from sglang_ddtree.ab import cli as ab
     from sglang_ddtree.ab import index

@@ -105,7 +105,47 @@ def compared_pairs(arms: list[Arm], baseline: str) -> list[tuple[str, str, str]]
         for arm in arms:
             if arm.kind == "ddtree" and not arm.again:
                 pairs.append((arm.name, chain, "chain"))
+    # The online budget must never lose to a choice a user could have fixed: it is also
+    # compared with every fixed width served (the chain and each fixed budget).
+    compared = {(a, r) for a, r, _ in pairs}
+    for arm in arms:
+        if is_online_budget(arm):
+            pairs += [
+                (arm.name, ref, "fixed") for ref in fixed_choices(arms) if (arm.name, ref) not in compared
+            ]
     return pairs
+
+
+def is_online_budget(arm: Arm) -> bool:
+    return arm.kind == "ddtree" and arm.variant is None and arm.base.startswith("ddtree@auto")
+
+
+def fixed_choices(arms: list[Arm]) -> list[str]:
+    """The arms a user could serve instead of the online budget: the chain, stock DFLASH and
+    each fixed DDTREE budget (their diagnostic variants and A/A servers apart)."""
+    return [
+        a.name
+        for a in arms
+        if a.variant is None
+        and (a.kind in ("chain", "dflash") or (a.kind == "ddtree" and not is_online_budget(a)))
+    ]
+
+
+def online_budget_against_best(rows: list[dict], cells: list[dict], baseline: str) -> list[dict]:
+    """Per online-budget arm and level: its comparison with the fastest (median tok/s) of the
+    baseline and every fixed choice it was compared with, the reading of "never slower than
+    the best of plain, chain and any fixed budget"."""
+    out = []
+    speed = {(c["arm"], c["concurrency"]): c["output_tok_s"] for c in cells}
+    for arm, conc in dict.fromkeys((r["arm"], r["concurrency"]) for r in rows if r["against"] == "fixed"):
+        mine = [
+            r
+            for r in rows
+            if r["arm"] == arm and r["concurrency"] == conc and r["against"] in ("fixed", "baseline", "chain")
+        ]
+        best = max(mine, key=lambda r: speed.get((r["reference"], conc)) or 0.0)
+        out.append(best)
+    return out
 
 
 def aa_pairs(arms: list[Arm]) -> list[tuple[str, str]]:
@@ -364,6 +404,7 @@ def build_report(
         "aa": aa_rows,
         "comparisons": rows,
         "headline": headline(rows, cells, baseline),
+        "online_budget": online_budget_against_best(rows, cells, baseline),
         "greedy_check": greedy_check(
             arms,
             baseline,
