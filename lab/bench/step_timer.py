@@ -42,7 +42,14 @@ SYNC_LINE = "STEP TIMER syncs/step:"
 SYNC_WARNING = "called a synchronizing CUDA operation"  # PyTorch's sync debug mode, "warn"
 _totals: dict[str, float] = defaultdict(float)
 _syncs: Counter = Counter()
-_state = {"steps": 0, "last_launch": None, "depth": 0, "in_decode_launch": False, "decoding": False}
+_state = {
+    "steps": 0,
+    "last_launch": None,
+    "depth": 0,
+    "in_decode_launch": False,
+    "decoding": False,
+    "counting_syncs": False,
+}
 
 
 def _every() -> int:
@@ -116,7 +123,7 @@ def _log() -> None:
         means["iteration"] = round(1e6 * _totals["iteration"] / iterations, 1)
     logger.warning("%s %s", LINE, means)
     _totals.clear()
-    if _syncs or _state.get("counting_syncs"):
+    if _state["counting_syncs"]:
         per_step = {site: round(n / steps, 2) for site, n in _syncs.most_common(12)}
         logger.warning("%s %s", SYNC_LINE, {"total": round(sum(_syncs.values()) / steps, 2), **per_step})
         _syncs.clear()

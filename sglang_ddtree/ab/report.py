@@ -131,20 +131,15 @@ def fixed_choices(arms: list[Arm]) -> list[str]:
     ]
 
 
-def online_budget_against_best(rows: list[dict], cells: list[dict], baseline: str) -> list[dict]:
+def online_budget_against_best(rows: list[dict], cells: list[dict]) -> list[dict]:
     """Per online-budget arm and level: its comparison with the fastest (median tok/s) of the
     baseline and every fixed choice it was compared with, the reading of "never slower than
     the best of plain, chain and any fixed budget"."""
-    out = []
     speed = {(c["arm"], c["concurrency"]): c["output_tok_s"] for c in cells}
+    out = []
     for arm, conc in dict.fromkeys((r["arm"], r["concurrency"]) for r in rows if r["against"] == "fixed"):
-        mine = [
-            r
-            for r in rows
-            if r["arm"] == arm and r["concurrency"] == conc and r["against"] in ("fixed", "baseline", "chain")
-        ]
-        best = max(mine, key=lambda r: speed.get((r["reference"], conc)) or 0.0)
-        out.append(best)
+        mine = [r for r in rows if r["arm"] == arm and r["concurrency"] == conc]
+        out.append(max(mine, key=lambda r: speed.get((r["reference"], conc)) or 0.0))
     return out
 
 
@@ -404,7 +399,7 @@ def build_report(
         "aa": aa_rows,
         "comparisons": rows,
         "headline": headline(rows, cells, baseline),
-        "online_budget": online_budget_against_best(rows, cells, baseline),
+        "online_budget": online_budget_against_best(rows, cells),
         "greedy_check": greedy_check(
             arms,
             baseline,
