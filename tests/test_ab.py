@@ -1138,7 +1138,8 @@ class _ProfiledServer:
     writes rank 0's and rank 1's traces once its steps are done), /stop_profile (an error when
     the profiler has stopped itself, as SGLang answers)."""
 
-    def __init__(self, chunks=6):
+    def __init__(self, stream=lambda body: (6, 0.0)):
+        """``stream(body)`` -> (chunks of a /generate answer, seconds before its first)."""
         import http.server
         import threading
 
@@ -1149,8 +1150,10 @@ class _ProfiledServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
                 calls.append((self.path, body))
                 if self.path == "/generate":
+                    chunks, delay = stream(body)
                     self.send_response(200)
                     self.end_headers()
+                    time.sleep(delay)
                     for i in range(chunks):
                         self.wfile.write(f'data: {{"text": "{i}"}}\n\n'.encode())
                         self.wfile.flush()
@@ -1200,6 +1203,33 @@ def test_a_profile_starts_once_every_request_decodes_and_reads_rank_0s_trace(tmp
     # a server that cannot profile: the summary says so, and nothing raises
     down = profile_level("http://127.0.0.1:9", [[1]], 1, tmp_path / "q", steps=2, timeout=5)
     assert "error" in down
+
+
+def test_a_profile_whose_request_ended_first_is_tried_again_with_more_tokens(tmp_path):
+    from sglang_ddtree.ab.profiling import ATTEMPTS, profile_level
+
+    def stream(body):  # the text prompt's request ends at its first token below 64 tokens
+        short = "text" in body and body["sampling_params"]["max_new_tokens"] < 64
+        return (1, 0.0) if short else (6, 0.3)
+
+    fake = _ProfiledServer(stream)
+    try:
+        s = profile_level(fake.url, [[1, 2], "text"], 2, tmp_path / "p", steps=7, max_new_tokens=20)
+    finally:
+        fake.server.shutdown()
+    paths = [path for path, _ in fake.calls]
+    tokens = [body["sampling_params"]["max_new_tokens"] for path, body in fake.calls if path == "/generate"]
+    # 20 tokens: the profiler never started; 40: not either; 80: both decoded together under it
+    assert tokens == [20, 20, 40, 40, 80, 80] and paths.count("/start_profile") == 1, fake.calls
+    assert "error" not in s and s["max_new_tokens"] == 80 and s["rounds"] == 2
+    # never together: the error says how hard it tried
+    fake = _ProfiledServer(lambda body: (1, 0.0) if "text" in body else (6, 0.3))
+    try:
+        s = profile_level(fake.url, [[1, 2], "text"], 2, tmp_path / "q", steps=7, max_new_tokens=20)
+    finally:
+        fake.server.shutdown()
+    assert s == {"error": f"a request ended before the profiler started ({ATTEMPTS} tries, up to 80 tokens)"}
+    assert [path for path, _ in fake.calls].count("/start_profile") == 0
 
 
 def test_profiles_go_into_the_series_after_their_levels_passes(tmp_path, monkeypatch):

@@ -4,7 +4,8 @@ per round into the series.
 After ``ARM``'s timed passes at level ``C`` (its first server), the engine sends ``C`` requests of
 the run's prompts (``--output-len`` tokens each, streamed), and once every one of them has its
 first token (all decoding together) asks the server to profile ``--profile-steps`` scheduler steps
-(``/start_profile`` with ``num_steps``, CPU and GPU activities, no Python stacks, no shapes). When
+(``/start_profile`` with ``num_steps``, CPU and GPU activities, no Python stacks, no shapes); where
+one ended first, it sends them again with twice the tokens (three tries in all). When
 the requests end it asks ``/stop_profile`` (harmless where the profiler already stopped itself),
 waits for the trace file (rank 0's), and summarises it (:func:`summarise_events`):
 
@@ -41,6 +42,7 @@ from .arms import ABError
 
 DEFAULT_STEPS = 20
 EXPORT_SECONDS = 180.0  # a trace of a large model's rounds takes a while to write
+ATTEMPTS = 3  # tries at getting every request decoding under the profiler at once
 
 # (category, kernel-name pattern), checked in order. Collectives first: their names hold
 # "reduce", "gather" and "kernel" words the later patterns would claim (NCCL's
@@ -123,8 +125,37 @@ def profile_level(
     timeout: float = 600.0,
 ) -> dict:
     """``concurrency`` requests decoding together under SGLang's profiler (module docstring):
-    the trace's summary, or ``{"error": ...}`` (a profile that failed does not fail the run)."""
+    the trace's summary, or ``{"error": ...}`` (a profile that failed does not fail the run).
+
+    A request that ends before the profiler starts (a fast arm, a short ``--output-len``, a loaded
+    client) leaves nothing to profile together: the requests are sent again with twice the
+    tokens, up to :data:`ATTEMPTS` times."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, ATTEMPTS + 1):
+        tokens = max_new_tokens * 2 ** (attempt - 1)
+        started, errors = _requests_under_profiler(url, prompts, concurrency, out_dir, steps, tokens, timeout)
+        if started or errors:
+            break
+    if not started:
+        ended = f"a request ended before the profiler started ({ATTEMPTS} tries, up to {tokens} tokens)"
+        return {"error": "; ".join(errors) or ended}
+    trace = finished_trace(out_dir, export_seconds)
+    if trace is None:
+        missing = {"error": f"no complete trace in {out_dir} after {export_seconds:.0f} s"}
+        return {**missing, "request_errors": errors} if errors else missing
+    summary = summarise_trace(trace, steps)
+    if attempt > 1:
+        summary["max_new_tokens"] = tokens
+    if errors:
+        summary["request_errors"] = errors
+    return summary
+
+
+def _requests_under_profiler(
+    url: str, prompts: list, concurrency: int, out_dir: Path, steps: int, max_new_tokens: int, timeout: float
+) -> tuple[bool, list[str]]:
+    """Sends the requests, starts the profiler once every one has its first token and none has
+    ended, and stops it when they end: (whether it started, the errors)."""
     firsts = [threading.Event() for _ in range(concurrency)]
     errors: list[str] = []
 
@@ -142,7 +173,7 @@ def profile_level(
     began = time.monotonic()
     for first in firsts:
         first.wait(max(timeout - (time.monotonic() - began), 0.0))
-    started = None
+    started = False
     if not errors and all(t.is_alive() for t in threads):
         try:
             http_text(  # answers in plain text
@@ -155,25 +186,17 @@ def profile_level(
                     "record_shapes": False,
                 },
             )
-            started = time.monotonic()
+            started = True
         except (urllib.error.URLError, OSError) as error:
             errors.append(f"/start_profile: {error!r}"[:300])
     for thread in threads:
         thread.join()
-    if started is None:
-        return {"error": "; ".join(errors) or "a request ended before the profiler started"}
-    try:  # the requests ended before the profiled steps did: stop it here
-        http_text(f"{url}/stop_profile", {})
-    except (urllib.error.URLError, OSError):
-        pass  # it had stopped itself (SGLang answers an error): the usual case
-    trace = finished_trace(out_dir, export_seconds)
-    if trace is None:
-        missing = {"error": f"no complete trace in {out_dir} after {export_seconds:.0f} s"}
-        return {**missing, "request_errors": errors} if errors else missing
-    summary = summarise_trace(trace, steps)
-    if errors:
-        summary["request_errors"] = errors
-    return summary
+    if started:
+        try:  # the requests ended before the profiled steps did: stop it here
+            http_text(f"{url}/stop_profile", {})
+        except (urllib.error.URLError, OSError):
+            pass  # it had stopped itself (SGLang answers an error): the usual case
+    return started, errors
 
 
 def finished_trace(folder: Path, timeout: float) -> str | None:
