@@ -396,6 +396,55 @@ def deterministic_tree_spec() -> ServerSpec:
     return server_spec(args, oracle_env(deterministic_tree_script()), "ddtree-deterministic", folder)
 
 
+WIDTH1_BUDGET = 16  # the width-1 server's largest budget
+
+
+def width1_spec() -> ServerSpec:
+    """One DDTREE ``auto`` server whose injected costs make width 1 win at every batch size, so
+    every step that does not draft (to predict) is a decoding step (``adapter/decode_step.py``):
+    page size 16, the reference's context limit and options, the scripted drafter, the phase
+    timer and SGLang's strict idle KV check on. The width-1 checks of three modules run on it:
+    greedy identity and the requests that end at the context limit (test_serving_greedy.py),
+    every request feature and the stop cases (test_serving_features.py), its steps and phases
+    (test_serving_online_budget.py)."""
+    from sglang_ddtree.budget import candidate_widths
+
+    folder = SHARED_SERVERS.folder("width1")
+    table = width1_cost_table(folder / "width1_cost_table.json", candidate_widths(WIDTH1_BUDGET))
+    extra = [
+        "--speculative-num-draft-tokens",
+        str(WIDTH1_BUDGET + 1),
+        "--page-size",
+        "16",
+        "--log-level",
+        "info",
+    ]
+    args = ddtree_args(build_tiny_models(), budget="auto", extra=[*extra, *REFERENCE_OPTIONS[1:]])
+    env = {
+        **oracle_env(deterministic_tree_script()),
+        "SGLANG_DDTREE_BUDGET_COST_TABLE": str(table),
+        "SGLANG_DDTREE_PHASE_TIMES": "1",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+    }
+    return server_spec(args, env, "ddtree-width1", folder)
+
+
+COUNTERS = ("rounds", "decode_steps", "request_rounds", "reservation")
+
+
+def stats_between(before: dict | None, after: dict, keys=COUNTERS) -> dict:
+    """The counters of a stats line (``last_tree_stats``) gained since an earlier one (None:
+    since the start): the part of a shared server's totals that one module's requests made."""
+    before = before or {}
+    gained = {}
+    for key in keys:
+        if isinstance(after[key], dict):
+            gained[key] = stats_between(before.get(key), after[key], tuple(after[key]))
+        else:
+            gained[key] = after[key] - before.get(key, 0)
+    return gained
+
+
 def width1_cost_table(path: Path, widths, batch_sizes=(1, 2, 4, 8, 16, 32, 64)) -> Path:
     """An injected cost table (``SGLANG_DDTREE_BUDGET_COST_TABLE``) for an ``auto`` server of
     candidate ``widths`` where width 1 wins at every batch size: every other width costs a
@@ -423,8 +472,11 @@ def oracle_env(oracle_path: Path, max_topk: int | None = None) -> dict:
     return env
 
 
-def last_tree_stats(log_path: Path) -> dict:
-    """The last ``DDTREE stats: {...}`` line the worker logged."""
+def last_tree_stats(log_path: Path, required: bool = True) -> dict | None:
+    """The last ``DDTREE stats: {...}`` line the worker logged (None if none yet and not
+    ``required``)."""
     lines = [line for line in log_path.read_text().splitlines() if "DDTREE stats:" in line]
+    if not lines and not required:
+        return None
     assert lines, f"no DDTREE stats line in {log_path}"
     return ast.literal_eval(re.sub(r"^.*DDTREE stats: ", "", lines[-1]))

@@ -1138,8 +1138,10 @@ class _ProfiledServer:
     writes rank 0's and rank 1's traces once its steps are done), /stop_profile (an error when
     the profiler has stopped itself, as SGLang answers)."""
 
-    def __init__(self, stream=lambda body: (6, 0.0)):
-        """``stream(body)`` -> (chunks of a /generate answer, seconds before its first)."""
+    def __init__(self, stream=lambda body: (6, 0.0), still_profiling=lambda stops: False):
+        """``stream(body)`` -> (chunks of a /generate answer, seconds before its first);
+        ``still_profiling(n)``: whether the profiler still runs at the ``n``-th /stop_profile
+        (the requests ended before its steps did: the stop succeeds)."""
         import http.server
         import threading
 
@@ -1166,6 +1168,8 @@ class _ProfiledServer:
                         with open(out / f"7.5-TP-{rank}.trace.json", "w") as f:
                             json.dump({"traceEvents": _rounds()[: None if rank == 0 else 3]}, f)
                     reply, code = b"Start profiling.\n", 200
+                elif still_profiling(sum(path == "/stop_profile" for path, _ in calls)):
+                    reply, code = b"Stop profiling.\n", 200
                 else:  # /stop_profile
                     reply, code = b"Profiling is not in progress.", 500
                 self.send_response(code)
@@ -1230,6 +1234,22 @@ def test_a_profile_whose_request_ended_first_is_tried_again_with_more_tokens(tmp
         fake.server.shutdown()
     assert s == {"error": f"a request ended before the profiler started ({ATTEMPTS} tries, up to 80 tokens)"}
     assert [path for path, _ in fake.calls].count("/start_profile") == 0
+    # the requests ended before the profiler's steps did (it was still running at the stop): once
+    # more with twice the tokens, the trace of that try; cut short every time, it says so
+    fake = _ProfiledServer(still_profiling=lambda stops: stops == 1)
+    try:
+        s = profile_level(fake.url, [[1, 2]], 2, tmp_path / "r", steps=7, max_new_tokens=20)
+    finally:
+        fake.server.shutdown()
+    assert [path for path, _ in fake.calls].count("/start_profile") == 2, fake.calls
+    assert s["max_new_tokens"] == 40 and "cut_short" not in s and s["trace"] == "7.5-TP-0.trace.json"
+    assert (tmp_path / "r" / "try-2" / "7.5-TP-0.trace.json").exists()
+    fake = _ProfiledServer(still_profiling=lambda stops: True)
+    try:
+        s = profile_level(fake.url, [[1, 2]], 2, tmp_path / "s", steps=7, max_new_tokens=20)
+    finally:
+        fake.server.shutdown()
+    assert s["cut_short"] is True and s["max_new_tokens"] == 80 and s["rounds"] == 2
 
 
 def test_profiles_go_into_the_series_after_their_levels_passes(tmp_path, monkeypatch):
@@ -1248,7 +1268,8 @@ def test_profiles_go_into_the_series_after_their_levels_passes(tmp_path, monkeyp
                 "gpu_idle_us": 300.0, "gpu_us_by_category": {"all-reduce": 100.0, "gemm": 900.0},
                 "kernel_launches_per_round": 3.0, "graph_launches_per_round": 2.0, "host_syncs_per_round": 1.0,
                 "device_to_host_copies_per_round": 1.0, "forwards": {"step[VERIFY bs=4]": 9},
-                "phase_host_us": {"build": 40.0}, "phase_gpu_us": {}}  # fmt: skip
+                "phase_host_us": {"build": 40.0}, "phase_gpu_us": {}, "max_new_tokens": 512,
+                "cut_short": True}  # fmt: skip
 
     monkeypatch.setattr(engine, "profile_level", profile_level)
     argv = _argv(tmp_path, "--arms", "plain,ddtree", "--profile", "ddtree@4,plain@1", "--profile-steps", "9")
@@ -1267,6 +1288,8 @@ def test_profiles_go_into_the_series_after_their_levels_passes(tmp_path, monkeyp
         in md
     )
     assert "| plain | 1 | failed: no complete trace |" in md and "`step[VERIFY bs=4]` x9" in md
+    # a profile that took more tokens, and still ended before the profiler's steps, says so
+    assert "`t.json.gz`; 512 tokens a request; the requests ended before the profiler's steps" in md
     # alternating: the profile of the arm's first server only
     calls.clear()
     argv += ["--schedule", "alternating", "--starts", "2", "--repeats", "2"]

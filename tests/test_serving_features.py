@@ -39,14 +39,14 @@ from serving import (
     oracle_env,
     reference_server,
     server_spec,
+    stats_between,
     uses_reference,
-    width1_cost_table,
+    width1_spec,
 )
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from transformers import AutoTokenizer
 
 from lab.models.tiny import build_tiny_models
-from sglang_ddtree.budget import candidate_widths
 
 pytestmark = pytest.mark.server
 
@@ -130,34 +130,21 @@ TEST_OF = {
     "ddtree-sync": f"{MODULE}test_features_with_the_sync_scheduler",
     "ddtree-width1": f"{MODULE}test_features_and_stops_at_width_1_decode_like_the_plain_server",
 }
-WIDTH1_BUDGET = 16
 
 
 @functools.cache
 def feature_servers() -> dict[str, ServerSpec]:
     """Launched before the reference answers: the drafter's script is written from those
     answers before the first request. The overlap server is shared with the seeded-sampling
-    test of test_serving_tree.py (serving.deterministic_tree_spec)."""
+    test of test_serving_tree.py (serving.deterministic_tree_spec), the width-1 server with
+    test_serving_greedy.py and test_serving_online_budget.py (serving.width1_spec)."""
     tiny, folder = build_tiny_models(), SHARED_SERVERS.folder("features")
     # Without overlap: the grammar advances in the result processor (no barrier) before every round.
     sync = ddtree_args(tiny, budget=16, extra=["--disable-overlap-schedule", *PLAIN_OPTIONS])
-    width1 = ddtree_args(
-        tiny,
-        budget="auto",
-        extra=[
-            "--speculative-num-draft-tokens",
-            str(WIDTH1_BUDGET + 1),
-            "--log-level",
-            "info",
-            *PLAIN_OPTIONS,
-        ],
-    )
-    table = width1_cost_table(folder / "width1_cost_table.json", candidate_widths(WIDTH1_BUDGET))
-    width1_env = {**oracle_env(deterministic_tree_script()), "SGLANG_DDTREE_BUDGET_COST_TABLE": str(table)}
     return {
         "ddtree": deterministic_tree_spec(),
         "ddtree-sync": server_spec(sync, oracle_env(deterministic_tree_script()), "ddtree-sync", folder),
-        "ddtree-width1": server_spec(width1, width1_env, "ddtree-width1", folder),
+        "ddtree-width1": width1_spec(),
     }
 
 
@@ -265,10 +252,12 @@ def test_features_and_stops_at_width_1_decode_like_the_plain_server(servers, ref
     plain = reference_server(servers, build_tiny_models())
     stops = _stop_requests(reference["tokenizer"], plain)
     plain_stops = _send_all(plain, stops)
-    with servers.take(feature_servers()["ddtree-width1"]) as server:
-        results = _send_all(server, reference["requests"])
-        stop_results = _send_all(server, stops)
-        stats = last_tree_stats(server.log_path)
+    server = servers.get(feature_servers()["ddtree-width1"])
+    before = last_tree_stats(server.log_path, required=False)
+    results = _send_all(server, reference["requests"])
+    stop_results = _send_all(server, stops)
+    stats = last_tree_stats(server.log_path)
+    ours = stats_between(before, stats)
     for request, want, got in zip(reference["requests"], reference["outputs"], results):
         assert got["output_ids"] == want, request["_name"]
     for request, want, got in zip(stops, plain_stops, stop_results):
@@ -277,4 +266,4 @@ def test_features_and_stops_at_width_1_decode_like_the_plain_server(servers, ref
         assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
     assert all(w["meta_info"]["finish_reason"]["type"] == "stop" for w in plain_stops)
     assert set(stats["width_steps"]) == {1}, stats
-    assert stats["decode_steps"] > 0.8 * stats["rounds"], stats
+    assert ours["decode_steps"] > 0.8 * ours["rounds"], (ours, stats)

@@ -11,7 +11,8 @@
   output must equal the plain server's;
 * the same at width 1 (one arm: ``--speculative-ddtree-budget auto`` with injected costs that
   make width 1 win at every batch size, so nearly every step is a decoding step,
-  ``adapter/decode_step.py``): greedy identity, and the requests that end at the context limit;
+  ``adapter/decode_step.py``; the server ``serving.width1_spec`` shared with two other modules):
+  greedy identity, and the requests that end at the context limit;
 * the KV pool after a burst in which half of the requests are aborted mid-decode (one
   arm, after its other checks): SGLang's strict idle invariant check (a leak kills the
   scheduler) must stay quiet.
@@ -45,12 +46,11 @@ from serving import (
     reference_server,
     server_spec,
     uses_reference,
-    width1_cost_table,
+    width1_spec,
 )
 from transformers import AutoTokenizer
 
 from lab.models.tiny import build_tiny_models
-from sglang_ddtree.budget import candidate_widths
 from sglang_ddtree.launch import http_json
 
 pytestmark = pytest.mark.server
@@ -92,6 +92,8 @@ def arm_specs() -> dict[str, ServerSpec]:
     tiny, logs = build_tiny_models(), SHARED_SERVERS.folder("greedy")
     specs = {}
     for arm, (overlap, page_size, chunked) in ARMS.items():
+        if arm == WIDTH1_ARM:
+            continue
         extra = ["--context-length", str(CONTEXT), "--page-size", str(page_size), "--log-level", "info"]
         if not overlap:
             extra.append("--disable-overlap-schedule")
@@ -103,12 +105,8 @@ def arm_specs() -> dict[str, ServerSpec]:
         if arm == BURST_ARM:
             extra += ["--max-running-requests", "8"]
             env = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
-        budget = BUDGET
-        if arm == WIDTH1_ARM:
-            budget, extra = "auto", [*extra, "--speculative-num-draft-tokens", str(BUDGET + 1)]
-            table = width1_cost_table(logs / "width1_cost_table.json", candidate_widths(BUDGET))
-            env = {"SGLANG_DDTREE_BUDGET_COST_TABLE": str(table), "SGLANG_DDTREE_LOG_STATS_EVERY": "1"}
-        specs[arm] = server_spec(ddtree_args(tiny, budget=budget, extra=extra), env, f"ddtree-{arm}", logs)
+        specs[arm] = server_spec(ddtree_args(tiny, budget=BUDGET, extra=extra), env, f"ddtree-{arm}", logs)
+    specs[WIDTH1_ARM] = width1_spec()  # shared with two other modules
     return specs
 
 
@@ -119,6 +117,9 @@ uses_reference(MODULE)
 @pytest.fixture(scope="module")
 def arm_server(request, servers):
     """The arm's server, for all of the arm's tests (pytest runs them together)."""
+    if request.param == WIDTH1_ARM:  # shared: it stops once its last planned test has run
+        yield servers.get(width1_spec())
+        return
     with servers.take(arm_specs()[request.param]) as server:
         yield server
 

@@ -4,10 +4,11 @@ per round into the series.
 After ``ARM``'s timed passes at level ``C`` (its first server), the engine sends ``C`` requests of
 the run's prompts (``--output-len`` tokens each, streamed), and once every one of them has its
 first token (all decoding together) asks the server to profile ``--profile-steps`` scheduler steps
-(``/start_profile`` with ``num_steps``, CPU and GPU activities, no Python stacks, no shapes); where
-one ended first, it sends them again with twice the tokens (three tries in all). When
+(``/start_profile`` with ``num_steps``, CPU and GPU activities, no Python stacks, no shapes). When
 the requests end it asks ``/stop_profile`` (harmless where the profiler already stopped itself),
-waits for the trace file (rank 0's), and summarises it (:func:`summarise_events`):
+waits for the trace file (rank 0's), and summarises it (:func:`summarise_events`). Where a
+request ended before the profiler started or had its steps, the requests go again with twice
+the tokens (three tries in all).
 
 * the rounds profiled: SGLang names each forward in the trace (``step[VERIFY bs=8]`` a target
   verify, ``step[DECODE bs=8]`` a plain decode, ``step[DRAFT ...]`` a drafter forward,
@@ -127,25 +128,33 @@ def profile_level(
     """``concurrency`` requests decoding together under SGLang's profiler (module docstring):
     the trace's summary, or ``{"error": ...}`` (a profile that failed does not fail the run).
 
-    A request that ends before the profiler starts (a fast arm, a short ``--output-len``, a loaded
-    client) leaves nothing to profile together: the requests are sent again with twice the
-    tokens, up to :data:`ATTEMPTS` times."""
+    A request that ends before the profiler starts, or before it has profiled its steps (a fast
+    arm, a short ``--output-len``, a loaded client), leaves nothing or little to profile
+    together: the requests are sent again with twice the tokens (the next try's trace in a
+    folder of its own), up to :data:`ATTEMPTS` times; a profile still cut short says so
+    (``cut_short``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, ATTEMPTS + 1):
         tokens = max_new_tokens * 2 ** (attempt - 1)
-        started, errors = _requests_under_profiler(url, prompts, concurrency, out_dir, steps, tokens, timeout)
-        if started or errors:
+        folder = out_dir if attempt == 1 else out_dir / f"try-{attempt}"
+        folder.mkdir(exist_ok=True)
+        started, cut_short, errors = _requests_under_profiler(
+            url, prompts, concurrency, folder, steps, tokens, timeout
+        )
+        if errors or (started and not cut_short):
             break
     if not started:
         ended = f"a request ended before the profiler started ({ATTEMPTS} tries, up to {tokens} tokens)"
         return {"error": "; ".join(errors) or ended}
-    trace = finished_trace(out_dir, export_seconds)
+    trace = finished_trace(folder, export_seconds)
     if trace is None:
-        missing = {"error": f"no complete trace in {out_dir} after {export_seconds:.0f} s"}
+        missing = {"error": f"no complete trace in {folder} after {export_seconds:.0f} s"}
         return {**missing, "request_errors": errors} if errors else missing
     summary = summarise_trace(trace, steps)
     if attempt > 1:
         summary["max_new_tokens"] = tokens
+    if cut_short:
+        summary["cut_short"] = True  # the requests ended before the profiler's steps did
     if errors:
         summary["request_errors"] = errors
     return summary
@@ -153,9 +162,10 @@ def profile_level(
 
 def _requests_under_profiler(
     url: str, prompts: list, concurrency: int, out_dir: Path, steps: int, max_new_tokens: int, timeout: float
-) -> tuple[bool, list[str]]:
+) -> tuple[bool, bool, list[str]]:
     """Sends the requests, starts the profiler once every one has its first token and none has
-    ended, and stops it when they end: (whether it started, the errors)."""
+    ended, and stops it when they end: (whether it started, whether it was still running then:
+    the requests ended before its steps did, the errors)."""
     firsts = [threading.Event() for _ in range(concurrency)]
     errors: list[str] = []
 
@@ -191,12 +201,14 @@ def _requests_under_profiler(
             errors.append(f"/start_profile: {error!r}"[:300])
     for thread in threads:
         thread.join()
+    cut_short = False
     if started:
         try:  # the requests ended before the profiled steps did: stop it here
             http_text(f"{url}/stop_profile", {})
+            cut_short = True
         except (urllib.error.URLError, OSError):
             pass  # it had stopped itself (SGLang answers an error): the usual case
-    return started, errors
+    return started, cut_short, errors
 
 
 def finished_trace(folder: Path, timeout: float) -> str | None:

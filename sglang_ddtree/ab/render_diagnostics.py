@@ -88,8 +88,12 @@ def md_profiles(report: dict) -> list[str]:
             f"{fmt(syncs)} | {fmt(gpu.get(ALL_REDUCE) if gpu else None)} | {top} |"
         )
         forwards = ", ".join(f"`{k}` x{v}" for k, v in (p.get("forwards") or {}).items())
+        retried = f"; {p['max_new_tokens']} tokens a request" if "max_new_tokens" in p else ""
+        cut = "; the requests ended before the profiler's steps" if p.get("cut_short") else ""
         notes.append(
             f"- {name} c={p['concurrency']}: {forwards or 'no forward names'}; trace `{p.get('trace')}`"
+            + retried
+            + cut
         )
         if p.get("phase_host_us"):
             gpu_phases = p.get("phase_gpu_us") or {}

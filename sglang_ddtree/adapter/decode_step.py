@@ -31,7 +31,6 @@ import functools
 import torch
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 
 from .phases import timed
 from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
@@ -77,7 +76,7 @@ class DecodeStep:
             next_token_ids=next_ids,
             accept_lens=emitted,
             can_run_cuda_graph=can_run_graph,
-            next_draft_input=make_draft_input_v2(bonus_tokens=next_ids, new_seq_lens=new_seq_lens),
+            next_draft_input=self._next_draft_input(next_ids, new_seq_lens),
             speculative_num_draft_tokens=1,
             new_seq_lens=new_seq_lens,
         )

@@ -18,8 +18,9 @@ that for a decoding step (:meth:`DDTreeWorker._decode_step`): the target runs ea
 at its reserved slot, the next token is the target's, and the drafter's context KV of the
 root is written; no tree, mask, accept walk or KV move.
 
-Prefill and everything around the round (memory pools, KV reservation, draft KV
-materialisation, CUDA graphs, overlap relay) is the DFlash V2 worker's. The round
+Prefill and everything around the round (memory pools, draft KV materialisation, CUDA
+graphs, overlap relay) is the DFlash V2 worker's; the KV reservation before each step is
+DFlash's, topped up in chunks (``reservation.py``). The round
 issues no host synchronisation: all shapes are fixed by ``(bs, width)``.
 """
 
@@ -38,11 +39,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
-from sglang.srt.speculative.draft_worker_common import (
-    build_block_pos_offsets,
-    make_draft_block_spec_info,
-    make_draft_input_v2,
-)
+from sglang.srt.speculative.draft_worker_common import build_block_pos_offsets, make_draft_block_spec_info
 from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
 
 from ..config import (
@@ -63,6 +60,7 @@ from .kv_commit import KVCommitSteps
 from .phases import RoundPhases, timed
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
+from .reservation import NextDraftInputs, Reservation
 from .stats import TreeStats
 from .tp_check import tp_tree_check
 from .verify_graph_memory import release_decode_scratch
@@ -73,7 +71,7 @@ from .widths import LOG_EVERY, StepWidths
 logger = logging.getLogger("sglang_ddtree")
 
 
-class DDTreeWorker(DecodeStep, KVCommitSteps, DFlashWorkerV2):
+class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
         spec, settings = get_spec(), settings_of(server_args)
@@ -112,7 +110,9 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, DFlashWorkerV2):
         )
         # The width policy each round asks (width_policy.py): fixed, or the online budget's.
         self.widths = self._online_widths() if settings.online_budget else FixedWidth(self.head)
-        self.stats.extra = self.widths.summary
+        # The decode KV reservation, topped up in chunks (reservation.py): the draft input's.
+        self.reservation = Reservation(spec.speculative_num_draft_tokens)
+        self.stats.extra = lambda: {**self.widths.summary(), **self.reservation.summary()}
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.
@@ -199,7 +199,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, DFlashWorkerV2):
 
     def _idle_result(self, on_publish):
         empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        draft = make_draft_input_v2(bonus_tokens=empty, new_seq_lens=empty)
+        draft = self._next_draft_input(empty, empty)
         if on_publish is not None:
             on_publish(draft.new_seq_lens)
         return GenerationBatchResult(
@@ -237,7 +237,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, DFlashWorkerV2):
             next_token_ids=acceptance.out_tokens.reshape(-1),
             accept_lens=acceptance.emitted,
             can_run_cuda_graph=can_run_graph,
-            next_draft_input=make_draft_input_v2(bonus_tokens=acceptance.bonus, new_seq_lens=new_seq_lens),
+            next_draft_input=self._next_draft_input(acceptance.bonus, new_seq_lens),
             speculative_num_draft_tokens=width,
             new_seq_lens=new_seq_lens,
         )
