@@ -21,7 +21,9 @@ it asks for the window alone. So a chunk is taken only where the pool's free slo
 times what the top-up takes, chunk included, and never past a request's ``req_to_token`` row;
 otherwise the request gets its window alone, as from DFlash. The slots past the committed length
 are freed with the request (SGLang frees everything allocated, ``kv_allocated_len``), retracted
-with it, and counted by SGLang's idle leak check like DFlash's own reservation.
+with it, and counted by SGLang's idle leak check like DFlash's own reservation. A top-up runs on
+the scheduler's stream (SGLang's optional plan stream, ``SGLANG_ENABLE_OVERLAP_PLAN_STREAM``,
+is not used), and under HiSparse the reservation is DFlash's window alone.
 """
 
 from __future__ import annotations
