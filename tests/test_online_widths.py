@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_ddtree.adapter.refresh import FIRST_REFRESH
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, TimedCostTable, candidate_widths
 from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
@@ -179,7 +180,7 @@ def batch_heavy_cost(bs, width):
 
 def test_width_one_skips_the_drafter_keeps_the_prediction_and_the_tree_comes_back():
     table = RoundCostTable.from_function((1, 2, 4, 8), (1, 2, 3, 5), batch_heavy_cost)
-    widths = step_widths(table)
+    widths = step_widths(table, first_refresh=64)  # no refresh in these steps (the next tests)
     assert run_step(widths, bs=1, accept_len=4) == 1 and not widths.skips_draft  # nothing predicted yet
     assert run_step(widths, bs=1, accept_len=4) == 5 and not widths.skips_draft
     widths._absorb_landed()
@@ -199,17 +200,44 @@ def test_width_one_skips_the_drafter_keeps_the_prediction_and_the_tree_comes_bac
 
 def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_prediction():
     table = RoundCostTable.from_function((1, 8), (1, 2, 3, 5), batch_heavy_cost)
-    widths = step_widths(table, refresh_every=3)
+    widths = step_widths(table, refresh_every=8)
     drafted = []
-    for _ in range(9):
+    for _ in range(27):
         assert run_step(widths, bs=8, accept_len=0) == 1
         drafted.append(not widths.skips_draft)
-    # the first (nothing predicted), then one after every 3 steps without a draft
-    assert drafted == [True, False, False, False, True, False, False, False, True]
-    assert widths.summary()["width1_steps_without_draft"] == 6
+    # the first (nothing predicted), then one after 2, 4, 8 and again 8 steps without a draft
+    runs = "".join("D" if d else "." for d in drafted).split("D")
+    assert drafted[0] and [len(r) for r in runs[1:-1]] == [2, 4, 8, 8], drafted
+    assert widths.summary()["width1_steps_without_draft"] == 22
     run_step(widths, bs=8, accept_len=0)
     widths._absorb_landed()
     assert widths._per_request[-1].sum() == pytest.approx(chain_expected(0.9, 5))  # refreshed, per request
+
+
+def test_a_noisy_prediction_that_chose_width_one_is_checked_again_within_a_few_steps():
+    """One drafted step's prediction is noisy: a low one (top-1 0.05 at one step) chooses width 1,
+    and the next steps skip the drafter on it. After FIRST_REFRESH of them a step drafts again
+    (the drafter is confident again) and the tree is back: not ``refresh_every`` steps later."""
+    table = RoundCostTable((1, 8), (1, 2, 3, 5), [[1.0, 3.0, 3.0, 3.0]] * 2)
+    widths = step_widths(table, predict_every=1)  # every drafted step predicts
+    steps = []
+    for top1 in (0.9, 0.9, 0.05, 0.9, 0.9, 0.9, 0.9, 0.9):
+        width = run_step(widths, bs=1, accept_len=3 if top1 > 0.5 else 0, top1=top1)
+        steps.append((width, widths.skips_draft))
+    # the first (nothing predicted), the tree, the tree whose draft predicts little, width 1
+    # without the drafter twice on that prediction, a refresh at width 1, the tree again
+    assert steps == [
+        (1, False),
+        (5, False),
+        (5, False),
+        (1, True),
+        (1, True),
+        (1, False),
+        (5, False),
+        (5, False),
+    ]
+    # after the tree, a later run at width 1 is re-checked as soon
+    assert widths.refresh.after == FIRST_REFRESH
 
 
 def test_a_batch_half_new_since_the_prediction_refreshes_it_at_its_next_width_one_step():
@@ -219,7 +247,7 @@ def test_a_batch_half_new_since_the_prediction_refreshes_it_at_its_next_width_on
     steps. An idle pass brings no request; one request joining a batch of 8 leaves the
     prediction as it was, until half the batch is new."""
     table = RoundCostTable((1, 8), (1, 2, 3, 5), [[1.0, 3.0, 3.0, 3.0], [1.0, 3.0, 3.0, 3.0]])
-    widths = step_widths(table)
+    widths = step_widths(table, first_refresh=64)  # only a joining batch refreshes here
     for _ in range(4):
         assert run_step(widths, bs=1, accept_len=0, top1=0.05) == 1
     assert widths.skips_draft  # the root alone, on the kept prediction
@@ -229,7 +257,7 @@ def test_a_batch_half_new_since_the_prediction_refreshes_it_at_its_next_width_on
     assert run_step(widths, bs=1, accept_len=3, top1=0.95) == 1 and not widths.skips_draft
     assert run_step(widths, bs=1, accept_len=3, top1=0.95) == 5  # its own prediction: the tree
 
-    widths = step_widths(table)
+    widths = step_widths(table, first_refresh=64)
     for _ in range(4):
         assert run_step(widths, bs=8, accept_len=0, top1=0.05) == 1
     for _ in range(3):  # one request a prefill: 1, 2, 3 of 8 new

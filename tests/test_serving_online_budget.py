@@ -189,10 +189,11 @@ def test_injected_costs_flip_the_width_where_the_arithmetic_says(servers, plain)
     width1 = sum(steps[1] for steps in shared.values())
     assert width1 > 10, batched
     # the root alone without the drafter: every width-1 step but the very first (nothing
-    # predicted yet) and one refresh in every 65; the phase lines say the same, round by round
+    # predicted yet), the refreshes after the trees (runs of 2, 4, 8, 16 and 32: refresh.py) and
+    # one in every 65 after them; the phase lines say the same, round by round
     assert sequential["width1_steps_without_draft"] == 0, sequential
     without = after_batch["width1_steps_without_draft"]
-    assert without >= width1 - width1 // 65 - 1, after_batch
+    assert without >= width1 - width1 // 65 - 6, after_batch
     drafted = drafter_rounds(log)
     assert len(drafted) == final["rounds"], (len(drafted), final["rounds"])
     # the online budget's own host work is a phase of every round, drafted or not
@@ -216,9 +217,10 @@ def test_width_1_everywhere_decodes_like_the_plain_server(servers, plain):
     assert set(stats["width_steps"]) == {1}, stats
     # a step drafts (to predict) only where the prediction is missing or stale: a request's
     # first step alone (it joined a batch of 1), the batch's first steps as its requests join,
-    # a refresh in every 65 (one more where the run before left the count part-way)
+    # the server's first refreshes (runs of 2, 4, 8, 16, 32: refresh.py), then one in every 65
+    # (one more where the run before left the count part-way)
     drafted = ours["rounds"] - ours["decode_steps"]
-    assert 0 < drafted <= 2 * len(plain["requests"]) + ours["rounds"] // 65 + 1, (ours, stats)
+    assert 0 < drafted <= 2 * len(plain["requests"]) + ours["rounds"] // 65 + 6, (ours, stats)
     assert ours["decode_steps"] > 0.8 * ours["rounds"], (ours, stats)
     assert len(stats["width_steps_by_bs"]) > 1, stats  # the batch ran at other sizes
     # the KV reservation (adapter/reservation.py) tops up in chunks: a step allocates only where

@@ -473,17 +473,19 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     # but its verify is (the events time it alone): a probe takes trust_after (2) steps
     assert chosen[4:6] == [1, 1] and drafted[4:6] == [False] * 2
     # then width 1 at 2 ms: width 3 pays the trees' 7 ms of rest besides its verify, and at that
-    # floor it cannot win; it is never probed, and width 1 serves the rest
-    assert (
-        chosen[6:] == [1] * 6 and drafted[6:] == [False] * 6 and table(8, 1) == pytest.approx(2.0, rel=0.05)
-    )
+    # floor it cannot win; it is never probed, and width 1 serves the rest. Chosen on the
+    # prediction, width 1 drafts to refresh it after a run of 2 (the probes'), then of 4 (refresh.py)
+    assert chosen[6:] == [1] * 6 and table(8, 1) == pytest.approx(2.0, rel=0.05)
+    assert drafted[6:] == [True, False, False, False, False, True]
     assert widths.summary()["probe_steps_by_bs"] == {8: 2}  # the stats line counts the probes' steps
     # each period split at its verify: the rest is the row's, per kind (trees, width 1)
     assert table.rest.median[0] == pytest.approx([7.0, 1.5], rel=0.05)
     assert table.cells.median[0] == pytest.approx([0.5 - 0.2, 0.0, 3.0 - 0.4], rel=0.05)
     # the rounds before any rest was measured (the drafted width 1, the first width-5 step)
-    # priced nothing: a verify against no rest would have made width 5 cost 3 ms, not 10
-    assert table.cells.rounds[0].tolist() == [8, 0, 2] and table.rest.rounds[0].tolist() == [2, 7]
+    # priced nothing: a verify against no rest would have made width 5 cost 3 ms, not 10; width 1's
+    # rest: the probe's second step and the undrafted steps after the first refresh but one (the
+    # refreshes and the step after each are another kind of round than the one before)
+    assert table.cells.rounds[0].tolist() == [8, 0, 2] and table.rest.rounds[0].tolist() == [2, 4]
 
 
 # --- the swap per step ------------------------------------------------------------------------

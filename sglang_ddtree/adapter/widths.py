@@ -27,10 +27,9 @@ A width-1 step without the drafter predicts nothing: the last prediction is kept
 new about; decaying it toward zero would make width 1 confirm itself), the calibration is not
 touched (the step predicted no depth), and the next choice scales the kept prediction to the
 batch size of that step, so a batch that shrinks brings the tree back through the cost table.
-Some steps draft at width 1 anyway: the first (nothing predicted yet), the first once half
-the batch joined after the kept prediction was made (requests it knows nothing of), and one
-after every ``refresh_every`` steps without a draft, so the kept prediction follows the
-requests that come and go; none counts as a width-1 round cost.
+Some steps draft at width 1 anyway: the first (nothing predicted yet), and those that refresh
+the prediction (``refresh.py``: once half the batch is new, and after runs without a draft
+that start short and double while width 1 holds); none counts as a width-1 round cost.
 
 The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
 ``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
@@ -91,14 +90,13 @@ from ..tree.expected_accept import reach_totals_at_widths
 from ..tree.types import Trees
 from . import width_summary
 from .observed import HostCopies, Observed
+from .refresh import FIRST_REFRESH, REFRESH_EVERY, Refresh
 from .verify_clock import VerifyTime
 
 logger = logging.getLogger("sglang_ddtree")
 
 # Rows of the measured cost table: a batch costs what its row (the next power of two) cost.
 COST_BATCH_SIZES = tuple(1 << i for i in range(9))
-# Consecutive width-1 steps without the drafter before one drafts to refresh the prediction.
-REFRESH_EVERY = 64
 # Drafted steps per prediction: the prediction (about 40 small device operations, each a
 # kernel launch the host pays for) is made on one drafted step in this many; acceptance
 # moves slowly, and the batch size of each step is applied to the last prediction anyway.
@@ -115,6 +113,7 @@ class StepWidths:
         depth: int,
         make_head: Callable[[int], object],
         refresh_every: int = REFRESH_EVERY,
+        first_refresh: int = FIRST_REFRESH,
         predict_every: int = PREDICT_EVERY,
         log_every: int = 0,
         clock: Callable[[], float] | None = None,
@@ -138,15 +137,13 @@ class StepWidths:
         self._copies = HostCopies()  # the predictions' pinned host buffers, reused
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
         self._log_probs: torch.Tensor | None = None
-        self.refresh_every = refresh_every
         self.predict_every = predict_every
         self.log_every = log_every  # 0: the stats line carries the summary, or nobody asked
         self._drafted_unpredicted = 0  # drafted steps since the last prediction
         self.skips_draft = False  # this step: width 1, no drafter forward, no tree step
         self.steps_without_draft = 0
         self._predicting = False  # a drafted step's prediction is kept or on its way to the host
-        self._undrafted_run = 0  # width-1 steps without a draft since the last step that drafted
-        self._joined = 0  # requests prefilled since the last prediction
+        self.refresh = Refresh(refresh_every, first_refresh)  # when a width-1 step drafts anyway
         self.pinned = pinned  # debugging: every step runs the widest tree, whatever was chosen
         # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
         # and the drafter graph's kept log-probs.
@@ -207,9 +204,8 @@ class StepWidths:
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
         accepted = self._expected_accepted(bs)
-        width = self._probe(bs, accepted)
-        if width is None:
-            width = self._choose(bs, accepted)
+        probed = self._probe(bs, accepted)
+        width = self._choose(bs, accepted) if probed is None else probed
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
         self.history[bs, width] += 1
@@ -217,8 +213,8 @@ class StepWidths:
         if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
         self._verify = None
-        self.skips_draft = width == 1 and self._predicting and not self._stale_prediction(bs)
-        self._undrafted_run = self._undrafted_run + 1 if self.skips_draft else 0
+        self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed is not None)
+        self.refresh.step(width, self.skips_draft, probed is not None)
         self.steps_without_draft += self.skips_draft
         self._step = (bs, width, now)
         if self.runners is not None:
@@ -269,17 +265,7 @@ class StepWidths:
         flight), so neither adds anything to the cost table."""
         self._end_period(None)
         self._last_kind = None
-        self._joined += joined
-
-    def _stale_prediction(self, bs: int) -> bool:
-        """Whether a width-1 step of ``bs`` requests should draft to predict anew: after
-        ``refresh_every`` steps without a draft, or once half the batch joined after the kept
-        prediction was made (requests it knows nothing of: at 6125f69 the trained pair's server
-        ran 70 width-1 steps without the drafter in its first 1,000, 40 in a row in its first
-        requests, on a prediction one request left to the next). One request joining a batch
-        of 64 leaves the prediction as it was: drafting for it at every prefill would cost a
-        drafter forward a few steps apart."""
-        return self._undrafted_run >= self.refresh_every or 2 * self._joined >= bs
+        self.refresh.joined += joined
 
     def _end_period(self, now: float | None) -> None:
         if self._last is not None:
@@ -354,7 +340,7 @@ class StepWidths:
             return
         self._drafted_unpredicted = 0
         log_probs = log_probs.view(bs, self.depth, -1)
-        self._predicting, self._joined = True, 0
+        self._predicting, self.refresh.joined = True, 0
         predicted = reach_totals_at_widths(log_probs, self.widths)  # [n_widths, depth]
         measured = reach_counts(accept_lens, self.depth)  # [depth] (cat makes it float64)
         host, ready = self._copies.start(torch.cat([predicted, measured[None]]))
