@@ -133,11 +133,10 @@ def profile_level(
     together: the requests are sent again with twice the tokens (the next try's trace in a
     folder of its own), up to :data:`ATTEMPTS` times; a profile still cut short says so
     (``cut_short``)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, ATTEMPTS + 1):
         tokens = max_new_tokens * 2 ** (attempt - 1)
         folder = out_dir if attempt == 1 else out_dir / f"try-{attempt}"
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         started, cut_short, errors = _requests_under_profiler(
             url, prompts, concurrency, folder, steps, tokens, timeout
         )

@@ -57,8 +57,7 @@ class Reservation:
             return
         batch.maybe_evict_swa()
         page = batch.token_to_kv_pool_allocator.page_size
-        committed, bounds, allocated, short = [], [], [], []
-        max_top_k, top_ks = 1, set()
+        committed, bounds, allocated, short, top_ks = [], [], [], [], set()
         for i, req in enumerate(batch.reqs):
             kv = req.kv
             done = int(kv.kv_committed_len)
@@ -68,14 +67,12 @@ class Reservation:
             allocated.append(kv.kv_allocated_len)
             if kv.kv_allocated_len < bound:
                 short.append(i)
-            top_k = int(req.sampling_params.top_k)
-            max_top_k = max(max_top_k, top_k)
-            top_ks.add(top_k)
+            top_ks.add(int(req.sampling_params.top_k))
             req.decode_batch_idx += 1
         self.steps += 1
         if short:
             self._top_up(batch, short, bounds, allocated, page)
-        draft_input.max_top_k = max_top_k
+        draft_input.max_top_k = max(1, *top_ks)
         draft_input.uniform_top_k_value = top_ks.pop() if len(top_ks) == 1 else None
         # Seed committed; overlap's resolve overwrites it with the published value (as DFlash).
         batch.seq_lens_cpu = torch.tensor(committed, dtype=torch.int64)
@@ -90,16 +87,16 @@ class Reservation:
         targets = list(allocated)
         for i in short:
             targets[i] = bounds[i]
-        exact = sum(targets) - sum(allocated)
         chunked = list(targets)
         for i in short:  # the window's end is within the row (patches/0004); the chunk may not be
             chunked[i] = max(bounds[i], min(bounds[i] + chunk, row_end))
-        with_chunks = sum(chunked) - sum(allocated)
+        held = sum(allocated)
+        needed, with_chunks = sum(targets) - held, sum(chunked) - held
         allocator = batch.token_to_kv_pool_allocator
         roomy = allocator.available_size() >= FREE_SLOTS_PER_TOP_UP * with_chunks
         # HiSparse binds reserved slots to its own pages: its reservation stays DFlash's.
-        if with_chunks > exact and roomy and getattr(batch, "hisparse_coordinator", None) is None:
-            targets, self.chunked = chunked, self.chunked + 1
+        if with_chunks > needed and roomy and getattr(batch, "hisparse_coordinator", None) is None:
+            targets, needed, self.chunked = chunked, with_chunks, self.chunked + 1
         self.top_ups += 1
         pin = is_pin_memory_available(batch.device)
         cur_cpu = torch.tensor(allocated, dtype=torch.int32, pin_memory=pin)
@@ -113,7 +110,7 @@ class Reservation:
             cur_kv_lens_cpu=cur_cpu,
             nxt_kv_lens=nxt_cpu.to(batch.device, non_blocking=True),
             nxt_kv_lens_cpu=nxt_cpu,
-            num_needed_tokens=sum(targets) - sum(allocated),
+            num_needed_tokens=needed,
             batch=batch,
         )
 
