@@ -732,6 +732,37 @@ def test_greedy_divergence_at_a_near_tie_of_plain_is_rounding(tmp_path, monkeypa
     assert "GREEDY CHECK FAILED" not in md and "0.1 nats below plain's argmax: a near-tie" in md
 
 
+def test_greedy_margin_is_judged_by_any_baseline_arm(tmp_path, monkeypatch, capsys):
+    """Without a plain arm (e.g. the stock chain as the baseline) the baseline keeps its two best
+    log-probs: a near-tie of its own forward is rounding, a token outside them still fails."""
+    from sglang_ddtree.ab import cli as ab
+
+    outputs = {"ddtree": NEAR_TIE_OUTPUTS["ddtree"], "dflash": NEAR_TIE_OUTPUTS["dflash"]}
+    _fake_engine(monkeypatch, outputs, top2=_top2_at_divergence(0.1))
+    assert ab.main(_argv(tmp_path, "--arms", "dflash,ddtree,dflash+again")) == 0
+    gc = _series(tmp_path, "fake_h200_ab")["greedy_check"]
+    assert gc["ok"] and gc["reference"] == "dflash" and gc["reference_logprobs"] and gc["near_ties"] == 1
+    assert "0.1 nats below dflash's argmax: a near-tie" in (tmp_path / "fake_h200_ab.md").read_text()
+
+    _fake_engine(monkeypatch, outputs, top2=_top2_at_divergence(0.5))
+    assert ab.main(_argv(tmp_path, "--arms", "dflash,ddtree")) == 1
+    assert (
+        "ddtree prompt 1 diverges from dflash at token 2 (0.5 nats below its argmax)"
+        in capsys.readouterr().err
+    )
+
+
+def test_greedy_divergence_without_the_references_log_probs_says_its_margin_is_unknown(tmp_path, monkeypatch):
+    from sglang_ddtree.ab import cli as ab
+
+    _fake_engine(monkeypatch, NEAR_TIE_OUTPUTS, top2=None)
+    assert ab.main(_argv(tmp_path, "--arms", "plain,dflash,ddtree")) == 1
+    gc = _series(tmp_path, "fake_h200_ab")["greedy_check"]
+    assert not gc["ok"] and not gc["reference_logprobs"]
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert "(margin unknown: plain's log-probs were not recorded)" in md and "two best there" not in md
+
+
 def test_greedy_divergence_at_an_exact_tie_listed_in_the_other_order_is_a_near_tie():
     """On the H200 plain's sampler chose 86 where its top-k listed 664 first at the same bf16
     log-prob; the arm chose 664: a gap of 0, not "not among plain's two best"."""

@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
         levels = make_levels(int_list(opts.concurrency, "--concurrency"), opts.num_prompts)
         arms = build_arms(opts, model, drafter, common, cpu)
         baseline = _baseline(opts.baseline, [a.name for a in arms])
+        opts.reference_arm = baseline  # the greedy check's reference: it keeps its two best log-probs
         opts.profile_specs = parse_specs(opts.profile, [a.name for a in arms], [c for c, _ in levels])
         chosen = ab_schedule.choose(opts.schedule, arms, cpu, model, drafter)
     except ABError as error:

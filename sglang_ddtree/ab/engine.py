@@ -154,7 +154,7 @@ class Engine:
         generator (the first time)."""
         self.pbar.set_description(f"{arm.name}: greedy check")
         try:
-            check_server(server, record, self.opts, reference=arm.kind == "plain")
+            check_server(server, record, self.opts, reference=arm.name == self.opts.reference_arm)
         except Exception as error:  # the side-check's request failed (the server died, or answered an error)
             record["error"] = arm.error = f"{type(error).__name__}: {error}"
             raise ABError(f"the {arm.name!r} arm failed: {arm.error}\n{server.log_tail(30)}") from error

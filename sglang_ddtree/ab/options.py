@@ -203,8 +203,8 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         default=BF16_MARGIN,
         metavar="NATS",
         help="a divergence from the baseline is rounding, not a failure, where the baseline's own "
-        "decode step gave the arm's token a log-prob within NATS of its argmax's (its two best "
-        "log-probs at the first different token; the baseline must be plain). bf16 on a GPU can "
+        "forward gave the arm's token a log-prob within NATS of its argmax's (its two best "
+        "log-probs at the first different token; any baseline arm). bf16 on a GPU can "
         "flip a near-tied argmax; a wrong tree or a stale KV entry misses by whole nats. "
         f"0: token identity only (default {BF16_MARGIN})",
     )

@@ -217,13 +217,15 @@ def _md_greedy(report: dict) -> list[str]:
         lines.append(
             f"- `{m['arm']}` prompt {m['prompt_index']} ({str(m['prompt'])[:40]!r}): first different token "
             f"{m['first_diff_token']}, {gc['reference']} {m['reference_ids']} vs {m['arm_ids']}"
-            + _md_gap(m, gc["reference"])
+            + _md_gap(m, gc)
         )
     return lines + ([""] if gc["mismatches"] else [])
 
 
-def _md_gap(mismatch: dict, reference: str) -> str:
-    gap = mismatch.get("gap")
+def _md_gap(mismatch: dict, gc: dict) -> str:
+    gap, reference = mismatch.get("gap"), gc["reference"]
+    if not gc.get("reference_logprobs", True):  # absent from series written before it was kept
+        return f" (margin unknown: {reference}'s log-probs were not recorded)" if gc["margin"] else ""
     if gap is None:
         return f" (the arm's token is not among {reference}'s two best there)" if "gap" in mismatch else ""
     return f" ({gap:.3g} nats below {reference}'s argmax: {'a near-tie' if mismatch['near_tie'] else 'a failure'})"

@@ -230,6 +230,8 @@ def greedy_check(
         return result
     ref_arm, ref = next(((a, s) for a, s in checked if a.name == baseline), checked[0])
     result["reference"] = ref_arm.name
+    # without them (margin 0, or a reference that is not the baseline) a divergence's gap is unknown
+    result["reference_logprobs"] = bool(ref.get("greedy_top2"))
     for arm, server in checked:
         if server is ref:
             continue
@@ -273,7 +275,7 @@ def greedy_check(
         gaps = [m["gap"] for m in result["mismatches"]]
         result["message"] = (
             f"identical token ids {same} up to {result['near_ties']} near-ties of {ref_arm.name}'s argmax: "
-            f"where an output diverges, {ref_arm.name}'s own decode step put the arm's token "
+            f"where an output diverges, {ref_arm.name}'s own forward put the arm's token "
             f"{min(gaps):.3g}-{max(gaps):.3g} nats below its argmax (margin {margin:g}: bf16 rounding)"
         )
     else:
@@ -282,8 +284,8 @@ def greedy_check(
 
 
 def _divergence_gap(top2: list | None, prompt: int, index: int, got: list[int]) -> float | None:
-    """How far below the reference's argmax its own decode step put the arm's token at the
-    first different ``index`` (None: unknown, or not among its two best). Where the two best tie
+    """How far below the reference's argmax its own forward put the arm's token at the first
+    different ``index`` (None: unknown, or not among its two best). Where the two best tie
     exactly, the top-k list may name the arm's token first though the reference's sampler chose
     the other: the gap is then 0."""
     if not top2 or prompt >= len(top2) or index >= len(top2[prompt]) or index >= len(got):
