@@ -31,14 +31,25 @@ class Row:
 
 
 ROWS = (
-    Row("pycode-4l_h200_ab", "ddtree@32", "dflash", "trained pair, one H200: DDTREE@32 / stock DFLASH"),
+    Row(
+        "pycode-4l_h200_ab_lowload",
+        "ddtree@32",
+        "dflash",
+        "trained pair, one H200, 5 servers: DDTREE@32 / stock DFLASH",
+    ),
     Row("pycode-4l_h200_ab", "ddtree@64", "dflash", "trained pair, one H200: DDTREE@64 / stock DFLASH"),
     Row("pycode-4l_h200_ab", "ddtree@auto64", "plain", "trained pair, one H200: online budget / plain"),
     Row("pycode-4l_h200_ab", "dflash", "plain", "trained pair, one H200: stock DFLASH / plain"),
     Row("k26-rank_h200_ab", "chain", "plain", "one K2.6 TP-8 rank, replayed acceptance: chain / plain"),
     Row("k26-rank_h200_ab", "ddtree@7", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@7 / chain"),
     Row(
-        "k26-rank_h200_ab", "ddtree@16", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@16 / chain"
+        "k26-rank_h200_ab", "ddtree@32", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@32 / chain"
+    ),
+    Row(
+        "k26-rank_h200_ab",
+        "ddtree@auto7",
+        "chain",
+        "one K2.6 TP-8 rank, replayed acceptance: online budget / chain",
     ),
 )
 

@@ -702,6 +702,7 @@ def test_greedy_mismatch_fails_loudly(tmp_path, monkeypatch, capsys):
     (mismatch,) = report["greedy_check"]["mismatches"]
     assert (mismatch["arm"], mismatch["prompt_index"], mismatch["first_diff_token"]) == ("ddtree", 1, 2)
     assert "**GREEDY CHECK FAILED" in (tmp_path / "fake_h200_ab.md").read_text()
+    assert "| interleaved | ok, **greedy check failed** |" in (tmp_path / "README.md").read_text()
 
 
 def _top2_at_divergence(gap: float) -> list:

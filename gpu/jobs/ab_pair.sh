@@ -18,7 +18,7 @@
 # TIME_LIMIT_S (400) from the tool's start, and the tool is stopped at AB_S (440; it writes what
 # was measured): the job ends within ~8 min. Passes past the limit are listed as skipped; an arm
 # whose server does not start within 360 s is dropped and reported (--keep-going), the rest measured.
-# Variables: REPEATS (4), CONC (1,4,16,64), PROMPTS (8,16,48,128: requests per pass, one per
+# Variables: SERIES (pycode-4l_h200_ab), REPEATS (4), CONC (1,4,16,64), PROMPTS (8,16,48,128: requests per pass, one per
 # level), OUTPUT_LEN (128), ARMS, TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 # More arms, each a ninth server beside the eight (9 x 0.08 still fits the H200):
 #  - ddtree@auto64+width1 (a variant: ddtree@auto64 stays in ARMS): the online budget's fallback to
@@ -31,7 +31,7 @@
 # (docs/ab.md; the traces stay out of the logs brought back, their summaries are in the series).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
-SERIES=pycode-4l_h200_ab
+SERIES="${SERIES:-pycode-4l_h200_ab}"
 RAW=/tmp/ab_pair_raw
 rm -rf "$RAW"
 source "$(dirname "$0")/pair_server_args.sh"

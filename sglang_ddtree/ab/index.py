@@ -36,6 +36,12 @@ def series_reports(folder: Path) -> list[dict]:
     return out
 
 
+def status_text(report: dict) -> str:
+    """The run's status, and a failed greedy check beside it (the run itself may have ended ok)."""
+    failed = not report.get("greedy_check", {}).get("ok", True)
+    return f"{report.get('status')}{', **greedy check failed**' if failed else ''}"
+
+
 def headline_text(report: dict) -> str:
     parts = []
     for r in report.get("headline", []):
@@ -71,7 +77,7 @@ def index_section(reports: list[dict]) -> str:
         commit = str(stamp.get("commit") or "-")[:12]
         lines.append(
             f"| [{name}]({name}.md) | {stamp.get('device_name') or '-'} | {settings.get('schedule', '-')} | "
-            f"{r.get('status')} | {headline_text(r)} | `{commit}` | {str(stamp.get('date_utc') or r.get('date'))[:10]} |"
+            f"{status_text(r)} | {headline_text(r)} | `{commit}` | {str(stamp.get('date_utc') or r.get('date'))[:10]} |"
         )
     if not reports:
         lines.append("| (no series yet) | | | | | | |")
