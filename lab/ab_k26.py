@@ -36,7 +36,7 @@ from pathlib import Path
 from lab.bench.replay_drafter import ENV_PROFILE, ENV_TOKENS, ENV_TRACE, recorded_row
 from sglang_ddtree.ab.arms import parse_arm_names, split_variant
 from sglang_ddtree.ab.cli import main as ab_main
-from sglang_ddtree.config import ENV_TEST_PLUGIN
+from sglang_ddtree.config import ENV_ONLINE_BUDGET_LOG_EVERY, ENV_TEST_PLUGIN
 
 PAIR_PROMPTS = Path(__file__).resolve().parent / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
 REPLAY_PLUGIN = "lab.bench.replay_drafter"
@@ -83,11 +83,19 @@ def prompt_ids(base: list[list[int]], length: int, profile_index: int, count: in
     return prompts
 
 
-def replay_env(recording: Path, profile: str, trace: Path | None = None) -> str:
-    """The environment every speculative arm's server gets (one ``--arm-env`` value)."""
+# An online-budget arm's widths per batch size, logged every this many steps: a call's passes
+# run ~1,000 steps, under the server's default interval, and its choices are what a loss is read from.
+ONLINE_BUDGET_LOG_EVERY = 100
+
+
+def replay_env(recording: Path, profile: str, trace: Path | None = None, online: bool = False) -> str:
+    """The environment a speculative arm's server gets (one ``--arm-env`` value); ``online``: an
+    online-budget arm, which also logs its widths."""
     plugins = ",".join(filter(None, [os.environ.get(ENV_TEST_PLUGIN), REPLAY_PLUGIN]))
     env = [f"{ENV_TEST_PLUGIN}={plugins}", f"{ENV_TOKENS}={recording}", f"{ENV_PROFILE}={profile}"]
-    return shlex.join(env + ([f"{ENV_TRACE}={trace}"] if trace else []))
+    env += [f"{ENV_TRACE}={trace}"] if trace else []
+    env += [f"{ENV_ONLINE_BUDGET_LOG_EVERY}={ONLINE_BUDGET_LOG_EVERY}"] if online else []
+    return shlex.join(env)
 
 
 def ab_args(
@@ -108,9 +116,10 @@ def ab_args(
     server = [*COMMON, "--mem-fraction-static", str(fraction), "--max-total-tokens", str(tokens)]
     args = ["--model", model, "--drafter", drafter, "--server-args", shlex.join(server), *DEFAULTS]
     args += ["--dataset", "custom", "--dataset-path", str(prompts_file), *rest]
-    names = [n for n, kind, _ in parse_arm_names(final(args).arms) if kind != "plain"]
-    for base in dict.fromkeys(split_variant(n)[0] for n in names):
-        args += ["--arm-env", f"{base}={replay_env(recording, profile, trace)}"]
+    speculative = [(n, budget) for n, kind, budget in parse_arm_names(final(args).arms) if kind != "plain"]
+    online = {split_variant(n)[0]: isinstance(budget, str) for n, budget in speculative}  # "auto[N]"
+    for base, is_online in online.items():
+        args += ["--arm-env", f"{base}={replay_env(recording, profile, trace, is_online)}"]
     return args
 
 

@@ -35,6 +35,9 @@ def test_every_speculative_arm_replays_plains_recording(tmp_path):
         assert values["SGLANG_DDTREE_REPLAY_TOKENS"] == str(tmp_path / "rec.json")
         assert values["SGLANG_DDTREE_REPLAY_PROFILE"] == "pycode-4l-ranks"
         assert values["SGLANG_DDTREE_TEST_PLUGIN"].split(",")[-1] == "lab.bench.replay_drafter"
+    # the online budget's arm logs its widths within a call's ~1,000 steps; the others do not log them
+    assert env["ddtree@auto7"]["SGLANG_DDTREE_ONLINE_BUDGET_LOG_EVERY"] == "100"
+    assert "SGLANG_DDTREE_ONLINE_BUDGET_LOG_EVERY" not in env["ddtree@7"]
     server = shlex.split(opts.server_args)
     assert server[server.index("--load-format") + 1] == "dummy"
     # later options win, and the arms finally asked for are the ones that replay
