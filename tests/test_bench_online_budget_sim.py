@@ -61,3 +61,19 @@ def test_noise_stalls_the_share_of_rounds_it_says_and_leaves_a_quiet_model_alone
     quiet = run_arm(PAIR, 65, concurrency=1, passes=2, seed=0)
     noisy = run_arm(PAIR, 65, concurrency=1, passes=2, seed=0, noise=Noise(jitter=0.25, stall_share=0.02))
     assert noisy["width_steps"] == quiet["width_steps"] and noisy["tok_per_ms"] < quiet["tok_per_ms"]
+
+
+def test_the_served_call_model_drafts_its_profile_in_short_requests():
+    """``k26-rank-code``: every request drafts the replay profile's log-probs (the chain accepts
+    5.4), outputs of 32-64 tokens, bs 1-64 from K2.6 call 7's start-up replays."""
+    import torch
+
+    from lab.bench.online_budget_sim import make_requests, profile_log_probs
+
+    model = MODELS["k26-rank-code"]
+    requests = make_requests(40, (1, 2, 4, 8), seed=3, model=model)
+    assert all(32 <= r.length <= 64 for r in requests) and len({r.length for r in requests}) > 10
+    assert all(torch.equal(r.log_probs, profile_log_probs("dflash-k25-code")) for r in requests)
+    chain = requests[0].reach[7]  # P(accepted >= d) at width 8: the chain of 7 nodes
+    assert abs(1 + float(chain.sum()) - 5.4) < 0.05
+    assert model.verify_ms(64, 8) == 36.001 and model.verify_ms(33, 4) == 20.92

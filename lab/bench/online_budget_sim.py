@@ -13,10 +13,13 @@ calibration, the probes) on a clock of its own, against a model of a pair's roun
   by the host): ~4.3 ms of host work a tree round, 1 ms less for width 1 without the drafter
   (the rows its server priced at 6125f69), plus a fit of its start-up replays. ``k26-rank``,
   one TP-8 rank of Kimi K2.6 (bound by the device): its start-up replays at f9eaf01, plus ~1 ms
-  a tree round and ~0.3 ms a width-1 round (what that server priced over them). The replays
-  are also the table's start-up costs;
+  a tree round and ~0.3 ms a width-1 round (what that server priced over them).
+  ``k26-rank-code``, the same rank as K2.6 call 7 served it: that call's start-up replays (bs 1-64),
+  the ``dflash-k25-code`` replay profile (every round the same log-probs, the chain accepting 5.4),
+  outputs of 32-64 tokens. The replays are also the table's start-up costs;
 * every request drafts from a context of its own (a drafter whose top token takes 0.5-0.85 of
-  the mass on the pair, 0.35-0.7 on the rank, drawn per request), and accepts what the tree
+  the mass on the pair, 0.35-0.7 on the rank, drawn per request; the profile's on
+  ``k26-rank-code``), and accepts what the tree
   the step ran reaches, drawn from the same per-depth reach the prediction computes (the
   prediction is right: the calibration has nothing to correct);
 * a closed loop of ``c`` requests in flight, as the A/B tool runs a level: each pass
@@ -63,6 +66,9 @@ class Model:
     budget: int  # the auto arm's largest budget
     fixed: tuple[str, ...]  # the fixed budgets beside it
     concurrency: tuple[int, ...]
+    profile: str | None = None  # a replay profile: every request drafts its log-probs (not top_logit's)
+    output_len: int = 256  # each request's tokens: drawn from [output_len / 2, output_len * 1.5]
+    range_ratio: float = 0.5
 
 
 def pair_verify_ms(bs: int, width: int) -> float:
@@ -95,6 +101,26 @@ def rank_verify_ms(bs: int, width: int) -> float:
     return RANK_REPLAYS[row][(1, 2, 4, 8).index(width)]
 
 
+# The same rank's start-up replays in K2.6 call 7 (ddtree@auto7's log, results/k26-rank_h200_ab_logs.tar.gz),
+# up to bs 64: the call whose online budget lost 6% to the chain at c=32.
+CALL7_REPLAYS = {
+    1: (6.731, 8.194, 8.413, 8.855), 2: (6.833, 8.394, 8.772, 10.091), 3: (6.949, 8.719, 9.717, 11.07),
+    4: (7.199, 8.937, 10.291, 11.863), 5: (7.517, 9.727, 10.812, 12.4), 6: (7.526, 9.78, 10.835, 13.186),
+    7: (7.617, 9.947, 11.292, 13.254), 8: (7.473, 10.073, 11.341, 13.866), 10: (8.255, 10.658, 12.009, 14.923),
+    12: (8.365, 10.716, 12.754, 15.998), 14: (8.486, 11.123, 12.783, 16.855), 16: (8.598, 11.176, 13.423, 18.157),
+    18: (9.314, 12.079, 14.5, 19.953), 20: (9.338, 12.166, 14.936, 21.029), 22: (9.153, 12.413, 15.194, 21.671),
+    24: (9.383, 12.829, 15.907, 22.901), 26: (9.787, 12.931, 16.402, 24.183), 28: (9.814, 12.971, 16.813, 25.389),
+    30: (9.812, 13.579, 17.774, 26.298), 32: (9.845, 13.641, 18.142, 27.42), 40: (10.451, 14.982, 20.92, 32.708),
+    44: (10.968, 15.639, 21.978, 27.4), 48: (11.175, 16.198, 23.082, 28.848), 52: (11.204, 16.781, 24.41, 31.914),
+    56: (11.21, 17.309, 25.595, 33.748), 60: (11.784, 18.318, 26.723, 33.908), 64: (11.818, 18.953, 27.885, 36.001),
+}  # fmt: skip
+
+
+def call7_verify_ms(bs: int, width: int) -> float:
+    row = min(size for size in CALL7_REPLAYS if size >= bs)
+    return CALL7_REPLAYS[row][(1, 2, 4, 8).index(width)]
+
+
 def rank_rest_ms(bs: int, drafted: bool) -> float:
     """What f9eaf01's server priced over the replays: ~1 ms a tree round (the drafter, the host
     between rounds), ~0.3 ms a width-1 round."""
@@ -107,6 +133,11 @@ MODELS = {
     # the drafter less sure (top token ~0.35-0.7: 2.4-2.7 tokens a round, as pycode-4l-ranks)
     "k26-rank": Model("k26-rank", tuple(RANK_REPLAYS), rank_verify_ms, rank_rest_ms, (4.0, 5.6), 7, ("1", "3", "7"),
                       (1, 4, 8, 16, 32)),
+    # K2.6 call 7 as served: its replays, the dflash-k25-code profile (the chain accepts 5.4), 64-token
+    # outputs from [32, 64] (range 0.5 of 64, as the A/B tool draws them)
+    "k26-rank-code": Model("k26-rank-code", tuple(CALL7_REPLAYS), call7_verify_ms, rank_rest_ms, (0.0, 0.0), 7,
+                           ("1", "3", "7"), (1, 8, 32, 64), profile="dflash-k25-code", output_len=48,
+                           range_ratio=1 / 3),
 }  # fmt: skip
 
 
@@ -123,18 +154,32 @@ class Request:
     made: int = 0
 
 
-def make_requests(n: int, widths, seed: int, top_logit: tuple[float, float] = (4.2, 6.6)) -> list[Request]:
+def make_requests(
+    n: int, widths, seed: int, top_logit: tuple[float, float] = (4.2, 6.6), model=None
+) -> list[Request]:
     rng = torch.Generator().manual_seed(seed)
     confidence = random.Random(seed)
     requests = []
-    for length in output_lens(n, 256, 0.5, seed):
-        logits = torch.randn(DEPTH, TOP_K, generator=rng)
-        logits[:, 0] += confidence.uniform(*top_logit)  # (4.2, 6.6): the top token's share ~0.5-0.85
-        log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
+    mean, spread = (model.output_len, model.range_ratio) if model else (256, 0.5)
+    for length in output_lens(n, mean, spread, seed):
+        if model is not None and model.profile:
+            log_probs = profile_log_probs(model.profile)
+        else:
+            logits = torch.randn(DEPTH, TOP_K, generator=rng)
+            logits[:, 0] += confidence.uniform(*top_logit)  # (4.2, 6.6): the top token's share ~0.5-0.85
+            log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
         every_width = range(1, widths[-1] + 1)
         reach = reach_at_widths(reach_by_depth(log_probs[None], widths[-1] - 1), every_width).numpy()
         requests.append(Request(length, log_probs, reach))
     return requests
+
+
+def profile_log_probs(name: str) -> torch.Tensor:
+    """[depth, k] a replay profile's per-depth log-probs (every round the same, as the replay drafter)."""
+    from lab.bench.replay_profiles import PROFILES
+
+    probs = torch.tensor(PROFILES[name].probs, dtype=torch.float32)[:DEPTH, :TOP_K]
+    return probs.clamp_min(1e-30).log()
 
 
 @dataclass(frozen=True)
@@ -237,7 +282,7 @@ def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed
     server = Server(model, widths, fixed, seed, noise)
     tokens = ms = 0.0
     for index in range(passes):
-        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model.top_logit)
+        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model.top_logit, model)
         began = server.clock.s
         made = serve_pass(server, requests, concurrency)
         if index:
