@@ -35,6 +35,20 @@ def test_every_speculative_arm_replays_plains_recording(tmp_path):
         assert values["SGLANG_DDTREE_REPLAY_TOKENS"] == str(tmp_path / "rec.json")
         assert values["SGLANG_DDTREE_REPLAY_PROFILE"] == "pycode-4l-ranks"
         assert values["SGLANG_DDTREE_TEST_PLUGIN"].split(",")[-1] == "lab.bench.replay_drafter"
+    # ARM+heapq: its arm's replay, and the tree built by Python's heapq (SGLang's DDTree's builder)
+    args = ab_k26.ab_args(
+        "T",
+        "D",
+        tmp_path / "p.json",
+        tmp_path / "r.json",
+        "dflash-k25-code",
+        ["--arms", "chain,ddtree@32,ddtree@32+heapq"],
+    )
+    opts = _parsed(args + ["--block-size", "8"])
+    arms = {a.name: a for a in build_arms(opts, "T", "D", shlex.split(opts.server_args), cpu=False)}
+    assert arms["ddtree@32+heapq"].env["SGLANG_DDTREE_TREE_BACKEND"] == "python"
+    assert arms["ddtree@32+heapq"].env["SGLANG_DDTREE_REPLAY_PROFILE"] == "dflash-k25-code"
+    assert "SGLANG_DDTREE_TREE_BACKEND" not in arms["chain"].env | arms["ddtree@32"].env
     # the online budget's arm logs its widths within a call's ~1,000 steps; the others do not log them
     assert env["ddtree@auto7"]["SGLANG_DDTREE_ONLINE_BUDGET_LOG_EVERY"] == "100"
     assert "SGLANG_DDTREE_ONLINE_BUDGET_LOG_EVERY" not in env["ddtree@7"]

@@ -240,13 +240,15 @@ def _dry_job(tmp_path, job: str, **env) -> str:
 
 
 def test_ab_pair_gives_the_width1_arm_its_cost_table(tmp_path):
-    arms = "plain,ddtree@auto64,ddtree@auto64+width1,ddtree@32,ddtree@32+phases,dflash+again,dflash"
+    arms = "plain,ddtree@auto64,ddtree@auto64+width1,ddtree@32,ddtree@32+phases,ddtree@32+heapq,dflash+again,dflash"
     out = _dry_job(tmp_path, "ab_pair.sh", ARMS=arms, AB_ARGS="--profile dflash@1,ddtree@32@16")
     table = f"SGLANG_DDTREE_BUDGET_COST_TABLE={ROOT}/gpu/jobs/width1_cost_table_auto64.json"
     text = out.splitlines()  # the dry run: "[arm] what it serves", then its environment and command
     lines = {line[1 : line.index("]")]: text[i + 1] for i, line in enumerate(text) if line.startswith("[")}
     assert table in lines["ddtree@auto64+width1"] and table not in lines["ddtree@auto64"]
     assert "SGLANG_DDTREE_PHASE_TIMES=50" in lines["ddtree@32+phases"]
+    heapq = "SGLANG_DDTREE_TREE_BACKEND=python"
+    assert heapq in lines["ddtree@32+heapq"] and heapq not in lines["ddtree@32"] + lines["ddtree@32+phases"]
     assert "schedule interleaved" in out and "profile: ddtree@32 at c=16" in out
     assert "COST_TABLE" not in _dry_job(tmp_path / "default", "ab_pair.sh")  # only where the arm runs
 

@@ -17,6 +17,8 @@
 # Every call works in one folder (/tmp/k26-rank_h200_work: the prompts, plain's recording), so the
 # calls' settings name the same files and merge as they are. An arm's +again needs its arm in the
 # same call. A server started before TIME_LIMIT_S runs all its passes (the tool's alternating rule).
+# ARM+heapq (e.g. ddtree@32+heapq beside ddtree@32): the arm with its tree built by Python's heapq on
+# the host, as SGLang's own DDTree builds it (the preset gives it SGLANG_DDTREE_TREE_BACKEND=python).
 # Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
 # Writes k26-rank_h200_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
 # starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
