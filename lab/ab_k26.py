@@ -120,12 +120,9 @@ def ab_args(
     online = {split_variant(n)[0]: isinstance(budget, str) for n, budget in speculative}  # "auto[N]"
     for base, is_online in online.items():
         args += ["--arm-env", f"{base}={replay_env(recording, profile, trace, is_online)}"]
-    for (
-        name,
-        _,
-    ) in speculative:  # ARM+heapq keeps its arm's replay and builds its tree as SGLang's DDTree does
-        if split_variant(name)[1] == "+heapq":
-            args += ["--arm-env", f"{name}={ENV_TREE_BACKEND}=python"]
+    # ARM+heapq keeps its arm's replay and builds its tree as SGLang's DDTree does
+    for name in (n for n, _ in speculative if split_variant(n)[1] == "+heapq"):
+        args += ["--arm-env", f"{name}={ENV_TREE_BACKEND}=python"]
     return args
 
 
