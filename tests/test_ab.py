@@ -532,6 +532,27 @@ def test_the_online_budget_is_compared_with_every_fixed_choice_and_the_fastest_n
     assert "| ddtree@auto16 | 1 | ddtree@16 | 0.95x [0.95, 0.95] | [1.00, 1.00] | **loses** |" in md
 
 
+def test_an_arm_is_compared_with_its_variants(tmp_path, monkeypatch):
+    """``ddtree@32`` over ``ddtree@32+heapq`` (the same tree, built by Python's heapq on the
+    host): what the GPU tree step buys over the live service's builder, paired per pass. The
+    A/A server and the phase timer's variant are not contenders."""
+    from sglang_ddtree.ab import cli as ab
+
+    names = ("plain", "ddtree@32", "ddtree@32+heapq", "ddtree@32+phases", "plain+again")
+    speeds = {"plain": 100.0, "plain+again": 100.0, "ddtree@32": 180.0, "ddtree@32+heapq": 120.0}
+    _fake_engine(monkeypatch, {n: [[1, 2]] for n in ("plain", "ddtree@32")}, speeds=speeds)
+    assert ab.main(_argv(tmp_path, "--arms", ",".join(names), "--block-size", "8")) == 0
+    report = _series(tmp_path, "fake_h200_ab")
+    rows = {(c["arm"], c["reference"]): c for c in report["comparisons"] if c["concurrency"] == 1}
+    assert rows[("ddtree@32", "ddtree@32+heapq")]["against"] == "variant"
+    assert rows[("ddtree@32", "ddtree@32+heapq")]["ratio"] == pytest.approx(1.5)
+    assert rows[("ddtree@32", "ddtree@32+heapq")]["verdict"] == "wins"
+    assert not [pair for pair in rows if "+phases" in pair[1] or "+again" in pair[1]]
+    assert ("ddtree@32+heapq", "plain") in rows and ("plain", "plain+again") not in rows
+    md = (tmp_path / "fake_h200_ab.md").read_text()
+    assert "| ddtree@32 | ddtree@32+heapq | 1 | 1.50x [1.50, 1.50] |" in md
+
+
 def test_a_rerun_replaces_the_series_and_the_index_lists_each_once(tmp_path, monkeypatch):
     from sglang_ddtree.ab import cli as ab
     from sglang_ddtree.ab import index

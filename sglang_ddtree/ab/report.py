@@ -10,7 +10,7 @@ import shlex
 import statistics
 
 from . import paired
-from .arms import CONTEXT_KEYS, PARITY_FLAGS, PARITY_KEYS, SPEC_KEYS, Arm, chain_reference
+from .arms import AGAIN, CONTEXT_KEYS, PARITY_FLAGS, PARITY_KEYS, PHASES, SPEC_KEYS, Arm, chain_reference
 from .stamp import host_stamp
 
 
@@ -92,8 +92,9 @@ def pair_samples(arm: Arm, other: Arm, concurrency: int) -> tuple[list[float], l
 
 
 def compared_pairs(arms: list[Arm], baseline: str) -> list[tuple[str, str, str]]:
-    """``(arm, reference, why)``: every arm against the baseline, and every DDTREE arm against
-    the chain (stock DFLASH where it runs) when that is not the baseline; A/A arms apart."""
+    """``(arm, reference, why)``: every arm against the baseline, every DDTREE arm against the
+    chain (stock DFLASH where it runs) when that is not the baseline, the online budget against
+    every fixed choice, and an arm against each of its variants; A/A arms apart."""
     names = [a.name for a in arms]
     chain = chain_reference(names)
     pairs = []
@@ -113,6 +114,12 @@ def compared_pairs(arms: list[Arm], baseline: str) -> list[tuple[str, str, str]]
             pairs += [
                 (arm.name, ref, "fixed") for ref in fixed_choices(arms) if (arm.name, ref) not in compared
             ]
+    # What an arm makes over its variant (another tree builder, a debugging switch): e.g.
+    # ddtree@32 over ddtree@32+heapq, the GPU tree step over the host's heapq. The phase timer's
+    # variant costs host time by design and is read for its phases, not its speed.
+    for arm in arms:
+        if arm.variant not in (None, AGAIN, PHASES) and arm.base != baseline:
+            pairs.append((arm.base, arm.name, "variant"))
     return pairs
 
 
