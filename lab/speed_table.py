@@ -86,7 +86,10 @@ def row_text(row: Row, report: dict) -> str:
     if not found:
         raise ValueError(f"{row.series} holds no comparison of {row.arm} with {row.reference}")
     levels = "<br>".join(level_text(c) for c in sorted(found, key=lambda c: c["concurrency"]))
-    return f"| {row.what} | {levels} | [`{row.series}`](results/{row.series}.md) |"
+    failed = (
+        "" if report.get("greedy_check", {}).get("ok", True) else " (its greedy check failed: see the series)"
+    )
+    return f"| {row.what} | {levels} | [`{row.series}`](results/{row.series}.md){failed} |"
 
 
 def table(results: Path, rows=ROWS) -> str:

@@ -40,3 +40,10 @@ def test_a_row_without_its_comparison_is_refused():
 def test_edits_outside_the_markers_are_kept():
     readme = f"intro\n{speed_table.START}\nold\n{speed_table.END}\noutro\n"
     assert speed_table.replaced(readme, "NEW") == "intro\nNEW\noutro\n"
+
+
+def test_a_row_from_a_series_whose_greedy_check_failed_says_so():
+    row = speed_table.Row("s", "ddtree@32", "plain", "what")
+    report = {"comparisons": [_comparison()], "greedy_check": {"ok": False}}
+    assert speed_table.row_text(row, report).endswith("(its greedy check failed: see the series) |")
+    assert "greedy" not in speed_table.row_text(row, {**report, "greedy_check": {"ok": True}})
