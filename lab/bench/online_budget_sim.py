@@ -35,6 +35,7 @@ otherwise than the replays' spread ids).
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,10 +96,13 @@ RANK_REPLAYS = {
 }  # fmt: skip
 
 
-def rank_verify_ms(bs: int, width: int) -> float:
+def replay_ms(replays: dict, bs: int, width: int) -> float:
     """The replay of the graph a batch of ``bs`` runs in (the smallest captured size holding it)."""
-    row = min(size for size in RANK_REPLAYS if size >= bs)
-    return RANK_REPLAYS[row][(1, 2, 4, 8).index(width)]
+    row = min(size for size in replays if size >= bs)
+    return replays[row][(1, 2, 4, 8).index(width)]
+
+
+rank_verify_ms = functools.partial(replay_ms, RANK_REPLAYS)
 
 
 # The same rank's start-up replays in K2.6 call 7 (ddtree@auto7's log, results/k26-rank_h200_ab_logs.tar.gz),
@@ -116,9 +120,7 @@ CALL7_REPLAYS = {
 }  # fmt: skip
 
 
-def call7_verify_ms(bs: int, width: int) -> float:
-    row = min(size for size in CALL7_REPLAYS if size >= bs)
-    return CALL7_REPLAYS[row][(1, 2, 4, 8).index(width)]
+call7_verify_ms = functools.partial(replay_ms, CALL7_REPLAYS)
 
 
 def rank_rest_ms(bs: int, drafted: bool) -> float:
