@@ -156,19 +156,20 @@ class Request:
     made: int = 0
 
 
-def make_requests(
-    n: int, widths, seed: int, top_logit: tuple[float, float] = (4.2, 6.6), model=None
-) -> list[Request]:
+def make_requests(n: int, widths, seed: int, model: Model) -> list[Request]:
+    """``n`` requests of ``model``'s output lengths, each drafting from a context of its own (or
+    all from ``model``'s replay profile)."""
     rng = torch.Generator().manual_seed(seed)
     confidence = random.Random(seed)
+    profile = profile_log_probs(model.profile) if model.profile else None
     requests = []
-    mean, spread = (model.output_len, model.range_ratio) if model else (256, 0.5)
-    for length in output_lens(n, mean, spread, seed):
-        if model is not None and model.profile:
-            log_probs = profile_log_probs(model.profile)
-        else:
+    for length in output_lens(n, model.output_len, model.range_ratio, seed):
+        log_probs = profile
+        if log_probs is None:
             logits = torch.randn(DEPTH, TOP_K, generator=rng)
-            logits[:, 0] += confidence.uniform(*top_logit)  # (4.2, 6.6): the top token's share ~0.5-0.85
+            logits[:, 0] += confidence.uniform(
+                *model.top_logit
+            )  # (4.2, 6.6): the top token's share ~0.5-0.85
             log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
         every_width = range(1, widths[-1] + 1)
         reach = reach_at_widths(reach_by_depth(log_probs[None], widths[-1] - 1), every_width).numpy()
@@ -284,7 +285,7 @@ def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed
     server = Server(model, widths, fixed, seed, noise)
     tokens = ms = 0.0
     for index in range(passes):
-        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model.top_logit, model)
+        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model)
         began = server.clock.s
         made = serve_pass(server, requests, concurrency)
         if index:
