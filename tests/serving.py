@@ -445,6 +445,28 @@ def stats_between(before: dict | None, after: dict, keys=COUNTERS) -> dict:
     return gained
 
 
+def check_width1_drafts_only_to_predict(log_path: Path, stats: dict) -> None:
+    """A server whose every step is width 1 (no cost probes: an injected table) drafts only
+    where ``adapter/refresh.py`` asks, from its start to the stats line ``stats`` (the last):
+    its first step (nothing predicted yet), a refresh once requests joined (each needs a
+    prefill batch since the last prediction: at most one per prefill), and a refresh after a
+    run without a draft (runs of 2, 4, 8, 16 and 32, then one in every 64). Every other step
+    is a decoding step. How many requests join per prefill depends on how fast the requests
+    reach the scheduler, so the share of decoding steps is not fixed; this bound is."""
+    from sglang_ddtree.adapter.refresh import FIRST_REFRESH, REFRESH_EVERY
+
+    assert set(stats["width_steps"]) == {1}, stats
+    assert stats["decode_steps"] == stats["width1_steps_without_draft"], stats
+    lines = log_path.read_text().splitlines()
+    last_round = max(i for i, line in enumerate(lines) if "DDTREE stats:" in line)
+    prefills = sum("Prefill batch" in line for line in lines[:last_round])
+    assert prefills > 0, f"no prefill lines (log level below info?) in {log_path}"
+    doublings = (REFRESH_EVERY // FIRST_REFRESH).bit_length() - 1  # runs of 2 .. 32
+    drafted = stats["rounds"] - stats["decode_steps"]
+    assert 0 < drafted <= 1 + prefills + doublings + stats["decode_steps"] // REFRESH_EVERY, (prefills, stats)
+    assert stats["decode_steps"] > 0, stats
+
+
 def width1_cost_table(path: Path, widths, batch_sizes=(1, 2, 4, 8, 16, 32, 64)) -> Path:
     """An injected cost table (``SGLANG_DDTREE_BUDGET_COST_TABLE``) for an ``auto`` server of
     candidate ``widths`` where width 1 wins at every batch size: every other width costs a

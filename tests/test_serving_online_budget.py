@@ -31,6 +31,7 @@ import pytest
 from serving import (
     SHARED_SERVERS,
     ServerSpec,
+    check_width1_drafts_only_to_predict,
     ddtree_args,
     last_tree_stats,
     one_batch,
@@ -221,7 +222,7 @@ def test_width_1_everywhere_decodes_like_the_plain_server(servers, plain):
     # (one more where the run before left the count part-way)
     drafted = ours["rounds"] - ours["decode_steps"]
     assert 0 < drafted <= 2 * len(plain["requests"]) + ours["rounds"] // 65 + 6, (ours, stats)
-    assert ours["decode_steps"] > 0.8 * ours["rounds"], (ours, stats)
+    check_width1_drafts_only_to_predict(log, stats)
     assert len(stats["width_steps_by_bs"]) > 1, stats  # the batch ran at other sizes
     # the KV reservation (adapter/reservation.py) tops up in chunks: a step allocates only where
     # a request is new or has used up its chunk (34 slots and more, in pages of 16), not at
