@@ -1,8 +1,10 @@
 """The online budget's choices on a modelled server: what its policy (probes, narrower widths,
-width 1) gives up against fixed widths, with no GPU and no noise.
+width 1) gives up against fixed widths, with no GPU and no host noise.
 
-    python -m lab.bench.online_budget_sim --model pair       # or k26-rank
-    # -> results/online_budget_sim_<model>_<device>.{json,md}
+    python -m lab.bench.online_budget_sim --model pair       # or k26-rank, k26-rank-code
+    # -> results/<model>_<device>_online_budget_sim.{json,md} (the pair: pycode-4l)
+    python -m lab.bench.online_budget_sim --model pair --trace results/pycode-4l_cpu_trace.json.gz
+    # -> results/pycode-4l_<device>_online_budget_sim_trace.{json,md}: the pair's real draws
 
 The served benchmark on the H200 (the A/B tool, ``python -m sglang_ddtree.ab``) cannot resolve
 5% on the trained pair (its passes spread 1.15-2.75x, ``sglang_ddtree/ab/paired.py``). This runs the real
@@ -21,7 +23,12 @@ calibration, the probes) on a clock of its own, against a model of a pair's roun
   the mass on the pair, 0.35-0.7 on the rank, drawn per request; the profile's on
   ``k26-rank-code``), and accepts what the tree
   the step ran reaches, drawn from the same per-depth reach the prediction computes (the
-  prediction is right: the calibration has nothing to correct);
+  prediction is right: the calibration has nothing to correct). With ``--trace``, every request
+  replays one continuation of a trace of a real drafter's draws instead: each step drafts the
+  recorded log-probs at its offset (they vary from step to step, as served) and accepts what the
+  recorded true tokens reach in the best-first tree of its width (the prediction is as right as
+  that drafter's probabilities; the calibration corrects what it can). Its lengths are the
+  trace's continuations;
 * a closed loop of ``c`` requests in flight, as the A/B tool runs a level: each pass
   serves ``max(8, 2c)`` requests of 256 tokens +-50%; each admitted request's prefill is
   another batch between two steps (``interrupt``) that costs ``PREFILL_MS``.
@@ -39,15 +46,21 @@ import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from lab.bench import _stamp
+from lab.bench.draw_trace import FORMAT as TRACE_FORMAT
+from lab.bench.draw_trace import read_json
 from lab.bench.online_budget_host import GRAPH_BATCH_SIZES
 from lab.bench.output_lens import output_lens
+from lab.bench.replay_profiles import LOG_FLOOR
+from lab.bench.trace_replay import resolve_offsets
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import TimedCostTable, candidate_widths
+from sglang_ddtree.tree.build import TopK, build_tree_from_topk
 from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth
 
 DEPTH, TOP_K = 7, 64
@@ -150,15 +163,124 @@ def round_ms(model: Model, bs: int, width: int, drafted: bool) -> tuple[float, f
 
 @dataclass
 class Request:
+    """A request of a modelled drafter: the same proposal at every step, and what a step
+    accepts drawn from the reach that proposal predicts (the prediction is right)."""
+
     length: int
     log_probs: torch.Tensor  # [depth, k] its drafter's proposals (one context a request)
     reach: np.ndarray  # [widest, depth]: row w - 1, P(accepted >= d) at the tree of verify width w
     made: int = 0
 
+    def proposal(self) -> torch.Tensor:
+        return self.log_probs
 
-def make_requests(n: int, widths, seed: int, model: Model) -> list[Request]:
+    def accepted(self, width: int, draw: float, chain: bool = False) -> int:
+        """Drafts accepted from the step's tree of ``width - 1`` nodes (``chain``: the
+        drafter's top-1 at every depth instead)."""
+        reach = torch.exp(torch.cumsum(self.log_probs[:, 0], 0)).numpy() if chain else self.reach[width - 1]
+        return int((reach > draw).sum())
+
+
+@dataclass
+class TraceRequest:
+    """A request replaying one continuation of a trace of real draws: each step drafts the
+    trace's log-probs at the request's offset, and accepts what the recorded true tokens reach
+    in the tree of the step's width (so the prediction is as right as the real drafter's)."""
+
+    length: int
+    draws: TraceDraws
+    row: int  # the trace request it replays
+    made: int = 0
+
+    def proposal(self) -> torch.Tensor:
+        return self.draws.log_probs(self.row, self.made)
+
+    def accepted(self, width: int, draw: float, chain: bool = False) -> int:
+        return self.draws.accepted(self.row, self.made, 0 if chain else width)
+
+
+class TraceDraws:
+    """A trace (``lab.bench.draw_trace``) read as the served replay reads it
+    (``lab.bench.trace_replay``): an offset without a record of its own takes the nearest earlier
+    record, its depths shifted, the depths past the record not proposed."""
+
+    def __init__(self, trace: dict):
+        if trace.get("format") != TRACE_FORMAT:
+            raise ValueError(f"not a {TRACE_FORMAT} trace: {trace.get('format')!r}")
+        if int(trace["depth"]) != DEPTH or int(trace["topk"]) < TOP_K:
+            raise ValueError(
+                f"the trace drafts {trace['depth']} depths of top-{trace['topk']}: not {DEPTH} of {TOP_K}"
+            )
+        self.requests = [self._read(request) for request in trace["requests"]]
+        self._ranks = np.tile(np.arange(TOP_K, dtype=np.int64), (DEPTH, 1))  # a node's token: its rank
+        self._accepted: dict[tuple[int, int, int], int] = {}
+
+    @staticmethod
+    def _read(request: dict) -> dict:
+        records = len(request["offsets"])
+        logp = np.full((records, DEPTH, TOP_K), LOG_FLOOR, dtype=np.float32)
+        for index, per_depth in enumerate(request["logp"]):
+            for depth, row in enumerate(per_depth):
+                logp[index, depth, : min(len(row), TOP_K)] = row[:TOP_K]
+        at, shift = resolve_offsets(request["offsets"], request["length"])
+        return {
+            "length": request["length"],
+            "logp": logp,
+            "rank": np.asarray(request["rank"]),
+            "at": at,
+            "shift": shift,
+        }
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def length(self, row: int) -> int:
+        return self.requests[row]["length"]
+
+    def _draws(self, row: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+        """The log-probs ``[depth, k]`` and the true tokens' ranks ``[depth]`` (-1: not
+        proposed) a step rooted at ``offset`` of trace request ``row`` drafts."""
+        request = self.requests[row]
+        record = request["at"][offset] if offset < request["length"] else -1
+        if record < 0:
+            return np.full((DEPTH, TOP_K), LOG_FLOOR, dtype=np.float32), np.full(DEPTH, -1)
+        depths = np.arange(DEPTH) + request["shift"][offset]
+        inside, depths = depths < DEPTH, np.minimum(depths, DEPTH - 1)
+        logp = np.where(inside[:, None], request["logp"][record, depths], LOG_FLOOR).astype(np.float32)
+        ranks = np.where(inside, request["rank"][record, depths], -1)
+        return logp, np.where(ranks < TOP_K, ranks, -1)
+
+    def log_probs(self, row: int, offset: int) -> torch.Tensor:
+        return torch.from_numpy(self._draws(row, offset)[0])
+
+    def accepted(self, row: int, offset: int, width: int) -> int:
+        """The drafts accepted from the best-first tree of ``width - 1`` nodes (0: the chain of
+        top-1 picks): the deepest prefix of the true tokens' ranks the tree holds."""
+        key = (row, offset, width)
+        if not width:
+            ranks = self._draws(row, offset)[1]
+            return int(np.cumprod(ranks == 0).sum())
+        if key not in self._accepted:
+            logp, ranks = self._draws(row, offset)
+            tree = build_tree_from_topk(TopK(logp, self._ranks), width - 1)
+            node, accepted = 0, 0
+            for rank in ranks:
+                children = np.flatnonzero((tree.parents[1:] == node) & (tree.node_tokens == rank)) + 1
+                if rank < 0 or not len(children):
+                    break
+                node, accepted = int(children[0]), accepted + 1
+            self._accepted[key] = accepted
+        return self._accepted[key]
+
+
+def make_requests(n: int, widths, seed: int, model: Model, draws: TraceDraws | None = None) -> list:
     """``n`` requests of ``model``'s output lengths, each drafting from a context of its own (or
-    all from ``model``'s replay profile)."""
+    all from ``model``'s replay profile); with ``draws``, ``n`` of the trace's continuations
+    (the seed picks which, cycling)."""
+    if draws is not None:
+        rows = [(seed * n + i) % len(draws) for i in range(n)]
+        # its prefill makes a continuation's first token (offset 0 roots the first step)
+        return [TraceRequest(draws.length(row) - 1, draws, row) for row in rows]
     rng = torch.Generator().manual_seed(seed)
     confidence = random.Random(seed)
     profile = profile_log_probs(model.profile) if model.profile else None
@@ -212,18 +334,30 @@ class Clock:
         self.s += ms / 1e3
 
 
-class Server:
-    """One arm: the online budget's step loop (``fixed`` None) or one width at every step."""
+def arm_width(arm: str) -> int | None:
+    """The verify width an arm runs at every step (None: the online budget chooses)."""
+    if arm == "auto":
+        return None
+    if arm == "plain":
+        return 1
+    if arm == "chain":
+        return DEPTH + 1
+    return int(arm) + 1  # DDTREE@B verifies B + 1 slots
 
-    def __init__(self, model: Model, widths, fixed: int | None, seed: int, noise: Noise | None = None):
-        self.model, self.widths, self.fixed = model, tuple(widths), fixed
+
+class Server:
+    """One arm: ``auto`` (the online budget's step loop), ``plain`` (width 1, never drafting),
+    ``chain`` (the drafter's top-1 at every depth) or a budget ``B`` (DDTREE@B at every step)."""
+
+    def __init__(self, model: Model, widths, arm: str, seed: int, noise: Noise | None = None):
+        self.model, self.widths, self.arm, self.fixed = model, tuple(widths), arm, arm_width(arm)
         self.clock = Clock()
         self.accept_rng = np.random.default_rng(seed)
         self.noise = noise or Noise()
         self.noise_rng = np.random.default_rng(seed + 1)
         self.width_steps: dict[int, int] = {}
         self.steps = None
-        if fixed is None:
+        if self.fixed is None:
             startup = [[model.verify_ms(bs, w) for w in widths] for bs in model.batch_sizes]
             table = TimedCostTable(model.batch_sizes, widths, startup)
             self.steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=self.clock)
@@ -240,9 +374,9 @@ class Server:
         """One decode step of the running requests: the tokens it commits."""
         bs = len(running)
         width = self.fixed if self.steps is None else self.steps.start(bs)
-        drafted = self.steps is None or not self.steps.skips_draft
+        drafted = self.arm != "plain" if self.steps is None else not self.steps.skips_draft
         if self.steps is not None and drafted:
-            self._log_probs = torch.cat([r.log_probs for r in running])
+            self._log_probs = torch.cat([r.proposal() for r in running])
             self._propose(None, TOP_K)
         rest, verify = round_ms(self.model, bs, width, drafted)
         rest = self.noise.apply(rest, self.noise_rng)
@@ -254,7 +388,8 @@ class Server:
             self.steps.verify_finished()
         self.clock.advance(rest / 2)
         draws = self.accept_rng.random(bs)
-        accepted = [int((r.reach[width - 1] > u).sum()) for r, u in zip(running, draws)]
+        chain = self.arm == "chain"
+        accepted = [r.accepted(width, u, chain) if drafted else 0 for r, u in zip(running, draws)]
         if self.steps is not None:
             self.steps.finish(torch.tensor(accepted))
         self.width_steps[width] = self.width_steps.get(width, 0) + 1
@@ -278,14 +413,15 @@ def serve_pass(server: Server, requests: list[Request], concurrency: int) -> int
     return made
 
 
-def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed: int, noise=None) -> dict:
+def run_arm(model: Model, arm: str, concurrency: int, passes: int, seed: int, noise=None, draws=None) -> dict:
     """One arm over ``passes`` passes (the first a warm-up, as the served benchmark runs):
-    its tokens per ms over the timed passes, and its steps per width in all."""
+    its tokens per ms over the timed passes, and its steps per width in all (``draws``: the
+    requests replay a trace's continuations)."""
     widths = candidate_widths(model.budget)
-    server = Server(model, widths, fixed, seed, noise)
+    server = Server(model, widths, arm, seed, noise)
     tokens = ms = 0.0
     for index in range(passes):
-        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model)
+        requests = make_requests(max(8, 2 * concurrency), widths, seed + index, model, draws)
         began = server.clock.s
         made = serve_pass(server, requests, concurrency)
         if index:
@@ -299,29 +435,34 @@ def run_arm(model: Model, fixed: int | None, concurrency: int, passes: int, seed
 def run(args) -> dict:
     model = MODELS[args.model]
     noise = Noise(args.rest_jitter, args.stall_share)
-    fixed = args.fixed or list(model.fixed)
+    fixed = args.fixed or ["plain", "chain", *model.fixed]
     concurrency = args.concurrency or list(model.concurrency)
     config = {**vars(args), "fixed": fixed, "concurrency": concurrency, "budget": model.budget}
     widths = candidate_widths(model.budget)
+    draws = TraceDraws(read_json(Path(args.trace))) if args.trace else None
     results = {"stamp": _stamp.stamp(), "config": config, "widths": list(widths), "levels": []}
     for c in concurrency:
         level = {"concurrency": c, "arms": {}}
         for arm in ["auto", *fixed]:
-            width = None if arm == "auto" else int(arm) + 1  # DDTREE@B verifies B + 1 slots
-            level["arms"][arm] = run_arm(model, width, c, args.passes, args.seed, noise)
+            level["arms"][arm] = run_arm(model, arm, c, args.passes, args.seed, noise, draws)
         best = max(fixed, key=lambda a: level["arms"][a]["tok_per_ms"])
         level["best_fixed"] = best
         level["auto_over_best"] = level["arms"]["auto"]["tok_per_ms"] / level["arms"][best]["tok_per_ms"]
         results["levels"].append(level)
         print(
-            f"[online_budget_sim] {model.name} c={c}: auto / DDTREE@{best} {level['auto_over_best']:.3f}",
+            f"[online_budget_sim] {model.name} c={c}: auto / {arm_label(best)} {level['auto_over_best']:.3f}",
             flush=True,
         )
     return results
 
 
+def arm_label(arm: str) -> str:
+    return arm if arm in ("auto", "plain", "chain") else f"DDTREE@{arm}"
+
+
 def to_markdown(results: dict) -> str:
     rows = []
+    fixed = results["config"]["fixed"]
     for level in results["levels"]:
         auto = level["arms"]["auto"]
         steps = sum(auto["width_steps"].values())
@@ -330,8 +471,8 @@ def to_markdown(results: dict) -> str:
             [
                 level["concurrency"],
                 auto["tok_per_ms"],
-                f"DDTREE@{level['best_fixed']}",
-                level["arms"][level["best_fixed"]]["tok_per_ms"],
+                *(f"{auto['tok_per_ms'] / level['arms'][arm]['tok_per_ms']:.3f}" for arm in fixed),
+                arm_label(level["best_fixed"]),
                 f"{level['auto_over_best']:.3f}",
                 f"{auto['probe_steps']} / {steps}",
                 f"{auto['width_steps'].get(1, 0)} / {steps}",
@@ -345,10 +486,17 @@ def to_markdown(results: dict) -> str:
             "",
             _stamp.stamp_markdown(results["stamp"]),
             "",
-            f"`auto{config['budget']}` against fixed budgets {', '.join(config['fixed'])} on the model of "
-            f"`{config['model']}` (the module docstring): {config['passes'] - 1} timed passes after "
+            f"`auto{config['budget']}` against {', '.join(map(arm_label, config['fixed']))} on the model of "
+            f"`{config['model']}` (the module docstring)"
+            + (
+                f", every request replaying a continuation of `{config['trace']}`"
+                if config.get("trace")
+                else ""
+            )
+            + f": {config['passes'] - 1} timed passes after "
             "a warm-up per arm and concurrency, the same requests in every arm. Tokens per ms are the "
-            "model's; the ratio is what the policy (probes, narrower widths, width 1) gives up or gains. "
+            "model's; a ratio is auto's tokens per ms over the arm's: what the policy (probes, "
+            "narrower widths, width 1) gives up or gains. "
             + (
                 f"Each round's rest times a lognormal factor of sigma {config['rest_jitter']:g}; "
                 f"{config['stall_share']:.0%} of rounds stalled {STALL_MS:g} ms."
@@ -360,8 +508,8 @@ def to_markdown(results: dict) -> str:
                 [
                     "conc",
                     "auto tok/ms",
-                    "best fixed",
-                    "its tok/ms",
+                    *(f"auto / {arm_label(arm)}" for arm in fixed),
+                    "best other",
                     "auto / best",
                     "probe steps",
                     "width 1",
@@ -373,13 +521,28 @@ def to_markdown(results: dict) -> str:
     )
 
 
+# the series a model's results belong to (results/README.md): the trained pair is pycode-4l
+SERIES = {"pair": "pycode-4l"}
+
+
+def series_name(args, device: str) -> str:
+    """``<model>_<device>_online_budget_sim`` (``_trace``: on a trace's draws; ``_noisy``: with
+    noise): a re-run replaces its series."""
+    trace = "_trace" if args.trace else ""
+    noisy = "_noisy" if args.rest_jitter or args.stall_share else ""
+    return f"{SERIES.get(args.model, args.model)}_{device}_online_budget_sim{trace}{noisy}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model", choices=sorted(MODELS), default="pair", help="whose rounds (the module docstring)"
     )
     p.add_argument(
-        "--fixed", nargs="+", default=None, help="fixed budgets beside auto (default: the model's)"
+        "--fixed",
+        nargs="+",
+        default=None,
+        help="the arms beside auto: budgets, plain, chain (default: plain, chain and the model's budgets)",
     )
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="(default: the model's)")
     p.add_argument("--passes", type=int, default=6, help="passes per arm and level, the first a warm-up")
@@ -388,13 +551,18 @@ def main(argv=None) -> int:
         "--rest-jitter", type=float, default=0.0, help="sigma of each round's lognormal rest factor"
     )
     p.add_argument("--stall-share", type=float, default=0.0, help=f"share of rounds stalled {STALL_MS:g} ms")
+    p.add_argument(
+        "--trace",
+        default=None,
+        help="a trace of real draws (lab.bench.draw_trace, e.g. results/pycode-4l_cpu_trace.json.gz): "
+        "every request replays one of its continuations instead of the model's drafter",
+    )
     p.add_argument("--out", default=None, help="results folder (default: results)")
     args = p.parse_args(argv)
     if args.passes < 2:
         p.error("--passes must be >= 2 (the first warms up)")
     results = run(args)
-    noisy = "_noisy" if args.rest_jitter or args.stall_share else ""
-    name = f"online_budget_sim_{args.model}{noisy}_{_stamp.device_slug(results['stamp'])}"
+    name = series_name(args, _stamp.device_slug(results["stamp"]))
     for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
         print(path)
     print(to_markdown(results))
