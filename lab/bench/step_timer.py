@@ -25,12 +25,22 @@ mode: ``.item()``, ``.tolist()``, ``nonzero``, a blocking device-to-host copy): 
 for the device loses the overlap scheduler's head start, and its device time joins its host time.
 With the same period a second line, ``STEP TIMER syncs/step: {...}``, gives per source line (the
 Python frame that asked) the synchronisations a step; ``SGLANG_STEP_TIMER_SYNCS=0`` turns it off.
+
+With ``SGLANG_STEP_TIMER_OPS=1`` (any device) a third line, ``STEP TIMER ops/step: {...}``, counts
+the tensor operations a decode iteration dispatches in the scheduler's batch preparation and the
+launch, per source line of SGLang or the plugin that issued them, leaving out what a GPU runs
+inside a CUDA graph: the model runner's forward (the target's graph replay, its input copies
+included) and the drafter's KV append. On a GPU every counted operation is a kernel launch or a
+host-side tensor operation the step's host time pays; on a CPU server the counts are the same
+(the code path is), so the CPU tells how many launches a step's own work adds around the graphs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import time
 import warnings
 from collections import Counter, defaultdict
@@ -39,9 +49,16 @@ logger = logging.getLogger("sglang_ddtree")
 
 LINE = "STEP TIMER us/step:"
 SYNC_LINE = "STEP TIMER syncs/step:"
+OPS_LINE = "STEP TIMER ops/step:"
+# inside a CUDA graph on a GPU: not a launch of the step's own (the module docstring)
+GRAPHED = (
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward",
+    "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc",
+)
 SYNC_WARNING = "called a synchronizing CUDA operation"  # PyTorch's sync debug mode, "warn"
 _totals: dict[str, float] = defaultdict(float)
 _syncs: Counter = Counter()
+_ops: Counter = Counter()
 _state = {
     "steps": 0,
     "last_launch": None,
@@ -49,6 +66,8 @@ _state = {
     "in_decode_launch": False,
     "decoding": False,
     "counting_syncs": False,
+    "ops_mode": None,  # the op counter (SGLANG_STEP_TIMER_OPS=1)
+    "graphed": 0,  # depth inside a GRAPHED call
 }
 
 
@@ -96,7 +115,8 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
     last, _state["last_launch"] = _state["last_launch"], began
     _state["in_decode_launch"] = True
     try:
-        return original(scheduler, batch, *args, **kwargs)
+        with _counting_ops(_ops):
+            return original(scheduler, batch, *args, **kwargs)
     finally:
         _state["in_decode_launch"] = False
         _totals["run_batch"] += time.perf_counter() - began
@@ -110,9 +130,12 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
 
 def _schedule(original, scheduler, *args, **kwargs):
     began = time.perf_counter()
-    plan = original(scheduler, *args, **kwargs)
+    ops: Counter = Counter()
+    with _counting_ops(ops):
+        plan = original(scheduler, *args, **kwargs)
     if _is_decode(getattr(plan, "batch_to_run", None)):
         _totals["schedule"] += time.perf_counter() - began
+        _ops.update(ops)
     return plan
 
 
@@ -127,6 +150,10 @@ def _log() -> None:
         per_step = {site: round(n / steps, 2) for site, n in _syncs.most_common(12)}
         logger.warning("%s %s", SYNC_LINE, {"total": round(sum(_syncs.values()) / steps, 2), **per_step})
         _syncs.clear()
+    if _state["ops_mode"] is not None:
+        per_step = {site: round(n / steps, 2) for site, n in sorted(_ops.items(), key=lambda kv: -kv[1])}
+        logger.warning("%s %s", OPS_LINE, {"total": round(sum(_ops.values()) / steps, 2), **per_step})
+        _ops.clear()
 
 
 def _count_sync(show):
@@ -154,6 +181,58 @@ def _install_sync_counter() -> None:
     _state["counting_syncs"] = True
 
 
+class _OpSites:
+    """Counts each tensor operation by the innermost SGLang or plugin source line that issued it
+    (a ``TorchDispatchMode``, made on first use: torch is imported by then)."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        sites = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if sites.into is not None and not _state["graphed"]:
+                    sites.into[_site()] += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode, self.into = Mode(), None
+
+
+def _site() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if ("sglang_ddtree" in name or f"{os.sep}sglang{os.sep}" in name) and "step_timer" not in name:
+            parts = os.path.normpath(name).split(os.sep)
+            return f"{'/'.join(parts[-2:])}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "other"
+
+
+@contextlib.contextmanager
+def _counting_ops(into: Counter):
+    """Counts the operations dispatched inside it into ``into`` (nothing when the counter is off)."""
+    sites = _state["ops_mode"]
+    if sites is None:
+        yield
+        return
+    sites.into = into
+    with sites.mode:
+        try:
+            yield
+        finally:
+            sites.into = None
+
+
+def _graphed(original, *args, **kwargs):
+    _state["graphed"] += 1
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _state["graphed"] -= 1
+
+
 def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -173,6 +252,9 @@ def install() -> None:
             "worker", 1, outermost=True
         ),
     }
+    if os.environ.get("SGLANG_STEP_TIMER_OPS", "0") == "1":
+        _state["ops_mode"] = _OpSites()
+        hooks.update({target: _graphed for target in GRAPHED})
     for target, hook in hooks.items():
         HookRegistry.register(target, hook, HookType.AROUND)
     _install_sync_counter()

@@ -54,6 +54,7 @@ PROMPTS = [
 ]
 PHASE_LINE = "DDTREE phase host us/round:"
 STEP_LINE = "STEP TIMER us/step:"
+OPS_LINE = "STEP TIMER ops/step:"
 COMMON = ["--dtype", "float32", "--log-level", "warning"]
 
 
@@ -65,7 +66,9 @@ def width1_table(path: Path) -> Path:
     return path
 
 
-def servers(folder: Path, before: Path | None, phase_every: int) -> dict[str, ServerProcess]:
+def servers(
+    folder: Path, before: Path | None, phase_every: int, ops: bool = False
+) -> dict[str, ServerProcess]:
     tiny = build_tiny_models()
     plain = cpu_server_args(tiny.target, COMMON)
     auto = cpu_server_args(
@@ -86,12 +89,14 @@ def servers(folder: Path, before: Path | None, phase_every: int) -> dict[str, Se
     timer = {  # the scheduler's stages per decode step (lab/bench/step_timer.py), in every arm
         "SGLANG_DDTREE_TEST_PLUGIN": "lab.bench.step_timer",
         "SGLANG_STEP_TIMER_EVERY": str(phase_every),
+        "SGLANG_STEP_TIMER_OPS": "1" if ops else "0",
         "PYTHONPATH": here,
     }
     env = {
         **timer,
         "SGLANG_DDTREE_BUDGET_COST_TABLE": str(width1_table(folder / "width1_cost_table.json")),
-        "SGLANG_DDTREE_PHASE_TIMES": str(phase_every),
+        # the phase timer's own operations would be counted as the step's
+        "SGLANG_DDTREE_PHASE_TIMES": "0" if ops else str(phase_every),
     }
     arms = {
         "plain": ServerProcess(
@@ -147,6 +152,7 @@ def measure(arms, batch_sizes, short: int, long: int, repeats: int) -> list[dict
         samples = {name: [] for name in arms}
         stages = {name: [] for name in arms}
         phases = {name: [] for name in arms}
+        ops = {name: [] for name in arms}
         for repeat in range(repeats):
             order = list(arms)[repeat % len(arms) :] + list(arms)[: repeat % len(arms)]
             for name in order:
@@ -157,6 +163,7 @@ def measure(arms, batch_sizes, short: int, long: int, repeats: int) -> list[dict
                 samples[name].append(1e3 * (t_long - t_short) / (long - short))
                 phases[name] += phase_lines(server.log_path, offset)
                 stages[name] += logged(server.log_path, offset, STEP_LINE)
+                ops[name] += logged(server.log_path, offset, OPS_LINE)
         for name in arms:
             cells.append(
                 {
@@ -168,6 +175,7 @@ def measure(arms, batch_sizes, short: int, long: int, repeats: int) -> list[dict
                     "phase_lines": len(phases[name]),
                     "scheduler_us": mean_phases(stages[name]) if stages[name] else None,
                     "scheduler_lines": len(stages[name]),
+                    "ops_per_step": mean_phases(ops[name]) if ops[name] else None,
                     **_stamp.host_load(),
                 }
             )
@@ -221,7 +229,36 @@ def markdown(data: dict) -> str:
             [[k, *(c["phases_us"].get(k, "") for c in phased)] for k in keys],
         )
     )
+    counted = [c for c in cells if c.get("ops_per_step")]
+    if counted:
+        out += ["", *ops_tables(counted)]
     return "\n".join(out)
+
+
+def ops_tables(cells: list[dict], sites: int = 12) -> list[str]:
+    """Operations a decode step dispatches outside what a GPU graphs (``STEP TIMER ops/step``):
+    the total per arm and batch size, then each arm's busiest source lines."""
+    out = [
+        "Tensor operations per decode step outside the CUDA-graphed forwards (`SGLANG_STEP_TIMER_OPS=1`, "
+        "`lab/bench/step_timer.py`): on a GPU each is a launch or a host tensor operation of the step's "
+        "own; the counter slows the step, so the times above are not this run's to quote. The `width1` "
+        "arm's steps include its few drafting steps (refreshes: the drafter's and tree's operations, "
+        "a fraction a step):",
+        "",
+        _stamp.md_table(
+            ["arm", "bs", "ops / step"],
+            [[c["arm"], c["bs"], c["ops_per_step"].get("total", 0)] for c in cells],
+        ),
+    ]
+    for cell in cells:
+        busiest = sorted(((n, k) for k, n in cell["ops_per_step"].items() if k != "total"), reverse=True)
+        out += [
+            "",
+            f"`{cell['arm']}` at bs {cell['bs']}, the {sites} busiest sources:",
+            "",
+            _stamp.md_table(["source", "ops / step"], [[f"`{k}`", n] for n, k in busiest[:sites]]),
+        ]
+    return out
 
 
 def main(argv=None) -> int:
@@ -232,13 +269,18 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--phase-every", type=int, default=16, help="steps per phase line")
     parser.add_argument("--before", type=Path, help="a folder holding another sglang_ddtree package")
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="count the tensor operations per step instead of timing phases (slows the steps it counts)",
+    )
     parser.add_argument("--out", type=Path, default=_stamp.REPO_ROOT / "results")
     parser.add_argument("--name", default="tiny_cpu_width1_step")
     args = parser.parse_args(argv)
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     folder = Path(tempfile.mkdtemp(prefix="width1-step-"))
-    arms = servers(folder, args.before, args.phase_every)
+    arms = servers(folder, args.before, args.phase_every, args.ops)
     try:
         for server in arms.values():
             server.launch()
