@@ -47,3 +47,31 @@ def test_a_period_without_syncs_says_zero(timer, caplog):
     with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
         timer._log()
     assert any(r.getMessage().endswith(f"{timer.SYNC_LINE} {{'total': 0.0}}") for r in caplog.records)
+
+
+def test_tensor_operations_are_counted_by_source_line_outside_the_graphed_forwards(timer, caplog):
+    """``SGLANG_STEP_TIMER_OPS=1``: each operation a step dispatches, by the SGLang or plugin line
+    that issued it; none inside a call a GPU runs in a CUDA graph, none outside a counted region."""
+    import torch
+
+    from sglang_ddtree.tree.batched import commit_sources
+
+    timer._state.update(ops_mode=timer._OpSites(), graphed=0)
+    counted = timer.Counter()
+    path, accept_lens = torch.arange(12).view(3, 4), torch.tensor([1, 2, 3])
+    commit_sources(path, accept_lens)  # not counted: outside
+    with timer._counting_ops(counted):
+        commit_sources(path, accept_lens)
+        timer._graphed(commit_sources, path, accept_lens)  # a graph replay on a GPU: not counted
+    commit_sources(path, accept_lens)
+    assert counted and all(site.startswith("tree/batched.py:") for site in counted), counted
+    assert all(site.endswith(" commit_sources") for site in counted)
+    alone = timer.Counter()
+    with timer._counting_ops(alone):
+        commit_sources(path, accept_lens)
+    assert alone == counted  # one call's operations, counted once
+    timer._ops.update(alone)
+    with caplog.at_level(logging.WARNING, logger="sglang_ddtree"):
+        timer._log()
+    (line,) = [r.getMessage() for r in caplog.records if timer.OPS_LINE in r.getMessage()]
+    assert f"'total': {sum(alone.values()) / 4}" in line
