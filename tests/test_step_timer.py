@@ -75,3 +75,29 @@ def test_tensor_operations_are_counted_by_source_line_outside_the_graphed_forwar
         timer._log()
     (line,) = [r.getMessage() for r in caplog.records if timer.OPS_LINE in r.getMessage()]
     assert f"'total': {sum(alone.values()) / 4}" in line
+
+
+def test_the_profile_of_decode_launches_is_written_at_every_log_line(timer, tmp_path, monkeypatch):
+    """``SGLANG_STEP_TIMER_PROFILE=<file>``: cProfile around each decode launch, its statistics
+    written at every log line (what ran inside the launch, nothing outside it)."""
+    import cProfile
+    import pstats
+
+    out = tmp_path / "launch.prof"
+    monkeypatch.setenv("SGLANG_STEP_TIMER_PROFILE", str(out))
+    timer._state.update(profile=cProfile.Profile(), last_launch=None, steps=0)
+
+    def inside_the_launch(scheduler, batch):
+        return sum(range(100))
+
+    def outside_the_launch():
+        return sum(range(100))
+
+    class Decode:
+        forward_mode = type("Mode", (), {"is_decode": staticmethod(lambda: True)})()
+
+    for _ in range(4):  # SGLANG_STEP_TIMER_EVERY=4: the fourth launch logs and writes the file
+        timer._run_batch(inside_the_launch, None, Decode())
+        outside_the_launch()
+    names = {name for (_, _, name) in pstats.Stats(str(out)).stats}
+    assert "inside_the_launch" in names and "outside_the_launch" not in names

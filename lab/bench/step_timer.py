@@ -26,6 +26,10 @@ for the device loses the overlap scheduler's head start, and its device time joi
 With the same period a second line, ``STEP TIMER syncs/step: {...}``, gives per source line (the
 Python frame that asked) the synchronisations a step; ``SGLANG_STEP_TIMER_SYNCS=0`` turns it off.
 
+With ``SGLANG_STEP_TIMER_PROFILE=<file>`` the launches of decode iterations run under cProfile,
+its statistics written to ``<file>`` at every log line (``pstats.Stats(<file>)``: where a step's
+host time goes, function by function; the model runner's forward is one entry among them).
+
 With ``SGLANG_STEP_TIMER_OPS=1`` (any device) a third line, ``STEP TIMER ops/step: {...}``, counts
 the tensor operations a decode iteration dispatches in the scheduler's batch preparation and the
 launch, per source line of SGLang or the plugin that issued them, leaving out what a GPU runs
@@ -114,9 +118,16 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
     began = time.perf_counter()
     last, _state["last_launch"] = _state["last_launch"], began
     _state["in_decode_launch"] = True
+    profile = _state.get("profile")
     try:
         with _counting_ops(_ops):
-            return original(scheduler, batch, *args, **kwargs)
+            if profile is not None:
+                profile.enable()
+            try:
+                return original(scheduler, batch, *args, **kwargs)
+            finally:
+                if profile is not None:
+                    profile.disable()
     finally:
         _state["in_decode_launch"] = False
         _totals["run_batch"] += time.perf_counter() - began
@@ -150,6 +161,8 @@ def _log() -> None:
         per_step = {site: round(n / steps, 2) for site, n in _syncs.most_common(12)}
         logger.warning("%s %s", SYNC_LINE, {"total": round(sum(_syncs.values()) / steps, 2), **per_step})
         _syncs.clear()
+    if _state.get("profile") is not None:
+        _state["profile"].dump_stats(os.environ["SGLANG_STEP_TIMER_PROFILE"])
     if _state["ops_mode"] is not None:
         per_step = {site: round(n / steps, 2) for site, n in sorted(_ops.items(), key=lambda kv: -kv[1])}
         logger.warning("%s %s", OPS_LINE, {"total": round(sum(_ops.values()) / steps, 2), **per_step})
@@ -252,6 +265,10 @@ def install() -> None:
             "worker", 1, outermost=True
         ),
     }
+    if os.environ.get("SGLANG_STEP_TIMER_PROFILE"):
+        import cProfile
+
+        _state["profile"] = cProfile.Profile()
     if os.environ.get("SGLANG_STEP_TIMER_OPS", "0") == "1":
         _state["ops_mode"] = _OpSites()
         hooks.update({target: _graphed for target in GRAPHED})

@@ -67,7 +67,7 @@ def width1_table(path: Path) -> Path:
 
 
 def servers(
-    folder: Path, before: Path | None, phase_every: int, ops: bool = False
+    folder: Path, before: Path | None, phase_every: int, ops: bool = False, profile: bool = False
 ) -> dict[str, ServerProcess]:
     tiny = build_tiny_models()
     plain = cpu_server_args(tiny.target, COMMON)
@@ -98,12 +98,24 @@ def servers(
         # the phase timer's own operations would be counted as the step's
         "SGLANG_DDTREE_PHASE_TIMES": "0" if ops else str(phase_every),
     }
+
+    def profiled(env: dict, name: str) -> dict:  # cProfile of the decode launches (step_timer)
+        return {**env, "SGLANG_STEP_TIMER_PROFILE": str(folder / f"{name}.prof")} if profile else env
+
     arms = {
         "plain": ServerProcess(
-            plain, env=timer, name="plain", log_path=folder / "plain.log", start_timeout=900
+            plain,
+            env=profiled(timer, "plain"),
+            name="plain",
+            log_path=folder / "plain.log",
+            start_timeout=900,
         ),
         "width1": ServerProcess(
-            auto, env=env, name="width1", log_path=folder / "width1.log", start_timeout=900
+            auto,
+            env=profiled(env, "width1"),
+            name="width1",
+            log_path=folder / "width1.log",
+            start_timeout=900,
         ),
     }
     if before is not None:  # its package first, the lab's timer from here
@@ -274,13 +286,18 @@ def main(argv=None) -> int:
         action="store_true",
         help="count the tensor operations per step instead of timing phases (slows the steps it counts)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the decode launches of each arm (<logs>/<arm>.prof; slows the steps it profiles)",
+    )
     parser.add_argument("--out", type=Path, default=_stamp.REPO_ROOT / "results")
     parser.add_argument("--name", default="tiny_cpu_width1_step")
     args = parser.parse_args(argv)
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     folder = Path(tempfile.mkdtemp(prefix="width1-step-"))
-    arms = servers(folder, args.before, args.phase_every, args.ops)
+    arms = servers(folder, args.before, args.phase_every, args.ops, args.profile)
     try:
         for server in arms.values():
             server.launch()
