@@ -13,6 +13,10 @@
 #                                stages per decode step (lab/bench/step_timer.py) and, in the DDTREE
 #                                arm, the worker's phases (SGLANG_DDTREE_PHASE_TIMES): where a step's
 #                                host time goes. Diagnostics only: compare the untimed arms.
+#   PROFILE (plain@1,ddtree@auto64@1; empty: none): the tool's profile of both untimed arms at c=1 (the device's
+#                                busy and idle time per step: does the width-1 step lose on the
+#                                device, or wait for the host? results/tiny_cpu_width1_ops.md has
+#                                the host side: ~14 more launches a step than plain's).
 # Read: the series' ITL and tok/s per level (width1 / plain), then in the logs the lines
 # "STEP TIMER us/step" and "STEP TIMER syncs/step" (both timed arms; a step that waits for the
 # device loses the overlap) and "DDTREE phase host us/round" (lab/notes/no-spec-step.md, "On the
@@ -22,7 +26,7 @@
 # Time: five servers up at once (~1-2 min with the caches carried; the DDTREE arm captures a verify
 # graph set per width), then 5 arms x 4 levels x REPEATS passes of ~2.5 s: ~4 min at REPEATS=4; no
 # pass starts after TIME_LIMIT_S (400), the tool is stopped at AB_S (440).
-# Variables: REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1),
+# Variables: REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
@@ -47,6 +51,8 @@ if [ "${TIMED:-1}" = 1 ]; then
   ARM_ENV+=(--arm-env "plain+timed=$TIMER")
   ARM_ENV+=(--arm-env "ddtree@auto64+timed=$TIMER SGLANG_DDTREE_PHASE_TIMES=64")
 fi
+PROFILE_ARGS=()  # PROFILE= (empty): no profile
+[ -n "${PROFILE-plain@1,ddtree@auto64@1}" ] && PROFILE_ARGS=(--profile "${PROFILE-plain@1,ddtree@auto64@1}")
 COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 65536"
 COMMON="$COMMON --mem-fraction-static 0.1 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
 timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
@@ -57,6 +63,7 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --dataset custom --dataset-path "$P/heldout_prompts.json" \
   --output-len "${OUTPUT_LEN:-128}" --range-ratio 0.5 \
   --check-prompts 4 --check-tokens 32 --start-timeout 360 --keep-going \
+  "${PROFILE_ARGS[@]}" \
   --label pycode-4l --device-name h200 --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
