@@ -107,8 +107,9 @@ def lines_per_call(steps: StepWidths, batch_sizes, clock: Clock, rng: random.Ran
 def steady_lines(rows: int, budget: int, roots=(PACKAGE,)) -> Counter:
     clock, rng = Clock(), random.Random(0)
     steps = served(rows, budget, clock)
-    for _ in range(400):  # past the probes: every cell the chooser could want is priced
-        step(steps, 2, clock, rng)
+    for bs in (2, 3):  # past the probes of both rows: every cell the chooser could want is priced
+        for _ in range(400):
+            step(steps, bs, clock, rng)
     # the common steps: one batch size, then another row, then back (the kept choices, a row
     # computed again, the prediction every 8 drafted steps and its fold)
     return lines_per_call(steps, [2] * 40 + [3] * 12 + [2] * 12, clock, rng, tuple(roots))

@@ -257,6 +257,40 @@ def test_a_narrow_tree_costs_no_less_than_the_rows_rest():
     assert table.unprobed(8, lambda *f: chooser.could_win(8, accepted, *f)) == 32
 
 
+def test_a_smaller_rows_width_1_rounds_keep_a_larger_row_from_probing_width_1():
+    """The trained pair (host-bound): width 1 costs ~3.3 ms of rest, a tree ~4.3. A width-1
+    probe of 4 steps leaves 3 rounds of its own (the first follows a tree), never trusted, so
+    width 1's floor was 0 in every row and every batch size probed it. Measured in two rounds
+    or more of a smaller row, that rest bounds a larger row's (the least of such rows), and
+    width 1, which then cannot beat the widest tree, is not probed there."""
+    widths = (1, 64, 65)
+    startup = [[0.13, 0.31, 0.33]] * 3
+    accepted = [0.0, 2.74, 2.75]  # per request
+    table = TimedCostTable((1, 2, 4), widths, startup, probe_after=8, trust_after=4)
+    chooser = WidthChooser(widths, table)
+    for bs in (1, 2):
+        for _ in range(8):
+            table.observe(bs, 65, 4.6, 0.3)  # the trees' rest: 4.3 ms
+    assert table.rest_floors(1).tolist() == [pytest.approx(4.3), 0.0]  # no width-1 round yet
+    assert table.unprobed(2, lambda *f: chooser.could_win(2, [2 * a for a in accepted], *f)) == 1
+    table.observe(1, 1, None, 0.15)  # the probe's first round: its period followed a tree
+    for period in (3.45, 3.4, 9.0):  # its own three (one stalled)
+        table.observe(1, 1, period, 0.15)
+    assert table.rest.rounds[0].tolist() == [8, 3]  # not trusted (4)
+    floors = table.rest_floors(1)
+    # the trees' rest, and the median of width 1's 3.3, 3.25 and 8.85
+    assert floors[0] == pytest.approx(4.3) and floors[1] == pytest.approx(3.3)
+    # bs 2 had no width-1 round: it borrows bs 1's, and width 1 cannot win there (width 64,
+    # which could, is the probe asked for)
+    assert table.rest_floors(1)[1] == table.cost_floors(1)[0][0]
+    assert table.unprobed(2, lambda *f: chooser.could_win(2, [2 * a for a in accepted], *f)) == 64
+    # a smaller rest measured in the row itself lowers its floor (the least of the rows)
+    table.observe(2, 1, 2.65, 0.15)
+    table.observe(2, 1, 2.65, 0.15)
+    assert table.rest_floors(1)[1] == pytest.approx(2.5)
+    assert table.rest_floors(0)[1] == pytest.approx(3.3)  # a smaller row does not borrow from a larger
+
+
 def test_a_verify_prices_its_cell_when_its_period_is_not_its_own():
     """A round that followed another width (or another batch) has a period holding the round
     before it, but its verify's events time its verify alone: it prices its cell and the

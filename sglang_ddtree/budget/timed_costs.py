@@ -82,6 +82,8 @@ import numpy as np
 
 from .online import RoundCostTable, scaled_past_largest
 
+FLOOR_ROUNDS = 2  # a rest measured in this many rounds of a row bounds the larger rows' (rest_floors)
+
 
 class TimedCostTable(RoundCostTable):
     _TREE, _WIDTH1 = 0, 1
@@ -165,17 +167,29 @@ class TimedCostTable(RoundCostTable):
         """``([widths] ms, [widths] bool)`` for a row: the least each width can cost, and which
         widths their own rounds price. The least: no less than any narrower width its own
         rounds price (a wider step does all a narrower one does; 0 below the first), nor than
-        the row's own trusted rest of its kind (a width costs its verify plus that rest, and a
-        verify takes no less than no time: on a round bound by the host, such as the trained
-        pair's, a narrow tree saves nothing of the ~4 ms every tree pays). Not the replays: on
-        a MoE the served tokens can route cheaper than the replays' spread ids."""
+        the rest of its kind (a width costs its verify plus that rest, and a verify takes no
+        less than no time: on a round bound by the host, such as the trained pair's, a narrow
+        tree saves nothing of the ~4 ms every tree pays). The rest: the row's own once trusted;
+        before, the least measured in this row or a smaller one (:meth:`rest_floors`). Not the
+        replays: on a MoE the served tokens can route cheaper than the replays' spread ids."""
         priced = self.cells.rounds[row] >= self.trust_after
         narrower = np.maximum.accumulate(np.where(priced, self._cells(row), 0.0))
-        rounds, medians = self.rest._rounds[row], self.rest.median[row]
-        rest = [
-            medians[kind] if rounds[kind] >= self.trust_after else 0.0 for kind in (self._TREE, self._WIDTH1)
-        ]
-        return np.maximum(narrower, np.array(rest)[self._kinds]), priced
+        return np.maximum(narrower, self.rest_floors(row)[self._kinds]), priced
+
+    def rest_floors(self, row: int) -> np.ndarray:
+        """``[kinds]`` the least the rest of a round of each kind (trees, width 1) can cost in
+        ``row``: the row's own median once trusted; else the least median of this row and the
+        smaller ones with ``FLOOR_ROUNDS`` rounds of that kind (a round's work besides its
+        verify does not shrink as the batch grows); else 0. Why not only the row's own: a
+        width-1 probe runs ``trust_after`` steps, the first after a tree (its period not its
+        own), so no row ever trusted a width-1 rest, every row's width 1 could win at 0 ms, and
+        every batch size the server reached probed it: on the pair's real draws
+        (``lab/bench/online_budget_sim.py --trace``) 1-2% of its tokens a second at c = 4-32.
+        The least of the medians of two or more rounds keeps one stalled round from raising it."""
+        rounds, medians = self.rest.rounds[: row + 1], self.rest.median[: row + 1]
+        measured = np.where(rounds >= FLOOR_ROUNDS, medians, np.inf).min(axis=0)
+        borrowed = np.where(np.isfinite(measured), measured, 0.0)
+        return np.where(rounds[row] >= self.trust_after, medians[row], borrowed)
 
     def _slots(self, row: int) -> np.ndarray:
         """``[2, widths]``: where in the medians each width of ``row`` reads what it costs over
