@@ -60,6 +60,7 @@ from lab.bench.replay_profiles import LOG_FLOOR
 from lab.bench.trace_replay import resolve_offsets
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import TimedCostTable, candidate_widths
+from sglang_ddtree.tree.accept import accept_walk_ref
 from sglang_ddtree.tree.build import TopK, build_tree_from_topk
 from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth
 
@@ -213,6 +214,7 @@ class TraceDraws:
             )
         self.requests = [self._read(request) for request in trace["requests"]]
         self._ranks = np.tile(np.arange(TOP_K, dtype=np.int64), (DEPTH, 1))  # a node's token: its rank
+        self._read_draws: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._accepted: dict[tuple[int, int, int], int] = {}
 
     @staticmethod
@@ -239,8 +241,15 @@ class TraceDraws:
 
     def _draws(self, row: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
         """The log-probs ``[depth, k]`` and the true tokens' ranks ``[depth]`` (-1: not
-        proposed) a step rooted at ``offset`` of trace request ``row`` drafts."""
-        request = self.requests[row]
+        proposed) a step rooted at ``offset`` of trace request ``row`` drafts (read once: the
+        step's proposal and its acceptance read the same)."""
+        key = (row, offset)
+        if key not in self._read_draws:
+            self._read_draws[key] = self._resolve(self.requests[row], offset)
+        return self._read_draws[key]
+
+    @staticmethod
+    def _resolve(request: dict, offset: int) -> tuple[np.ndarray, np.ndarray]:
         record = request["at"][offset] if offset < request["length"] else -1
         if record < 0:
             return np.full((DEPTH, TOP_K), LOG_FLOOR, dtype=np.float32), np.full(DEPTH, -1)
@@ -255,21 +264,18 @@ class TraceDraws:
 
     def accepted(self, row: int, offset: int, width: int) -> int:
         """The drafts accepted from the best-first tree of ``width - 1`` nodes (0: the chain of
-        top-1 picks): the deepest prefix of the true tokens' ranks the tree holds."""
-        key = (row, offset, width)
+        top-1 picks): the reference accept walk along the true tokens (a DFlash drafter drafts
+        each depth apart, so the true token below any node of depth ``d`` has rank ``ranks[d]``)."""
+        logp, ranks = self._draws(row, offset)
         if not width:
-            ranks = self._draws(row, offset)[1]
             return int(np.cumprod(ranks == 0).sum())
+        key = (row, offset, width)
         if key not in self._accepted:
-            logp, ranks = self._draws(row, offset)
             tree = build_tree_from_topk(TopK(logp, self._ranks), width - 1)
-            node, accepted = 0, 0
-            for rank in ranks:
-                children = np.flatnonzero((tree.parents[1:] == node) & (tree.node_tokens == rank)) + 1
-                if rank < 0 or not len(children):
-                    break
-                node, accepted = int(children[0]), accepted + 1
-            self._accepted[key] = accepted
+            tokens = np.concatenate([[-1], tree.node_tokens])  # a node's token is its rank
+            truth = np.append(ranks, -1)[np.concatenate([[0], tree.depths])]  # below each node
+            walk = accept_walk_ref(tokens[None], tree.parents[None], np.array([len(tokens)]), truth[None])
+            self._accepted[key] = int(walk.accept_lens[0])
         return self._accepted[key]
 
 
