@@ -71,6 +71,7 @@ _state = {
     "decoding": False,
     "counting_syncs": False,
     "ops_mode": None,  # the op counter (SGLANG_STEP_TIMER_OPS=1)
+    "profile": None,  # cProfile of the decode launches (SGLANG_STEP_TIMER_PROFILE)
     "graphed": 0,  # depth inside a GRAPHED call
 }
 
@@ -118,7 +119,7 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
     began = time.perf_counter()
     last, _state["last_launch"] = _state["last_launch"], began
     _state["in_decode_launch"] = True
-    profile = _state.get("profile")
+    profile = _state["profile"]
     try:
         with _counting_ops(_ops):
             if profile is not None:
@@ -161,7 +162,7 @@ def _log() -> None:
         per_step = {site: round(n / steps, 2) for site, n in _syncs.most_common(12)}
         logger.warning("%s %s", SYNC_LINE, {"total": round(sum(_syncs.values()) / steps, 2), **per_step})
         _syncs.clear()
-    if _state.get("profile") is not None:
+    if _state["profile"] is not None:
         _state["profile"].dump_stats(os.environ["SGLANG_STEP_TIMER_PROFILE"])
     if _state["ops_mode"] is not None:
         per_step = {site: round(n / steps, 2) for site, n in sorted(_ops.items(), key=lambda kv: -kv[1])}
