@@ -26,11 +26,11 @@
 # Time: five servers up at once (~1-2 min with the caches carried; the DDTREE arm captures a verify
 # graph set per width), then 5 arms x 4 levels x REPEATS passes of ~2.5 s: ~4 min at REPEATS=4; no
 # pass starts after TIME_LIMIT_S (400), the tool is stopped at AB_S (440).
-# Variables: REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), PROFILE,
+# Variables: SERIES (pycode-4l_h200_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
-SERIES=pycode-4l_h200_width1_ab
+SERIES="${SERIES:-pycode-4l_h200_width1_ab}"
 RAW=/tmp/ab_width1_raw
 rm -rf "$RAW" && mkdir -p "$RAW"
 TABLE="$RAW/width1_costs_64.json"
