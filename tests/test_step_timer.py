@@ -77,15 +77,14 @@ def test_tensor_operations_are_counted_by_source_line_outside_the_graphed_forwar
     assert f"'total': {sum(alone.values()) / 4}" in line
 
 
-def test_the_profile_of_decode_launches_is_written_at_every_log_line(timer, tmp_path, monkeypatch):
+def test_the_profile_of_decode_launches_is_written_at_every_log_line(timer, tmp_path):
     """``SGLANG_STEP_TIMER_PROFILE=<file>``: cProfile around each decode launch, its statistics
     written at every log line (what ran inside the launch, nothing outside it)."""
     import cProfile
     import pstats
 
     out = tmp_path / "launch.prof"
-    monkeypatch.setenv("SGLANG_STEP_TIMER_PROFILE", str(out))
-    timer._state.update(profile=cProfile.Profile(), last_launch=None, steps=0)
+    timer._state.update(profile=cProfile.Profile(), profile_path=str(out), last_launch=None, steps=0)
 
     def inside_the_launch(scheduler, batch):
         return sum(range(100))

@@ -51,8 +51,9 @@ if [ "${TIMED:-1}" = 1 ]; then
   ARM_ENV+=(--arm-env "plain+timed=$TIMER")
   ARM_ENV+=(--arm-env "ddtree@auto64+timed=$TIMER SGLANG_DDTREE_PHASE_TIMES=64")
 fi
-PROFILE_ARGS=()  # PROFILE= (empty): no profile
-[ -n "${PROFILE-plain@1,ddtree@auto64@1}" ] && PROFILE_ARGS=(--profile "${PROFILE-plain@1,ddtree@auto64@1}")
+PROFILE="${PROFILE-plain@1,ddtree@auto64@1}"  # PROFILE= (empty): no profile
+PROFILE_ARGS=()
+[ -n "$PROFILE" ] && PROFILE_ARGS=(--profile "$PROFILE")
 COMMON="--attention-backend triton --sampling-backend pytorch --dtype bfloat16 --max-total-tokens 65536"
 COMMON="$COMMON --mem-fraction-static 0.1 --max-running-requests 64 --cuda-graph-max-bs-decode 64"
 timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \

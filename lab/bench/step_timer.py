@@ -72,6 +72,7 @@ _state = {
     "counting_syncs": False,
     "ops_mode": None,  # the op counter (SGLANG_STEP_TIMER_OPS=1)
     "profile": None,  # cProfile of the decode launches (SGLANG_STEP_TIMER_PROFILE)
+    "profile_path": None,  # where its statistics are written (that variable's value)
     "graphed": 0,  # depth inside a GRAPHED call
 }
 
@@ -119,16 +120,9 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
     began = time.perf_counter()
     last, _state["last_launch"] = _state["last_launch"], began
     _state["in_decode_launch"] = True
-    profile = _state["profile"]
     try:
-        with _counting_ops(_ops):
-            if profile is not None:
-                profile.enable()
-            try:
-                return original(scheduler, batch, *args, **kwargs)
-            finally:
-                if profile is not None:
-                    profile.disable()
+        with _counting_ops(_ops), _profiling():
+            return original(scheduler, batch, *args, **kwargs)
     finally:
         _state["in_decode_launch"] = False
         _totals["run_batch"] += time.perf_counter() - began
@@ -163,7 +157,7 @@ def _log() -> None:
         logger.warning("%s %s", SYNC_LINE, {"total": round(sum(_syncs.values()) / steps, 2), **per_step})
         _syncs.clear()
     if _state["profile"] is not None:
-        _state["profile"].dump_stats(os.environ["SGLANG_STEP_TIMER_PROFILE"])
+        _state["profile"].dump_stats(_state["profile_path"])
     if _state["ops_mode"] is not None:
         per_step = {site: round(n / steps, 2) for site, n in sorted(_ops.items(), key=lambda kv: -kv[1])}
         logger.warning("%s %s", OPS_LINE, {"total": round(sum(_ops.values()) / steps, 2), **per_step})
@@ -225,6 +219,20 @@ def _site() -> str:
 
 
 @contextlib.contextmanager
+def _profiling():
+    """cProfile inside it (nothing when the profile is off)."""
+    profile = _state["profile"]
+    if profile is None:
+        yield
+        return
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+
+
+@contextlib.contextmanager
 def _counting_ops(into: Counter):
     """Counts the operations dispatched inside it into ``into`` (nothing when the counter is off)."""
     sites = _state["ops_mode"]
@@ -270,6 +278,7 @@ def install() -> None:
         import cProfile
 
         _state["profile"] = cProfile.Profile()
+        _state["profile_path"] = os.environ["SGLANG_STEP_TIMER_PROFILE"]
     if os.environ.get("SGLANG_STEP_TIMER_OPS", "0") == "1":
         _state["ops_mode"] = _OpSites()
         hooks.update({target: _graphed for target in GRAPHED})
