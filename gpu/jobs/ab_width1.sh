@@ -26,7 +26,10 @@
 # Time: five servers up at once (~1-2 min with the caches carried; the DDTREE arm captures a verify
 # graph set per width), then 5 arms x 4 levels x REPEATS passes of ~2.5 s: ~4 min at REPEATS=4; no
 # pass starts after TIME_LIMIT_S (400), the tool is stopped at AB_S (440).
-# Variables: SERIES (pycode-4l_h200_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), PROFILE,
+# STEP_PROFILE=1: the timed arms also run their decode launches under cProfile
+# (SGLANG_STEP_TIMER_PROFILE), written to $OUT/<SERIES>_<arm>.pstats: where the host time of a step
+# goes, function by function (`python -m pstats FILE`).
+# Variables: SERIES (pycode-4l_h200_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
@@ -48,8 +51,13 @@ ARMS_DEFAULT="plain,ddtree@auto64,plain+again"
 ARM_ENV=(--arm-env "ddtree@auto64=SGLANG_DDTREE_BUDGET_COST_TABLE=$TABLE")
 if [ "${TIMED:-1}" = 1 ]; then
   ARMS_DEFAULT="$ARMS_DEFAULT,plain+timed,ddtree@auto64+timed"
-  ARM_ENV+=(--arm-env "plain+timed=$TIMER")
-  ARM_ENV+=(--arm-env "ddtree@auto64+timed=$TIMER SGLANG_DDTREE_PHASE_TIMES=64")
+  PLAIN_TIMER="$TIMER" WIDTH1_TIMER="$TIMER"
+  if [ "${STEP_PROFILE:-0}" = 1 ]; then  # cProfile of the timed arms' decode launches, brought back
+    PLAIN_TIMER="$TIMER SGLANG_STEP_TIMER_PROFILE=$OUT/${SERIES}_plain-timed.pstats"
+    WIDTH1_TIMER="$TIMER SGLANG_STEP_TIMER_PROFILE=$OUT/${SERIES}_ddtree-auto64-timed.pstats"
+  fi
+  ARM_ENV+=(--arm-env "plain+timed=$PLAIN_TIMER")
+  ARM_ENV+=(--arm-env "ddtree@auto64+timed=$WIDTH1_TIMER SGLANG_DDTREE_PHASE_TIMES=64")
 fi
 PROFILE="${PROFILE-plain@1,ddtree@auto64@1}"  # PROFILE= (empty): no profile
 PROFILE_ARGS=()
