@@ -32,6 +32,12 @@ class Row:
 
 ROWS = (
     Row(
+        "pycode-4l_h200_ab_c1",
+        "ddtree@32",
+        "dflash",
+        "trained pair, one H200, 3 servers: DDTREE@32 / stock DFLASH",
+    ),
+    Row(
         "pycode-4l_h200_ab_lowload",
         "ddtree@32",
         "dflash",
