@@ -37,12 +37,6 @@ ROWS = (
         "dflash",
         "trained pair, one H200, 3 servers: DDTREE@32 / stock DFLASH",
     ),
-    Row(
-        "pycode-4l_h200_ab_lowload",
-        "ddtree@32",
-        "dflash",
-        "trained pair, one H200, 6 servers: DDTREE@32 / stock DFLASH",
-    ),
     Row("pycode-4l_h200_ab", "ddtree@64", "dflash", "trained pair, one H200: DDTREE@64 / stock DFLASH"),
     Row("pycode-4l_h200_ab", "ddtree@auto64", "plain", "trained pair, one H200: online budget / plain"),
     Row("pycode-4l_h200_ab", "dflash", "plain", "trained pair, one H200: stock DFLASH / plain"),
