@@ -80,4 +80,10 @@ source "$(dirname "$0")/ab_logs.sh"
 bring_back_logs "$RAW" "$SERIES"
 grep -h "STEP TIMER us/step\|STEP TIMER syncs/step\|DDTREE phase host us/round" "$RAW"/*/*.log "$RAW"/*.log 2>/dev/null | tail -40
 head -60 "$OUT/$SERIES.md" 2>/dev/null
+for stats in "$OUT/${SERIES}"_*.pstats; do  # STEP_PROFILE=1: the functions that take a step's host time
+  [ -f "$stats" ] || continue
+  echo "== $stats"
+  python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$stats" 2>&1 \
+    | grep -v "^$" | cut -c1-160 | tail -48
+done
 exit $rc
