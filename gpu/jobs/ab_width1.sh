@@ -51,13 +51,11 @@ ARMS_DEFAULT="plain,ddtree@auto64,plain+again"
 ARM_ENV=(--arm-env "ddtree@auto64=SGLANG_DDTREE_BUDGET_COST_TABLE=$TABLE")
 if [ "${TIMED:-1}" = 1 ]; then
   ARMS_DEFAULT="$ARMS_DEFAULT,plain+timed,ddtree@auto64+timed"
-  PLAIN_TIMER="$TIMER" WIDTH1_TIMER="$TIMER"
-  if [ "${STEP_PROFILE:-0}" = 1 ]; then  # cProfile of the timed arms' decode launches, brought back
-    PLAIN_TIMER="$TIMER SGLANG_STEP_TIMER_PROFILE=$OUT/${SERIES}_plain-timed.pstats"
-    WIDTH1_TIMER="$TIMER SGLANG_STEP_TIMER_PROFILE=$OUT/${SERIES}_ddtree-auto64-timed.pstats"
-  fi
-  ARM_ENV+=(--arm-env "plain+timed=$PLAIN_TIMER")
-  ARM_ENV+=(--arm-env "ddtree@auto64+timed=$WIDTH1_TIMER SGLANG_DDTREE_PHASE_TIMES=64")
+  profiled() {  # STEP_PROFILE=1: the arm's cProfile of its decode launches, brought back
+    [ "${STEP_PROFILE:-0}" = 1 ] && echo " SGLANG_STEP_TIMER_PROFILE=$OUT/${SERIES}_$1.pstats"
+  }
+  ARM_ENV+=(--arm-env "plain+timed=$TIMER$(profiled plain-timed)")
+  ARM_ENV+=(--arm-env "ddtree@auto64+timed=$TIMER$(profiled ddtree-auto64-timed) SGLANG_DDTREE_PHASE_TIMES=64")
 fi
 PROFILE="${PROFILE-plain@1,ddtree@auto64@1}"  # PROFILE= (empty): no profile
 PROFILE_ARGS=()
