@@ -543,6 +543,50 @@ def test_each_step_verifies_with_its_widths_backend_and_graphs_and_then_the_larg
         runners.use(5)
 
 
+def test_width_1_captures_decode_graphs_and_keeps_its_decode_scratch():
+    """Width 1's runner is SGLang's runner class captured as plain decoding (DECODE mode, no
+    speculative input, hidden states kept); its backend is not among those whose decode
+    scratch is released after capture (its split-KV decode kernel reads it)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    from sglang_ddtree.adapter.width_graphs import WidthRunners, decode_mode_runner, verify_backends
+
+    class Runner:  # what SGLang's runner does: pick the verify mode, then capture in __init__
+        def __init__(self):
+            self.capture_forward_mode = ForwardMode.TARGET_VERIFY
+            self.capture_hidden_mode = CaptureHiddenMode.NULL
+            self.capture()
+
+        def capture(self):
+            self.captured = (self.capture_forward_mode, self.capture_hidden_mode, self.get_spec_info(4))
+
+        def get_spec_info(self, num_tokens):
+            return "a verify input"
+
+    decode = decode_mode_runner(Runner)()
+    assert decode.captured == (ForwardMode.DECODE, CaptureHiddenMode.FULL, None)
+    assert Runner().captured[0] == ForwardMode.TARGET_VERIFY  # the class itself is untouched
+    widest = (SimpleNamespace(name="backend 9"), Runner())
+    model_runner = SimpleNamespace(attn_backend=widest[0], decode_cuda_graph_runner=widest[1])
+    pairs = {1: (SimpleNamespace(name="backend 1"), decode), 3: (SimpleNamespace(name="backend 3"), Runner())}
+    backends = verify_backends(WidthRunners(model_runner, pairs, largest=9))
+    assert sorted(b.name for b in backends) == ["backend 3", "backend 9"]
+
+
+def test_a_decode_backend_shares_the_kv_indices_but_not_the_split_scratch():
+    from sglang_ddtree.adapter.width_graphs import share_graph_scratch
+
+    startup = _TritonLikeBackend()
+    startup.init_cuda_graph_state(max_bs=4, max_num_tokens=4 * 9)
+    decode = _TritonLikeBackend()
+    share_graph_scratch(decode, startup, split_scratch=False)
+    decode.init_cuda_graph_state(4, 4)
+    assert decode.kv_indices_buf_given is startup.cuda_graph_kv_indices
+    for name in ("cuda_graph_attn_logits", "cuda_graph_attn_lse"):
+        mine, theirs = getattr(decode, name), getattr(startup, name)
+        assert mine.shape[0] == 4 and mine.untyped_storage().data_ptr() != theirs.untyped_storage().data_ptr()
+
+
 def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
     """Per step: ``start`` points the target at the chosen width's pair before the verify,
     the drafter graph's widest tree is cut to that width with the log-probs the graph kept,

@@ -7,9 +7,10 @@ the accept walk over a one-node tree, a KV move that moves nothing, the drafter'
 through the commit plan, the tree statistics. This step keeps only what decoding needs and
 what the next drafting round reads:
 
-* the target's forward of every root alone, at its first reserved KV slot (already the
-  root's final place) through the width-1 verify (its CUDA graphs under the online budget),
-  the target's hidden states captured;
+* the target's ordinary decode forward of every root (a DECODE batch, no speculative input, no
+  tree mask), at its first reserved KV slot (already the root's final place); under the online
+  budget's CUDA graphs, width 1's graphs are decode graphs (``width_graphs.py``), so the step
+  pays plain decoding's forward batch and graph load; the target's hidden states captured;
 * the request features on its logits (penalties, grammar, ``logit_bias``, custom processors:
   ``request_features.py``, with root-only trees made only where a feature reads them) and
   the target's token (``posterior.py``: the argmax, or SGLang's sampler at the root's
@@ -30,16 +31,16 @@ import functools
 
 import torch
 from sglang.srt.managers.scheduler import GenerationBatchResult
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 from .phases import timed
-from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
+from .verify_input import prefix_lens_bound_cpu
+from .width_graphs import captured_graph_mode
 
 
 class DecodeStep:
     """The worker's decoding step (mixed into ``DDTreeWorker``, whose state it reads)."""
 
-    _visible: torch.Tensor | None = None  # the all-true mask buffer (_all_visible)
     _accept_ones: dict[int, torch.Tensor] | None = None  # [bs] int32 ones per batch size
 
     def _decode_step(self, batch, draft_input, on_publish, grammar_barrier):
@@ -52,8 +53,8 @@ class DecodeStep:
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
         with self.phase("decode prepare"):
             positions = self._root_positions(batch, draft_input)
-            slot, plan = self._decode_slot(batch, draft_input)
-            forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, slot, plan)
+            plan = self._decode_plan(batch, draft_input)
+            forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, plan)
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
         with self.phase("decode forward"):
             logits_output, can_run_graph = self._target_forward(forward_batch)
@@ -61,7 +62,7 @@ class DecodeStep:
         posterior = self._posterior(batch, logits_output, positions.view(bs, 1), bs)  # [bs, 1]
         next_ids = posterior.view(bs)
         self._finish_features(batch, features)
-        new_seq_lens = prefix_lens + 1
+        new_seq_lens = forward_batch.seq_lens  # the prefix and the root
         emitted = self._decode_accept_lens(bs)
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, torch.zeros_like(posterior))
@@ -95,39 +96,63 @@ class DecodeStep:
             return batch.seq_lens
         return batch.seq_lens.clamp(max=self._last_position)
 
-    def _decode_slot(self, batch, draft_input):
-        """A decoding step's window: each request's first reserved KV slot (the root's final
-        place), and its KV location plan."""
+    def _decode_plan(self, batch, draft_input):
+        """A decoding step's KV location plan: its window is each request's first reserved KV
+        slot (the root's final place)."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         slot = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
-        return slot, self._kv_plan(batch, draft_input, slot, 1)
+        return self._kv_plan(batch, draft_input, slot, 1)
 
-    def _decode_forward_batch(self, batch, draft_input, roots, positions, slot, plan):
-        """The target's forward of a decoding step: each root alone, seeing its whole prefix
-        (a width-1 verify; on the GPU backends its flat mask is all ones)."""
-        mask = None
-        if self._uses_custom_mask:
-            host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
-            if host_lens is None:  # neither known on the host (not under SGLang's scheduler)
-                host_lens = batch.seq_lens.cpu()
-            mask = self._all_visible(int(host_lens.sum()) + len(host_lens))
-        verify_input = DDTreeVerifyInput(
-            draft_token=roots,
-            positions=positions,
-            draft_token_num=1,
-            custom_mask=mask,
-            capture_hidden_mode=CaptureHiddenMode.FULL,
-            kv_loc_plan=plan,
+    def _decode_forward_batch(self, batch, draft_input, roots, positions, plan, cols=None):
+        """The target's ordinary decode forward of every root: a DECODE batch without a
+        speculative input, its lengths counting the root, writing the root's KV at its plan's
+        slot (``cols``: the plan's first column, where its window is wider). Width 1's CUDA
+        graphs are decode graphs (``width_graphs.py``), so this is plain decoding's forward
+        batch and graph load, not a verify's."""
+        model_runner = self.model_runner
+        runner = model_runner.decode_cuda_graph_runner
+        if captured_graph_mode(model_runner) not in (None, ForwardMode.DECODE):
+            raise RuntimeError(
+                "DDTREE: a decoding step found verify graphs in place of width 1's decode graphs."
+            )
+        host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
+        held = (
+            batch.input_ids,
+            batch.spec_info,
+            batch.seq_lens,
+            batch.seq_lens_cpu,
+            batch.seq_lens_sum,
+            batch.forward_mode,
         )
-        return self._prepare_verify(batch, draft_input, verify_input, slot)
-
-    def _all_visible(self, numel: int) -> torch.Tensor:
-        """``numel`` true mask elements: a view of one buffer that only grows, never written
-        after it is made (a backend reads no further than the batch's own lengths)."""
-        held = 0 if self._visible is None else self._visible.numel()
-        if held < numel:
-            self._visible = torch.ones(max(numel, 2 * held), dtype=torch.bool, device=self.device)
-        return self._visible[:numel]
+        batch.input_ids, batch.spec_info, batch.seq_lens = roots, None, batch.seq_lens + 1
+        batch.forward_mode = ForwardMode.DECODE
+        if host_lens is not None:
+            batch.seq_lens_cpu = host_lens + 1
+            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        try:
+            forward_batch = ForwardBatch.init_new(
+                batch,
+                model_runner,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                return_hidden_states_before_norm=False,
+                kv_loc_plan=plan,
+                write_cols=cols,
+            )
+        finally:
+            (
+                batch.input_ids,
+                batch.spec_info,
+                batch.seq_lens,
+                batch.seq_lens_cpu,
+                batch.seq_lens_sum,
+                batch.forward_mode,
+            ) = held
+        forward_batch.positions = positions  # clamped where a request reached its context
+        if runner is not None and runner.can_run_graph(forward_batch):
+            runner.load_batch(forward_batch)
+        else:
+            model_runner.attn_backend.init_forward_metadata(forward_batch)
+        return forward_batch
 
     def _decode_accept_lens(self, bs: int) -> torch.Tensor:
         """``[bs]`` int32 ones: a decoding step's accept lengths (read only, kept per size)."""

@@ -65,6 +65,17 @@ class WidthRunners:
         self.model_runner.attn_backend, self.model_runner.decode_cuda_graph_runner = self.startup
 
 
+def verify_backends(runners: WidthRunners | None) -> list:
+    """The attention backends of ``runners``' verify graph sets (not width 1's decode graphs)."""
+    if runners is None:
+        return []
+    return [
+        backend
+        for backend, graphs in runners.pairs.values()
+        if getattr(getattr(graphs, "capture_forward_mode", None), "name", None) != "DECODE"
+    ]
+
+
 class KeptLogProbs:
     """A buffer the drafter's graph writes the step's top-k log-probs into (``[max_bs * depth,
     k]``), for the width choice after a replay."""
@@ -95,9 +106,39 @@ def captured_verify_graphs(model_runner) -> bool:
     return graphs is not None and graphs is not getattr(model_runner, "eager_runner", None)
 
 
+def captured_graph_mode(model_runner):
+    """The forward mode the model runner's current CUDA graphs were captured in (DECODE for
+    width 1's, TARGET_VERIFY for every wider width's), None where it runs eagerly."""
+    if not captured_verify_graphs(model_runner):
+        return None
+    return getattr(model_runner.decode_cuda_graph_runner, "capture_forward_mode", None)
+
+
+def decode_mode_runner(runner_cls):
+    """``runner_cls`` (SGLang's decode graph runner class) captured as plain decoding: DECODE
+    mode, no speculative input, the target's hidden states kept for the drafter. SGLang captures
+    every target runner of a speculative server in TARGET_VERIFY mode; width 1 is one token a
+    request, which its ordinary decode graph serves with plain decoding's forward batch and
+    graph load (a verify's costs a step ~0.5 ms more host work on the H200)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    class DecodeModeGraphRunner(runner_cls):
+        def capture(self):
+            self.capture_forward_mode = ForwardMode.DECODE
+            self.capture_hidden_mode = CaptureHiddenMode.FULL
+            return super().capture()
+
+        def get_spec_info(self, num_tokens):
+            return None
+
+    DecodeModeGraphRunner.__name__ = DecodeModeGraphRunner.__qualname__ = f"DecodeMode{runner_cls.__name__}"
+    return DecodeModeGraphRunner
+
+
 def build_width_runners(model_runner, widths) -> WidthRunners:
-    """Capture a verify graph runner (with its own attention backend) for every width below
-    the largest; the largest is the model runner's own, captured at start-up."""
+    """Capture a graph runner (with its own attention backend) for every width below the
+    largest: decode graphs for width 1, verify graphs for the rest; the largest is the model
+    runner's own, captured at start-up."""
     pairs = {int(width): _capture_width(model_runner, int(width)) for width in widths[:-1]}
     torch.cuda.empty_cache()  # the scratch each width allocated before it took the shared one
     return WidthRunners(model_runner, pairs, largest=widths[-1])
@@ -128,8 +169,11 @@ def _capture_width(model_runner, width: int):
             backend = model_runner._get_attention_backend(init_new_workspace=True)
         finally:
             model_runner.init_new_workspace = workspace
-        share_graph_scratch(backend, model_runner.attn_backend)
+        decodes = width == 1
+        share_graph_scratch(backend, model_runner.attn_backend, split_scratch=not decodes)
         runner_cls = model_runner._decode_cuda_graph_runner_cls()
+        if decodes:
+            runner_cls = decode_mode_runner(runner_cls)
         graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
     after = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
     # Which memory a width costs: tensors still held after its capture (buffers, workspaces,
@@ -156,10 +200,12 @@ def _capture_width(model_runner, width: int):
 SHARED_SCRATCH = ("cuda_graph_attn_logits", "cuda_graph_attn_lse")
 
 
-def share_graph_scratch(backend, startup_backend) -> None:
+def share_graph_scratch(backend, startup_backend, split_scratch: bool = True) -> None:
     """Make ``backend``'s CUDA-graph state (allocated when its graph runner is built) use the
     start-up backend's: its kv-index buffer through SGLang's own ``kv_indices_buf`` argument
-    (refilled by every replay's metadata), its split scratch as views of the start-up one.
+    (refilled by every replay's metadata) and, with ``split_scratch``, its split scratch as
+    views of the start-up one (a verify never reads it, and the start-up one is released
+    after capture; width 1's decode graphs read theirs, so they keep their own).
     A backend without that state (another attention backend) is left as it is."""
     init = getattr(backend, "init_cuda_graph_state", None)
     if init is None or getattr(startup_backend, "cuda_graph_kv_indices", None) is None:
@@ -170,6 +216,8 @@ def share_graph_scratch(backend, startup_backend) -> None:
         if kv_indices_buf is None and shared.numel() >= max_bs * backend.max_context_len:
             kv_indices_buf = shared  # a verify fills one prefix per request
         init(max_bs, max_num_tokens, kv_indices_buf, cuda_graph_num_kv_splits_buf)
+        if not split_scratch:
+            return
         for name in SHARED_SCRATCH:
             mine, theirs = getattr(backend, name, None), getattr(startup_backend, name, None)
             if _fits_in(mine, theirs):

@@ -306,12 +306,13 @@ class StepWidths:
         return lambda *batch_rows: self.kept.keeping(proposal(*batch_rows))
 
     def install_graphs(self, target_runner, draft_runner) -> list:
-        """After the server's graph capture: one verify graph set per width (CUDA graphs only);
-        returns their attention backends."""
-        from .width_graphs import install
+        """After the server's graph capture: one graph set per width (CUDA graphs only; width
+        1's decode graphs); returns the attention backends of the verify graph sets (whose
+        decode scratch is released: width 1's decode graphs read theirs)."""
+        from .width_graphs import install, verify_backends
 
         install(self, target_runner, draft_runner)
-        return [backend for backend, _ in getattr(self.runners, "pairs", {}).values()]
+        return verify_backends(self.runners)
 
     def from_graph(self, replayed, width: int):
         """The drafter graph's widest trees (and top-1 ids) cut to this step's ``width``; the

@@ -368,6 +368,13 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         return draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
 
     def _verify(self, batch, draft_input, trees, window, plan):
+        if trees.width == 1:  # the root alone: its decode forward (width 1's graphs are decode graphs)
+            with self.phase("verify prepare"):
+                cols = None if self.width == 1 else slice(0, 1)
+                roots, positions = trees.tokens.reshape(-1), trees.positions.reshape(-1)
+                forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, plan, cols)
+            with self.phase("verify forward"):
+                return self._target_forward(forward_batch)
         custom = self._uses_custom_mask
         with self.phase("mask"):
             mask = None
