@@ -103,6 +103,16 @@ class DecodeStep:
         slot = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
         return self._kv_plan(batch, draft_input, slot, 1)
 
+    def _verify_root(self, batch, draft_input, trees, plan):
+        """A drafted round's verify of one-node trees (width 1, drafted to predict): the roots'
+        decode forward, as a decoding step runs it (width 1's graphs are decode graphs)."""
+        with self.phase("verify prepare"):
+            cols = None if self.width == 1 else slice(0, 1)  # the first column of a wider window
+            roots, positions = trees.tokens.reshape(-1), trees.positions.reshape(-1)
+            forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, plan, cols)
+        with self.phase("verify forward"):
+            return self._target_forward(forward_batch)
+
     def _decode_forward_batch(self, batch, draft_input, roots, positions, plan, cols=None):
         """The target's ordinary decode forward of every root: a DECODE batch without a
         speculative input, its lengths counting the root, writing the root's KV at its plan's

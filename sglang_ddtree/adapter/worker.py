@@ -14,14 +14,14 @@ One decode round, per batch:
    write the drafter's context KV for the accepted tokens.
 
 A step of ``--speculative-ddtree-budget auto`` at width 1 without the drafter skips all of
-that for a decoding step (:meth:`DDTreeWorker._decode_step`): the target runs each root alone
-at its reserved slot, the next token is the target's, and the drafter's context KV of the
-root is written; no tree, mask, accept walk or KV move.
+that for a decoding step (:meth:`DDTreeWorker._decode_step`): the target's ordinary decode
+forward of each root, whose token is the next, and the drafter's context KV of the root; no
+tree, mask, accept walk or KV move. A drafted round of width 1 verifies by that forward too.
 
 Prefill and everything around the round (memory pools, draft KV materialisation, CUDA
 graphs, overlap relay) is the DFlash V2 worker's; the KV reservation before each step is
-DFlash's, topped up in chunks (``reservation.py``). The round
-issues no host synchronisation: all shapes are fixed by ``(bs, width)``.
+DFlash's, topped up in chunks (``reservation.py``). The round issues no host
+synchronisation: all shapes are fixed by ``(bs, width)``.
 """
 
 from __future__ import annotations
@@ -282,9 +282,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         return self.model_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices,
             seq_lens=batch.seq_lens,
-            seq_lens_cpu=batch.seq_lens_cpu
-            if batch.seq_lens_cpu is not None
-            else draft_input.nxt_kv_lens_cpu,
+            seq_lens_cpu=draft_input.nxt_kv_lens_cpu if batch.seq_lens_cpu is None else batch.seq_lens_cpu,
             write_virtual=window,
             read_extent=width,
         )
@@ -368,13 +366,8 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         return draft_topk(hidden, lm_head, k, tp_group, topk=self.trees.topk)
 
     def _verify(self, batch, draft_input, trees, window, plan):
-        if trees.width == 1:  # the root alone: its decode forward (width 1's graphs are decode graphs)
-            with self.phase("verify prepare"):
-                cols = None if self.width == 1 else slice(0, 1)
-                roots, positions = trees.tokens.reshape(-1), trees.positions.reshape(-1)
-                forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, plan, cols)
-            with self.phase("verify forward"):
-                return self._target_forward(forward_batch)
+        if trees.width == 1:  # the root alone: its decode forward (decode_step.py)
+            return self._verify_root(batch, draft_input, trees, plan)
         custom = self._uses_custom_mask
         with self.phase("mask"):
             mask = None
