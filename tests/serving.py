@@ -426,7 +426,24 @@ def width1_spec() -> ServerSpec:
         "SGLANG_DDTREE_PHASE_TIMES": "1",
         "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
     }
+    env["SGLANG_DDTREE_TEST_PLUGIN"] += ",decode_check_plugin"  # each decoding step against the reference
     return server_spec(args, env, "ddtree-width1", folder)
+
+
+DECODE_CHECK = re.compile(
+    r"DDTREE decode check: (?:rows (\d+) max \|hidden - reference\| (\S+) scale (\S+)|(shape .*))"
+)
+
+
+def decode_checks(log_path: Path) -> list[tuple[int, float, float] | str]:
+    """``tests/decode_check_plugin.py``'s lines in a server log: per decoding step (rows, the
+    largest difference of its hidden states from the reference's, the reference's scale), or the
+    line's text where the shapes differed."""
+    checks = []
+    for match in DECODE_CHECK.finditer(log_path.read_text(errors="replace")):
+        rows, diff, scale, shapes = match.groups()
+        checks.append(shapes if shapes else (int(rows), float(diff), float(scale)))
+    return checks
 
 
 COUNTERS = ("rounds", "decode_steps", "request_rounds", "reservation")

@@ -33,6 +33,7 @@ from serving import (
     ServerSpec,
     check_width1_drafts_only_to_predict,
     ddtree_args,
+    decode_checks,
     last_tree_stats,
     one_batch,
     oracle_env,
@@ -231,3 +232,8 @@ def test_width_1_everywhere_decodes_like_the_plain_server(servers, plain):
     reserved = ours["reservation"]
     assert reserved["steps"] >= ours["rounds"] and 0 < reserved["top_ups"] <= reserved["steps"] // 4, ours
     check_decoding_steps(log, stats)
+    # each decoding step's hidden states (what the drafter's KV is written from) are the width-1
+    # verify's, the readable reference (tests/decode_check_plugin.py), to float32 rounding
+    checks = decode_checks(log)
+    assert len(checks) >= ours["decode_steps"] > 0, (len(checks), ours)
+    assert all(isinstance(c, tuple) and c[1] <= 1e-4 * max(c[2], 1.0) for c in checks), checks[:5]

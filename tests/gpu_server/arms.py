@@ -161,6 +161,11 @@ def arm_env(arm: str) -> dict[str, str]:
         env["SGLANG_DDTREE_EAGER_DRAFT_KV"] = "1"
     if arm == "ddtree_fp32_graphs_auto_width1":
         env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
+        # each decoding step's hidden states (from width 1's decode graphs) against an eager
+        # width-1 verify of the same roots (tests/decode_check_plugin.py)
+        tests_dir = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
+        env["SGLANG_DDTREE_TEST_PLUGIN"] = "decode_check_plugin"
     return env
 
 

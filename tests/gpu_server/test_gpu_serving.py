@@ -238,6 +238,18 @@ def _check_width1_steps(server, prompt, want, stats, log_text):
     assert final["width_steps_by_bs"][1].get(largest, 0) > before, final
 
 
+def _check_decode_hidden_states(log_text: str, decode_steps: int, results, arm: str) -> None:
+    """Every decoding step's hidden states (width 1's decode graphs: what the drafter's KV is
+    written from) against an eager width-1 verify of the same roots (tests/decode_check_plugin.py),
+    float32: within the rounding of two attention kernels."""
+    lines = re.findall(r"DDTREE decode check: (.*)", log_text)
+    checks = [re.match(r"rows (\d+) max \|hidden - reference\| (\S+) scale (\S+)", line) for line in lines]
+    worst = max((float(c[2]) / max(float(c[3]), 1.0) for c in checks if c), default=None)
+    results[f"{arm}/decode_check"] = {"steps": len(lines), "worst_relative": worst}
+    assert len(lines) >= decode_steps > 0, (len(lines), decode_steps)
+    assert all(checks) and worst <= 1e-3, [line for line in lines if "shape" in line][:3] or worst
+
+
 def _near_limit_requests(prompts, context: int, new_tokens: int, budget: int):
     """Prompts that, with ``new_tokens`` more, end exactly at the context limit, one below it
     and one verify budget below it (the tree slots of their last rounds sit past it)."""
@@ -296,6 +308,7 @@ def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, re
     assert width1 // 2 <= skipped < width1, stats
     if arm == "ddtree_fp32_graphs_auto_width1":
         _check_width1_steps(server, prompts[0], plain_outputs(arm)[1][0], stats, lambda: fleet.log_text(arm))
+        _check_decode_hidden_states(fleet.log_text(arm), skipped, results, arm)
     if arm == "ddtree_fp32_graphs_auto":
         log = fleet.log_text(arm)
         captured = {int(w) for w in re.findall(r"verify graphs of width (\d+) captured", log)}

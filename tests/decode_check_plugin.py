@@ -1,0 +1,93 @@
+"""A test-only plugin: every decoding step's target forward checked against the readable one.
+
+A decoding step (``adapter/decode_step.py``) runs the target's ordinary decode forward of the
+roots; the drafter's context KV of each root is written from that forward's hidden states, so
+a forward that returned other hidden states (another layer's, none, a padded row) would leave
+greedy output identical while the drafter drifts. Before each decoding step this plugin runs
+the reference, a width-1 verify of the same roots at the same slots and positions (the round
+at width 1, a tree of the root alone), and when the step writes the drafter's KV it logs how
+far the decode forward's hidden states are from the reference's::
+
+    DDTREE decode check: rows 4 max |hidden - reference| 1.2e-07 scale 3.1
+
+Loaded with ``SGLANG_DDTREE_TEST_PLUGIN=...,decode_check_plugin`` (this folder on
+``PYTHONPATH``); ``tests/serving.py::decode_checks`` reads the lines.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger("sglang_ddtree")
+
+
+def reference_hidden(worker, batch, draft_input) -> torch.Tensor:
+    """The target's hidden states of a width-1 verify of the step's roots (one slot a request,
+    seeing its prefix and itself), as the round at width 1 runs it."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
+
+    roots = draft_input.bonus_tokens.view(-1)
+    positions = worker._root_positions(batch, draft_input)
+    slot = worker.model_runner.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].to(
+        torch.int64
+    )
+    mask = None
+    if worker._uses_custom_mask:  # the GPU backends' flat mask: one slot sees its prefix and itself
+        numel = int(batch.seq_lens.sum()) + len(roots)
+        mask = torch.ones(numel, dtype=torch.bool, device=roots.device)
+    verify_input = DDTreeVerifyInput(
+        draft_token=roots,
+        positions=positions,
+        draft_token_num=1,
+        custom_mask=mask,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        kv_loc_plan=worker._kv_plan(batch, draft_input, slot, 1),
+    )
+    # eagerly: under CUDA graphs width 1's graphs are decode graphs, which a verify cannot replay
+    model_runner = worker.model_runner
+    graphs, model_runner.decode_cuda_graph_runner = model_runner.decode_cuda_graph_runner, None
+    try:
+        forward_batch = worker._prepare_verify(batch, draft_input, verify_input, slot)
+        logits_output, _ = worker._target_forward(forward_batch)
+    finally:
+        model_runner.decode_cuda_graph_runner = graphs
+    return logits_output.hidden_states.detach().clone()
+
+
+def install() -> None:
+    from sglang_ddtree.adapter.worker import DDTreeWorker
+
+    own_step, own_commit = DDTreeWorker._decode_step, DDTreeWorker._commit_root_draft_kv
+
+    def decode_step(self, batch, draft_input, on_publish, grammar_barrier):
+        self._decode_check_reference = reference_hidden(self, batch, draft_input)
+        return own_step(self, batch, draft_input, on_publish, grammar_barrier)
+
+    def commit_root_draft_kv(self, plan, logits_output, positions):
+        reference = getattr(self, "_decode_check_reference", None)
+        if reference is not None:
+            hidden = logits_output.hidden_states
+            if hidden is None or hidden.shape != reference.shape:
+                logger.info(
+                    "DDTREE decode check: shape %s against %s",
+                    getattr(hidden, "shape", None),
+                    tuple(reference.shape),
+                )
+            else:
+                diff = float((hidden.float() - reference.float()).abs().max())
+                scale = float(reference.float().abs().max())
+                logger.info(
+                    "DDTREE decode check: rows %d max |hidden - reference| %.3g scale %.3g",
+                    len(hidden),
+                    diff,
+                    scale,
+                )
+            self._decode_check_reference = None
+        return own_commit(self, plan, logits_output, positions)
+
+    DDTreeWorker._decode_step = decode_step
+    DDTreeWorker._commit_root_draft_kv = commit_root_draft_kv
