@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# GPU job: a width-1 change checked and measured in one call (issue 48's decoding step).
+#  1. the online budget's serving tests (gpu/jobs/online_budget.sh's arms: plain float32, `auto`
+#     eager, in per-width graphs, and with the injected table that makes every batched step a
+#     decoding step in width 1's decode graphs, its hidden states checked against an eager
+#     width-1 verify: tests/decode_check_plugin.py), cut at CHECK_S (300) seconds;
+#  2. gpu/jobs/ab_width1.sh, the width-1-only server against plain and a second plain server,
+#     without the timed arms or profiles unless asked (TIMED=0 PROFILE= by default here), at
+#     CONC (1,64), with what is left of the call (AB_S: 570 s from the call's start less stage 1).
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/width1_check.sh
+# $OUT: online_budget.log, gpu_server.json, gpu_server_logs.tar.gz, the width-1 series and its logs.
+set -o pipefail
+export GPU_RESULTS_DIR="$OUT"
+GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1 \
+  timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k online_budget -p no:cacheprovider -v -rA 2>&1 \
+  | tee "$OUT/online_budget.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped|decode_check"
+left=$(( ${JOB_S:-570} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
+echo "[width1_check] ${left} s left for the A/B"
+[ "$left" -lt 150 ] && exit 0
+env TIMED="${TIMED:-0}" PROFILE="${PROFILE-}" CONC="${CONC:-1,64}" PROMPTS="${PROMPTS:-8,128}" REPEATS="${REPEATS:-3}" \
+  TIME_LIMIT_S=$(( left - 90 )) AB_S=$(( left - 20 )) bash gpu/jobs/ab_width1.sh
