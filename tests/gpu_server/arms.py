@@ -165,7 +165,10 @@ def arm_env(arm: str) -> dict[str, str]:
         # width-1 verify of the same roots (tests/decode_check_plugin.py)
         tests_dir = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH", "")) if p)
-        plugins = (os.environ.get("SGLANG_DDTREE_TEST_PLUGIN", ""), "decode_check_plugin")  # after lab.gpu_compat
+        plugins = (
+            os.environ.get("SGLANG_DDTREE_TEST_PLUGIN", ""),
+            "decode_check_plugin",
+        )  # after lab.gpu_compat
         env["SGLANG_DDTREE_TEST_PLUGIN"] = ",".join(p for p in plugins if p)
     return env
 
