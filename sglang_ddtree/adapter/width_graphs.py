@@ -180,8 +180,9 @@ def _capture_width(model_runner, width: int):
     # graph outputs) against what the caching allocator reserved besides (graph pools that
     # earlier captures' freed blocks did not cover).
     logger.info(
-        "DDTREE online budget: verify graphs of width %d captured (bs %s) in %.1f s, %.2f GB "
+        "DDTREE online budget: %s graphs of width %d captured (bs %s) in %.1f s, %.2f GB "
         "(tensors held %+.2f GB, allocator reserve %+.2f GB)",
+        "decode" if decodes else "verify",
         width,
         list(graphs.capture_bs),
         time.perf_counter() - started,
