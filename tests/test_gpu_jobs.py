@@ -347,3 +347,19 @@ def test_two_gpus_refuses_one_name_twice(tmp_path):
     proc = _two_gpus(tmp_path, "a", "true", "a", "true")
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 2 and "two different names" in out
+
+
+def test_the_gpu_width1_arm_keeps_the_devices_plugins_and_adds_the_decode_check(monkeypatch):
+    """The device command loads its own test plugins (``lab.gpu_compat``: the float32 RMSNorm);
+    the width-1 arm's decode check must come after them, not replace them (a server without
+    them cannot start in float32)."""
+    from tests.gpu_server.arms import arm_env
+
+    monkeypatch.setenv("SGLANG_DDTREE_TEST_PLUGIN", "lab.gpu_compat")
+    env = arm_env("ddtree_fp32_graphs_auto_width1")
+    assert env["SGLANG_DDTREE_TEST_PLUGIN"] == "lab.gpu_compat,decode_check_plugin"
+    tests_dir = str(Path(__file__).resolve().parent)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == tests_dir
+    monkeypatch.delenv("SGLANG_DDTREE_TEST_PLUGIN")
+    assert arm_env("ddtree_fp32_graphs_auto_width1")["SGLANG_DDTREE_TEST_PLUGIN"] == "decode_check_plugin"
+    assert "SGLANG_DDTREE_TEST_PLUGIN" not in arm_env("ddtree_fp32_graphs_auto")
