@@ -34,7 +34,7 @@ from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 from .phases import timed
-from .verify_input import prefix_lens_bound_cpu
+from .verify_input import borrowed, prefix_lens_bound_cpu
 from .width_graphs import captured_graph_mode
 
 
@@ -126,20 +126,12 @@ class DecodeStep:
                 "DDTREE: a decoding step found verify graphs in place of width 1's decode graphs."
             )
         host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
-        held = (
-            batch.input_ids,
-            batch.spec_info,
-            batch.seq_lens,
-            batch.seq_lens_cpu,
-            batch.seq_lens_sum,
-            batch.forward_mode,
-        )
-        batch.input_ids, batch.spec_info, batch.seq_lens = roots, None, batch.seq_lens + 1
-        batch.forward_mode = ForwardMode.DECODE
+        lens = {}
         if host_lens is not None:
-            batch.seq_lens_cpu = host_lens + 1
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-        try:
+            lens["seq_lens_cpu"] = host_lens + 1
+            lens["seq_lens_sum"] = int(lens["seq_lens_cpu"].sum())
+        decode = {"forward_mode": ForwardMode.DECODE, "spec_info": None, "input_ids": roots}
+        with borrowed(batch, seq_lens=batch.seq_lens + 1, **decode, **lens):
             forward_batch = ForwardBatch.init_new(
                 batch,
                 model_runner,
@@ -148,15 +140,6 @@ class DecodeStep:
                 kv_loc_plan=plan,
                 write_cols=cols,
             )
-        finally:
-            (
-                batch.input_ids,
-                batch.spec_info,
-                batch.seq_lens,
-                batch.seq_lens_cpu,
-                batch.seq_lens_sum,
-                batch.forward_mode,
-            ) = held
         forward_batch.positions = positions  # clamped where a request reached its context
         if runner is not None and runner.can_run_graph(forward_batch):
             runner.load_batch(forward_batch)

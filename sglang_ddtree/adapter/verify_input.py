@@ -16,6 +16,7 @@ build EAGLE topology for a DDTree.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,20 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 @dataclass
 class DDTreeVerifyInput(DFlashVerifyInput):
     tree_visibility: torch.Tensor | None = None  # [bs, width, width] bool
+
+
+@contextlib.contextmanager
+def borrowed(batch, **fields):
+    """``batch`` (SGLang's schedule batch) with ``fields`` set for a forward batch built from it,
+    and its own values back after: the scheduler reads them again after the step."""
+    held = {name: getattr(batch, name) for name in fields}
+    for name, value in fields.items():
+        setattr(batch, name, value)
+    try:
+        yield batch
+    finally:
+        for name, value in held.items():
+            setattr(batch, name, value)
 
 
 def prefix_lens_bound_cpu(batch, draft_input, context_len: int):
