@@ -8,11 +8,14 @@
 #     without the timed arms or profiles unless asked (TIMED=0 PROFILE= by default here), at
 #     CONC (1,64), with what is left of the call (AB_S: 570 s from the call's start less stage 1).
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/width1_check.sh
+# CHECK_ARMS and CHECK_K narrow stage 1 (e.g. CHECK_ARMS=plain_fp32,ddtree_fp32_graphs_auto_width1
+# CHECK_K="online_budget and width1"); TIMED=1 STEP_PROFILE=1 PROFILE=plain@1,ddtree@auto64@1 give
+# stage 2 the timed arms, their cProfile and the device profile (ab_width1.sh).
 # $OUT: online_budget.log, gpu_server.json, gpu_server_logs.tar.gz, the width-1 series and its logs.
 set -o pipefail
 export GPU_RESULTS_DIR="$OUT"
-GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1 \
-  timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k online_budget -p no:cacheprovider -v -rA 2>&1 \
+GPU_SERVER_ARMS="${CHECK_ARMS:-plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1}" \
+  timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k "${CHECK_K:-online_budget}" -p no:cacheprovider -v -rA 2>&1 \
   | tee "$OUT/online_budget.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped|decode_check"
 left=$(( ${JOB_S:-570} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
 echo "[width1_check] ${left} s left for the A/B"
