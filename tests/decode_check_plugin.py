@@ -31,7 +31,7 @@ def reference_hidden(worker, batch, draft_input) -> torch.Tensor:
     from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
 
     roots = draft_input.bonus_tokens.view(-1)
-    positions = worker._root_positions(batch, draft_input)
+    positions = batch.seq_lens.clamp(max=worker._last_position)  # each root at its prefix length
     slot = worker.model_runner.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].to(
         torch.int64
     )

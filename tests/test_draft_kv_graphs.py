@@ -167,3 +167,25 @@ def test_a_decoding_steps_replay_commits_every_root_at_its_position():
     graphs.graphs = {k: v for k, v in graphs.graphs.items() if k[1] != 1}
     assert not graphs.append_roots(hidden, positions, cache_loc)  # no width-1 graph captured
     assert len(calls) == 1
+
+
+def test_decoding_steps_write_their_commit_lengths_once_and_again_after_a_round():
+    calls = []
+    graphs = _graphs(calls)
+    graphs.widths.append(1)
+    graphs.graphs |= {(b, 1): type(graphs.graphs[(b, 3)])(b, 1) for b in graphs.batch_sizes}
+
+    def decoding_step(bs):
+        assert graphs.append_roots(torch.randn(bs, 6), torch.arange(bs), torch.arange(30, 30 + bs))
+        return calls[-1]["commit_lens"].tolist()
+
+    assert decoding_step(3) == [1, 1, 1, 0]
+    assert decoding_step(3) == [1, 1, 1, 0]
+    assert decoding_step(1) == [1]
+    assert decoding_step(3) == [1, 1, 1, 0]
+    # a round of width 3 writes its own commit lengths (row 1 commits nothing, padded row 2 too)
+    assert graphs.append(torch.randn(6, 6), torch.zeros(2, 3, dtype=torch.int64), torch.tensor([3, 4]),
+                         torch.arange(60, 66), torch.tensor([2, 0], dtype=torch.int32))  # fmt: skip
+    assert calls[-1]["commit_lens"].tolist() == [2, 0]
+    assert decoding_step(3) == [1, 1, 1, 0]  # the batch size of the steps before the round
+    assert decoding_step(4) == [1, 1, 1, 1]

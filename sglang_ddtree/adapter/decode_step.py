@@ -52,9 +52,10 @@ class DecodeStep:
         request (``accept_lens`` 1), which is also the next root."""
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
         with self.phase("decode prepare"):
-            positions = self._root_positions(batch, draft_input)
+            host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
+            positions = self._root_positions(batch, host_lens)
             plan = self._decode_plan(batch, draft_input)
-            forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, plan)
+            forward_batch = self._decode_forward_batch(batch, host_lens, roots, positions, plan)
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
         with self.phase("decode forward"):
             logits_output, can_run_graph = self._target_forward(forward_batch)
@@ -87,12 +88,11 @@ class DecodeStep:
         trees, _ = self.widths.root_only(roots, prefix_lens, self._last_position)
         return trees
 
-    def _root_positions(self, batch, draft_input):
+    def _root_positions(self, batch, host_lens):
         """Each root's position, its prefix length: clamped to the last position of the RoPE
         tables where a request may have reached its context (it emits nothing more), known from
-        the host bound of the lengths without waiting for the device."""
-        bound = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
-        if bound is not None and int(bound.max()) <= self._last_position:
+        the host bound of the lengths (``host_lens``) without waiting for the device."""
+        if host_lens is not None and int(host_lens.max()) <= self._last_position:
             return batch.seq_lens
         return batch.seq_lens.clamp(max=self._last_position)
 
@@ -109,14 +109,16 @@ class DecodeStep:
         with self.phase("verify prepare"):
             cols = None if self.width == 1 else slice(0, 1)  # the first column of a wider window
             roots, positions = trees.tokens.reshape(-1), trees.positions.reshape(-1)
-            forward_batch = self._decode_forward_batch(batch, draft_input, roots, positions, plan, cols)
+            host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
+            forward_batch = self._decode_forward_batch(batch, host_lens, roots, positions, plan, cols)
         with self.phase("verify forward"):
             return self._target_forward(forward_batch)
 
-    def _decode_forward_batch(self, batch, draft_input, roots, positions, plan, cols=None):
+    def _decode_forward_batch(self, batch, host_lens, roots, positions, plan, cols=None):
         """The target's ordinary decode forward of every root: a DECODE batch without a
-        speculative input, its lengths counting the root, writing the root's KV at its plan's
-        slot (``cols``: the plan's first column, where its window is wider). Width 1's CUDA
+        speculative input, its lengths counting the root (on the host: ``host_lens``, the
+        prefix lengths or a bound of them, plus one), writing the root's KV at its plan's slot
+        (``cols``: the plan's first column, where its window is wider). Width 1's CUDA
         graphs are decode graphs (``width_graphs.py``), so this is plain decoding's forward
         batch and graph load, not a verify's."""
         model_runner = self.model_runner
@@ -125,7 +127,6 @@ class DecodeStep:
             raise RuntimeError(
                 "DDTREE: a decoding step found verify graphs in place of width 1's decode graphs."
             )
-        host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
         lens = {}
         if host_lens is not None:
             lens["seq_lens_cpu"] = host_lens + 1

@@ -65,6 +65,9 @@ class DraftKVGraphs:
         self.cache_loc = torch.zeros(rows, dtype=torch.int64, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
         self.commit_lens = torch.zeros(self.batch_sizes[-1], dtype=torch.int32, device=device)
+        # The batch size whose decoding-step commit lengths ``commit_lens`` holds (ones for its
+        # rows, zeros to its padded size), or None: a run of decoding steps writes them once.
+        self._roots_written: int | None = None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.held: list = []  # what the captured append reads and writes outside the graph pool
 
@@ -114,6 +117,7 @@ class DraftKVGraphs:
         )  # fmt: skip
         self.cache_loc[:n].copy_(cache_loc)
         self.commit_lens[:bs].copy_(commit_lens)
+        self._roots_written = None
         if padded > bs:
             self.commit_lens[bs:padded].zero_()
         graph.replay()
@@ -132,9 +136,11 @@ class DraftKVGraphs:
         self.hidden[:bs].copy_(hidden)
         self.positions[:bs].copy_(positions)
         self.cache_loc[:bs].copy_(cache_loc)
-        self.commit_lens[:bs].fill_(1)
-        if padded > bs:
-            self.commit_lens[bs:padded].zero_()
+        if self._roots_written != bs:
+            self.commit_lens[:bs].fill_(1)
+            if padded > bs:
+                self.commit_lens[bs:padded].zero_()
+            self._roots_written = bs
         graph.replay()
         return True
 

@@ -48,6 +48,21 @@ class Reservation:
         self.steps = 0  # decode steps prepared
         self.top_ups = 0  # of them, steps that allocated
         self.chunked = 0  # top-ups that took the chunk (the rest: the window alone)
+        self._empty_extras: dict[tuple[int, torch.device], tuple[torch.Tensor, ...]] = {}
+
+    def empty_extras(self, bs: int, device) -> tuple[torch.Tensor, ...]:
+        """The draft input's ``(topk_p, topk_index, hidden_states)`` of ``bs`` requests: DDTREE
+        relays none of them, so each is ``[bs, 0]``, made once per size (nothing writes into a
+        tensor without elements; filtering and merging make new ones)."""
+        key = (bs, torch.device(device))
+        extras = self._empty_extras.get(key)
+        if extras is None:
+            extras = self._empty_extras[key] = (
+                torch.empty((bs, 0), device=device, dtype=torch.float32),
+                torch.empty((bs, 0), device=device, dtype=torch.int64),
+                torch.empty((bs, 0), device=device, dtype=torch.float16),
+            )
+        return extras
 
     def prepare(self, draft_input: DDTreeDraftInput, batch) -> None:
         """``DFlashDraftInputV2.prepare_for_decode``'s reservation and host values (module
@@ -128,13 +143,15 @@ class DDTreeDraftInput(DFlashDraftInputV2):
     @classmethod
     def make(cls, reservation: Reservation, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor):
         """As SGLang's ``make_draft_input_v2``, with the worker's reservation."""
-        bs, device = int(new_seq_lens.numel()), bonus_tokens.device
+        topk_p, topk_index, hidden_states = reservation.empty_extras(
+            int(new_seq_lens.numel()), bonus_tokens.device
+        )
         return cls(
-            topk_p=torch.empty((bs, 0), device=device, dtype=torch.float32),
-            topk_index=torch.empty((bs, 0), device=device, dtype=torch.int64),
+            topk_p=topk_p,
+            topk_index=topk_index,
             bonus_tokens=bonus_tokens.to(dtype=torch.int64),
             new_seq_lens=new_seq_lens.to(dtype=torch.int64),
-            hidden_states=torch.empty((bs, 0), device=device, dtype=torch.float16),
+            hidden_states=hidden_states,
             reservation=reservation,
         )
 
