@@ -81,3 +81,21 @@ def test_idle_gaps_are_not_counted_between_rounds(clock):
     assert BETWEEN not in phases.totals
     _round(phases, clock, 0.0)  # a busy gap (2 ms) is counted
     assert phases.totals[BETWEEN] == pytest.approx(0.002)
+
+
+def test_a_phase_is_a_profiler_range_only_while_a_profiler_records(monkeypatch):
+    torch = phases_module.torch
+    phases = RoundPhases(interval=4, is_logging_rank=True)
+    record_function = torch.profiler.record_function
+    opened = []
+    monkeypatch.setattr(
+        torch.profiler, "record_function", lambda name: opened.append(name) or record_function(name)
+    )
+    with phases("verify"):  # no profiler: no range (it would cost every phase a few us)
+        pass
+    assert opened == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with phases("verify"):
+            torch.ones(2).sum()
+    assert opened == ["ddtree.verify"]
+    assert "ddtree.verify" in {event.name for event in prof.events()}

@@ -5,8 +5,9 @@ On a small model a decode round is bound by the host: Python and kernel launches
 GPU work. The CUDA work of a step is asynchronous, so the host time of a step is what it
 costs the round unless the step synchronises (then its time includes the GPU's wait,
 which shows up as one outsized step). ``between rounds`` is the host time from the end of
-one round to the start of the next: the scheduler's share. Each step is also a
-``torch.profiler.record_function`` range, so a profiler trace groups its kernels by step.
+one round to the start of the next: the scheduler's share. While a torch profiler records,
+each step is also a ``torch.profiler.record_function`` range, so its trace groups the kernels
+by step (otherwise the range is skipped: it costs a few microseconds a phase).
 
 Off (the default), a phase is a shared no-op context: nothing is timed or recorded.
 """
@@ -49,13 +50,16 @@ class _Phase:
         self._timer, self._name = timer, name
 
     def __enter__(self):
-        self._range = torch.profiler.record_function(f"ddtree.{self._name}")
-        self._range.__enter__()
+        self._range = None
+        if torch.autograd._profiler_enabled():
+            self._range = torch.profiler.record_function(f"ddtree.{self._name}")
+            self._range.__enter__()
         self._began = time.perf_counter()
 
     def __exit__(self, *exc):
         self._timer.totals[self._name] += time.perf_counter() - self._began
-        self._range.__exit__(*exc)
+        if self._range is not None:
+            self._range.__exit__(*exc)
         return False
 
 
