@@ -18,7 +18,10 @@ what the next drafting round reads:
 * the drafter's context KV of the root, from the target's hidden states (from a CUDA graph
   where captured), so that the drafter misses nothing when a later step drafts;
 * the result SGLang's speculative scheduler expects: one token a request (``accept_lens`` 1),
-  the new lengths published mid-step, the bonus as the next draft input.
+  the new lengths published before the forward (a round publishes after its accept; a
+  decoding step knows them at its start, so the scheduler's next step, which waits for them
+  where the attention backend needs host lengths, need not wait for this forward), the bonus
+  as the next draft input.
 
 Stop strings and the request's end are SGLang's one-token check (``stops.py`` only changes
 rounds of more than one token). Greedy output is the plain server's; sampled output draws what
@@ -56,6 +59,9 @@ class DecodeStep:
             positions = self._root_positions(batch, host_lens)
             plan = self._decode_plan(batch, draft_input)
             forward_batch = self._decode_forward_batch(batch, host_lens, roots, positions, plan)
+        new_seq_lens = forward_batch.seq_lens  # the prefix and the root
+        if on_publish is not None:  # known before the forward: the next step's wait on them ends here
+            on_publish(new_seq_lens)
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
         with self.phase("decode forward"):
             logits_output, can_run_graph = self._target_forward(forward_batch)
@@ -63,12 +69,9 @@ class DecodeStep:
         posterior = self._posterior(batch, logits_output, positions.view(bs, 1), bs)  # [bs, 1]
         next_ids = posterior.view(bs)
         self._finish_features(batch, features)
-        new_seq_lens = forward_batch.seq_lens  # the prefix and the root
         emitted = self._decode_accept_lens(bs)
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, torch.zeros_like(posterior))
-        if on_publish is not None:
-            on_publish(new_seq_lens)
         self._commit_root_draft_kv(plan, logits_output, positions)
         logits_output.hidden_states = None
         self.stats.record_decode_step(bs)
