@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -56,15 +57,15 @@ class DecodeStep:
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
         with self.phase("decode prepare"):
             host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
+            new_seq_lens = batch.seq_lens + 1  # the prefix and the root
             positions = self._root_positions(batch, host_lens)
-            plan = self._decode_plan(batch, draft_input)
-            forward_batch = self._decode_forward_batch(batch, host_lens, roots, positions, plan)
-        new_seq_lens = forward_batch.seq_lens  # the prefix and the root
+            plan = self._decode_plan(batch, draft_input, new_seq_lens)
+            forward_batch = self._decode_forward_batch(batch, host_lens, new_seq_lens, roots, positions, plan)
         if on_publish is not None:  # known before the forward: the next step's wait on them ends here
             on_publish(new_seq_lens)
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
         with self.phase("decode forward"):
-            logits_output, can_run_graph = self._target_forward(forward_batch)
+            logits_output, can_run_graph = self._target_forward(forward_batch, planned=False)
         self._apply_features(batch, features, logits_output, grammar_barrier)
         posterior = self._posterior(batch, logits_output, positions.view(bs, 1), bs)  # [bs, 1]
         next_ids = posterior.view(bs)
@@ -99,11 +100,19 @@ class DecodeStep:
             return batch.seq_lens
         return batch.seq_lens.clamp(max=self._last_position)
 
-    def _decode_plan(self, batch, draft_input):
+    def _decode_plan(self, batch, draft_input, new_seq_lens):
         """A decoding step's KV location plan: its window is each request's first reserved KV
-        slot (the root's final place)."""
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        slot = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
+        slot (the root's final place), read from ``req_to_token`` by one kernel as the round's
+        window is."""
+        slot = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens,
+            end_offset=new_seq_lens,
+            batch_size=len(new_seq_lens),
+            draft_token_num=1,
+            device=self.device,
+        )
         return self._kv_plan(batch, draft_input, slot, 1)
 
     def _verify_root(self, batch, draft_input, trees, plan):
@@ -113,19 +122,22 @@ class DecodeStep:
             cols = None if self.width == 1 else slice(0, 1)  # the first column of a wider window
             roots, positions = trees.tokens.reshape(-1), trees.positions.reshape(-1)
             host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
-            forward_batch = self._decode_forward_batch(batch, host_lens, roots, positions, plan, cols)
+            new_seq_lens = batch.seq_lens + 1
+            forward_batch = self._decode_forward_batch(
+                batch, host_lens, new_seq_lens, roots, positions, plan, cols
+            )
         with self.phase("verify forward"):
-            return self._target_forward(forward_batch)
+            return self._target_forward(forward_batch, planned=False)
 
-    def _decode_forward_batch(self, batch, host_lens, roots, positions, plan, cols=None):
+    def _decode_forward_batch(self, batch, host_lens, new_seq_lens, roots, positions, plan, cols=None):
         """The target's ordinary decode forward of every root: a DECODE batch without a
-        speculative input, its lengths counting the root (on the host: ``host_lens``, the
-        prefix lengths or a bound of them, plus one), writing the root's KV at its plan's slot
-        (``cols``: the plan's first column, where its window is wider). Width 1's CUDA
-        graphs are decode graphs (``width_graphs.py``), so this is plain decoding's forward
-        batch and graph load, not a verify's."""
+        speculative input, its lengths ``new_seq_lens`` counting the root (on the host:
+        ``host_lens``, the prefix lengths or a bound of them, plus one), writing the root's KV
+        at its plan's slot (``cols``: the plan's first column, where its window is wider).
+        Width 1's CUDA graphs are decode graphs (``width_graphs.py``), and the forward plans
+        its attention and loads its graph itself, as plain decoding's does (no pre-planned
+        load, whose replay would copy the inputs again)."""
         model_runner = self.model_runner
-        runner = model_runner.decode_cuda_graph_runner
         if captured_graph_mode(model_runner) not in (None, ForwardMode.DECODE):
             raise RuntimeError(
                 "DDTREE: a decoding step found verify graphs in place of width 1's decode graphs."
@@ -135,7 +147,7 @@ class DecodeStep:
             lens["seq_lens_cpu"] = host_lens + 1
             lens["seq_lens_sum"] = int(lens["seq_lens_cpu"].sum())
         decode = {"forward_mode": ForwardMode.DECODE, "spec_info": None, "input_ids": roots}
-        with borrowed(batch, seq_lens=batch.seq_lens + 1, **decode, **lens):
+        with borrowed(batch, seq_lens=new_seq_lens, **decode, **lens):
             forward_batch = ForwardBatch.init_new(
                 batch,
                 model_runner,
@@ -145,10 +157,6 @@ class DecodeStep:
                 write_cols=cols,
             )
         forward_batch.positions = positions  # clamped where a request reached its context
-        if runner is not None and runner.can_run_graph(forward_batch):
-            runner.load_batch(forward_batch)
-        else:
-            model_runner.attn_backend.init_forward_metadata(forward_batch)
         return forward_batch
 
     def _decode_accept_lens(self, bs: int) -> torch.Tensor:

@@ -379,12 +379,13 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         with self.phase("verify forward"):
             return self._target_forward(forward_batch)
 
-    def _target_forward(self, forward_batch):
+    def _target_forward(self, forward_batch, planned: bool = True):
         """The target's verify forward (at any width): its logits output with the logits
-        gathered, and whether it ran from a CUDA graph."""
+        gathered, and whether it ran from a CUDA graph. ``planned``: its attention metadata
+        (or graph load) was prepared with the batch (a verify); else the forward plans it."""
         self.widths.verify_started()  # the online budget prices a width by its verify's time
         out = self.target_worker.forward_batch_generation(
-            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+            batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=planned or None
         )
         self.widths.verify_finished()
         logits_output = out.logits_output
