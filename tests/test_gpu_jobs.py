@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +77,6 @@ def test_every_gpu_job_python_file_compiles():
 
 def _tar_xz(path: Path, files: dict[str, str]) -> None:
     import io
-    import tarfile
 
     with tarfile.open(path, "w:xz") as tar:
         for name, text in files.items():
@@ -87,8 +87,6 @@ def _tar_xz(path: Path, files: dict[str, str]) -> None:
 
 
 def _names(path: Path) -> set[str]:
-    import tarfile
-
     with tarfile.open(path, "r:xz") as tar:
         return {m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()}
 
@@ -363,3 +361,26 @@ def test_the_gpu_width1_arm_keeps_the_devices_plugins_and_adds_the_decode_check(
     monkeypatch.delenv("SGLANG_DDTREE_TEST_PLUGIN")
     assert arm_env("ddtree_fp32_graphs_auto_width1")["SGLANG_DDTREE_TEST_PLUGIN"] == "decode_check_plugin"
     assert "SGLANG_DDTREE_TEST_PLUGIN" not in arm_env("ddtree_fp32_graphs_auto")
+
+
+def test_a_killed_suite_s_loose_server_logs_are_packed_into_one_file(tmp_path):
+    logs = tmp_path / "gpu_server_logs"
+    logs.mkdir()
+    for arm in ("plain_fp32", "ddtree_fp32_graphs"):
+        (logs / f"{arm}.log").write_text(f"{arm} started\n")
+    script = f'source "{ROOT}/gpu/jobs/kernel_tests.sh" && pack_server_logs && pack_server_logs'
+    out = subprocess.run(
+        ["bash", "-c", script],
+        env={**os.environ, "GPU_RESULTS_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_server_logs.tar.gz"]
+    with tarfile.open(tmp_path / "gpu_server_logs.tar.gz") as tar:
+        assert sorted(tar.getnames()) == [
+            "gpu_server_logs",
+            "gpu_server_logs/ddtree_fp32_graphs.log",
+            "gpu_server_logs/plain_fp32.log",
+        ]

@@ -17,7 +17,17 @@ timed_tests() {
   shift 2
   collected=$(mktemp)
   python -m pytest "$@" --collect-only -q > "$collected" 2>&1
-  timeout -k 30 "$seconds" python -m pytest "$@" -v -rA >> "$log" 2>&1  # -k: a teardown that hangs after TERM
+  timeout -k 60 "$seconds" python -m pytest "$@" -v -rA >> "$log" 2>&1  # -k: a teardown that hangs after TERM
   python "$(dirname "${BASH_SOURCE[0]}")/unfinished_tests.py" "$collected" "$log" >> "$log"
   rm -f "$collected"
+  pack_server_logs
+}
+
+# `pack_server_logs`: the serving suite's server logs as its teardown packs them
+# ($GPU_RESULTS_DIR/gpu_server_logs.tar.gz), where a run killed before its teardown left them as
+# files: a call brings back at most 8 files, and loose logs would crowd out the compile caches.
+pack_server_logs() {
+  local dir="${GPU_RESULTS_DIR:-${OUT:-/tmp/out}}"
+  [ -d "$dir/gpu_server_logs" ] || return 0
+  tar czf "$dir/gpu_server_logs.tar.gz" -C "$dir" gpu_server_logs && rm -rf "$dir/gpu_server_logs"
 }
