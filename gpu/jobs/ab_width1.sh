@@ -27,8 +27,9 @@
 # graph set per width), then 5 arms x 4 levels x REPEATS passes of ~2.5 s: ~4 min at REPEATS=4; no
 # pass starts after TIME_LIMIT_S (400), the tool is stopped at AB_S (440).
 # STEP_PROFILE=1: the timed arms also run their decode launches under cProfile
-# (SGLANG_STEP_TIMER_PROFILE), written to $OUT/<SERIES>_<arm>.pstats: where the host time of a step
-# goes, function by function (`python -m pstats FILE`).
+# (SGLANG_STEP_TIMER_PROFILE), written to <SERIES>_<arm>.pstats in the logs' tarball: where the host
+# time of a step goes, function by function (`python -m pstats FILE`); the tarball's
+# diagnostics.txt holds the timers' lines and each profile's top 45.
 # Variables: SERIES (pycode-4l_h200_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
@@ -51,8 +52,8 @@ ARMS_DEFAULT="plain,ddtree@auto64,plain+again"
 ARM_ENV=(--arm-env "ddtree@auto64=SGLANG_DDTREE_BUDGET_COST_TABLE=$TABLE")
 if [ "${TIMED:-1}" = 1 ]; then
   ARMS_DEFAULT="$ARMS_DEFAULT,plain+timed,ddtree@auto64+timed"
-  profiled() {  # STEP_PROFILE=1: the arm's cProfile of its decode launches, brought back
-    [ "${STEP_PROFILE:-0}" = 1 ] && echo " SGLANG_STEP_TIMER_PROFILE=$OUT/${SERIES}_$1.pstats"
+  profiled() {  # STEP_PROFILE=1: the arm's cProfile of its decode launches, brought back in the logs
+    [ "${STEP_PROFILE:-0}" = 1 ] && echo " SGLANG_STEP_TIMER_PROFILE=$RAW/${SERIES}_$1.pstats"
   }
   ARM_ENV+=(--arm-env "plain+timed=$TIMER$(profiled plain-timed)")
   ARM_ENV+=(--arm-env "ddtree@auto64+timed=$TIMER$(profiled ddtree-auto64-timed) SGLANG_DDTREE_PHASE_TIMES=64")
@@ -74,14 +75,19 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --label pycode-4l --device-name h200 --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
+# The timers' lines and the profiles' tops in one file beside the logs: a call brings back 8 files,
+# and the logs' tarball (which holds this file and the .pstats) is one of them.
+{
+  grep -h "STEP TIMER us/step\|STEP TIMER syncs/step\|DDTREE phase host us/round" "$RAW"/*/*.log "$RAW"/*.log 2>/dev/null
+  for stats in "$RAW/${SERIES}"_*.pstats; do  # STEP_PROFILE=1: the functions that take a step's host time
+    [ -f "$stats" ] || continue
+    echo "== $stats"
+    python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$stats" 2>&1 \
+      | grep -v "^$" | cut -c1-160
+  done
+} > "$RAW/diagnostics.txt"
 source "$(dirname "$0")/ab_logs.sh"
 bring_back_logs "$RAW" "$SERIES"
-grep -h "STEP TIMER us/step\|STEP TIMER syncs/step\|DDTREE phase host us/round" "$RAW"/*/*.log "$RAW"/*.log 2>/dev/null | tail -40
+grep -h "STEP TIMER us/step\|DDTREE phase host us/round" "$RAW/diagnostics.txt" | tail -12
 head -60 "$OUT/$SERIES.md" 2>/dev/null
-for stats in "$OUT/${SERIES}"_*.pstats; do  # STEP_PROFILE=1: the functions that take a step's host time
-  [ -f "$stats" ] || continue
-  echo "== $stats"
-  python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$stats" 2>&1 \
-    | grep -v "^$" | cut -c1-160 | tail -48
-done
 exit $rc

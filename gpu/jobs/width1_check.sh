@@ -11,12 +11,16 @@
 # CHECK_ARMS and CHECK_K narrow stage 1 (e.g. CHECK_ARMS=plain_fp32,ddtree_fp32_graphs_auto_width1
 # CHECK_K="online_budget and width1"); TIMED=1 STEP_PROFILE=1 PROFILE=plain@1,ddtree@auto64@1 give
 # stage 2 the timed arms, their cProfile and the device profile (ab_width1.sh).
-# $OUT: online_budget.log, gpu_server.json, gpu_server_logs.tar.gz, the width-1 series and its logs.
+# $OUT: online_budget.log, online_budget_servers.tar (gpu_server.json, gpu_server_logs.tar.gz), the
+# width-1 series and its logs (with the diagnostics of the timed arms: ab_width1.sh).
 set -o pipefail
 export GPU_RESULTS_DIR="$OUT"
 GPU_SERVER_ARMS="${CHECK_ARMS:-plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1}" \
   timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k "${CHECK_K:-online_budget}" -p no:cacheprovider -v -rA 2>&1 \
   | tee "$OUT/online_budget.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped|decode_check"
+# the run's record and server logs as one file (a call brings back 8: room for the Triton cache)
+( cd "$OUT" && tar cf online_budget_servers.tar gpu_server.json gpu_server_logs.tar.gz 2>/dev/null \
+  && rm -f gpu_server.json gpu_server_logs.tar.gz )
 left=$(( ${JOB_S:-570} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
 echo "[width1_check] ${left} s left for the A/B"
 [ "$left" -lt 150 ] && exit 0
