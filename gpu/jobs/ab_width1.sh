@@ -30,9 +30,17 @@
 # (SGLANG_STEP_TIMER_PROFILE), written to <SERIES>_<arm>.pstats in the logs' tarball: where the host
 # time of a step goes, function by function (`python -m pstats FILE`); the tarball's
 # diagnostics.txt holds the timers' lines and each profile's top 45.
+# FIT_TO_CALL_S: run in what is left of a call of that many seconds from its start (DEVICE_T0):
+# TIME_LIMIT_S and AB_S follow from it, nothing runs with less than MIN_LEFT_S (150) left.
 # Variables: SERIES (pycode-4l_h200_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
+if [ -n "${FIT_TO_CALL_S:-}" ]; then  # a job's later stage: what is left of a call of FIT_TO_CALL_S seconds
+  left=$(( FIT_TO_CALL_S - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
+  echo "[ab_width1] ${left} s left of the call"
+  [ "$left" -lt "${MIN_LEFT_S:-150}" ] && exit 0
+  TIME_LIMIT_S=$(( left - 90 )) AB_S=$(( left - 20 ))
+fi
 P=lab/models/pairs/pycode-4l
 SERIES="${SERIES:-pycode-4l_h200_width1_ab}"
 RAW=/tmp/ab_width1_raw

@@ -9,8 +9,5 @@
 set -o pipefail
 env KERNEL_TESTS_S="${KERNEL_TESTS_S:-0}" K26_WARM="${K26_WARM:-0}" SUITE_S="${SUITE_S:-330}" \
   JOB_S="${JOB_S:-575}" bash gpu/jobs/suite.sh
-left=$(( ${JOB_S:-575} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
-echo "[suite_width1] ${left} s left for the A/B"
-[ "$left" -lt 200 ] && exit 0
-env TIMED="${TIMED:-0}" PROFILE="${PROFILE-}" CONC="${CONC:-1,64}" PROMPTS="${PROMPTS:-8,128}" REPEATS="${REPEATS:-2}" \
-  TIME_LIMIT_S=$(( left - 90 )) AB_S=$(( left - 20 )) bash gpu/jobs/ab_width1.sh
+env FIT_TO_CALL_S="${JOB_S:-575}" MIN_LEFT_S=200 TIMED="${TIMED:-0}" PROFILE="${PROFILE-}" CONC="${CONC:-1,64}" \
+  PROMPTS="${PROMPTS:-8,128}" REPEATS="${REPEATS:-2}" bash gpu/jobs/ab_width1.sh

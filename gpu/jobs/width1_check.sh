@@ -19,10 +19,9 @@ GPU_SERVER_ARMS="${CHECK_ARMS:-plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_gra
   timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k "${CHECK_K:-online_budget}" -p no:cacheprovider -v -rA 2>&1 \
   | tee "$OUT/online_budget.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped|decode_check"
 # the run's record and server logs as one file (a call brings back 8: room for the Triton cache)
+source "$(dirname "$0")/kernel_tests.sh"
+pack_server_logs  # a run cut before its teardown left them loose
 ( cd "$OUT" && tar cf online_budget_servers.tar gpu_server.json gpu_server_logs.tar.gz 2>/dev/null \
   && rm -f gpu_server.json gpu_server_logs.tar.gz )
-left=$(( ${JOB_S:-570} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
-echo "[width1_check] ${left} s left for the A/B"
-[ "$left" -lt 150 ] && exit 0
-env TIMED="${TIMED:-0}" PROFILE="${PROFILE-}" CONC="${CONC:-1,64}" PROMPTS="${PROMPTS:-8,128}" REPEATS="${REPEATS:-3}" \
-  TIME_LIMIT_S=$(( left - 90 )) AB_S=$(( left - 20 )) bash gpu/jobs/ab_width1.sh
+env FIT_TO_CALL_S="${JOB_S:-570}" TIMED="${TIMED:-0}" PROFILE="${PROFILE-}" CONC="${CONC:-1,64}" PROMPTS="${PROMPTS:-8,128}" \
+  REPEATS="${REPEATS:-3}" bash gpu/jobs/ab_width1.sh

@@ -56,8 +56,7 @@ class DecodeStep:
         request (``accept_lens`` 1), which is also the next root."""
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
         with self.phase("decode prepare"):
-            host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
-            new_seq_lens = batch.seq_lens + 1  # the prefix and the root
+            host_lens, new_seq_lens = self._root_lens(batch, draft_input)
             positions = self._root_positions(batch, host_lens)
             plan = self._decode_plan(batch, draft_input, new_seq_lens)
             forward_batch = self._decode_forward_batch(batch, host_lens, new_seq_lens, roots, positions, plan)
@@ -92,6 +91,11 @@ class DecodeStep:
         trees, _ = self.widths.root_only(roots, prefix_lens, self._last_position)
         return trees
 
+    def _root_lens(self, batch, draft_input):
+        """The prefix lengths on the host (or a bound of them; None where neither is known
+        there) and, on the device, the lengths counting the root."""
+        return prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1), batch.seq_lens + 1
+
     def _root_positions(self, batch, host_lens):
         """Each root's position, its prefix length: clamped to the last position of the RoPE
         tables where a request may have reached its context (it emits nothing more), known from
@@ -121,8 +125,7 @@ class DecodeStep:
         with self.phase("verify prepare"):
             cols = None if self.width == 1 else slice(0, 1)  # the first column of a wider window
             roots, positions = trees.tokens.reshape(-1), trees.positions.reshape(-1)
-            host_lens = prefix_lens_bound_cpu(batch, draft_input, self._last_position + 1)
-            new_seq_lens = batch.seq_lens + 1
+            host_lens, new_seq_lens = self._root_lens(batch, draft_input)
             forward_batch = self._decode_forward_batch(
                 batch, host_lens, new_seq_lens, roots, positions, plan, cols
             )

@@ -50,11 +50,11 @@ class Reservation:
         self.chunked = 0  # top-ups that took the chunk (the rest: the window alone)
         self._empty_extras: dict[tuple[int, torch.device], tuple[torch.Tensor, ...]] = {}
 
-    def empty_extras(self, bs: int, device) -> tuple[torch.Tensor, ...]:
+    def empty_extras(self, bs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The draft input's ``(topk_p, topk_index, hidden_states)`` of ``bs`` requests: DDTREE
         relays none of them, so each is ``[bs, 0]``, made once per size (nothing writes into a
         tensor without elements; filtering and merging make new ones)."""
-        key = (bs, torch.device(device))
+        key = (bs, device)
         extras = self._empty_extras.get(key)
         if extras is None:
             extras = self._empty_extras[key] = (

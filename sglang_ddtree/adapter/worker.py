@@ -64,7 +64,7 @@ from .reservation import NextDraftInputs, Reservation
 from .stats import TreeStats
 from .tp_check import tp_tree_check
 from .verify_graph_memory import release_decode_scratch
-from .verify_input import DDTreeVerifyInput, prefix_lens_bound_cpu
+from .verify_input import DDTreeVerifyInput, borrowed, prefix_lens_bound_cpu
 from .width_policy import FixedWidth
 from .widths import LOG_EVERY, StepWidths
 
@@ -384,7 +384,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         gathered, and whether it ran from a CUDA graph. ``planned``: its attention metadata
         (or graph load) was prepared with the batch (a verify); else the forward plans it."""
         self.widths.verify_started()  # the online budget prices a width by its verify's time
-        out = self.target_worker.forward_batch_generation(
+        out = self.target_worker.forward_batch_generation(  # unplanned: not marked (None), so it plans
             batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=planned or None
         )
         self.widths.verify_finished()
@@ -413,17 +413,16 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
     def _prepare_verify(self, batch, draft_input, verify_input, window):
         """The target's forward batch of ``verify_input``, writing ``window``; the host
         lengths its attention reads bound the prefix plus this step's width."""
-        width = verify_input.draft_token_num
         batch.out_cache_loc = window
-        seq_lens_cpu, seq_lens_sum = batch.seq_lens_cpu, batch.seq_lens_sum
-        if seq_lens_cpu is not None:
-            batch.seq_lens_cpu = seq_lens_cpu + width
-            batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        lens = {}
+        if batch.seq_lens_cpu is not None:
+            host = batch.seq_lens_cpu + verify_input.draft_token_num
+            lens = {"seq_lens_cpu": host, "seq_lens_sum": int(host.sum())}
         elif draft_input.nxt_kv_lens_cpu is not None:
-            batch.seq_lens_cpu = draft_input.nxt_kv_lens_cpu
-            batch.seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
-        forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-        batch.seq_lens_cpu, batch.seq_lens_sum = seq_lens_cpu, seq_lens_sum
+            host = draft_input.nxt_kv_lens_cpu
+            lens = {"seq_lens_cpu": host, "seq_lens_sum": int(draft_input.nxt_kv_lens_sum)}
+        with borrowed(batch, **lens):
+            forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         return forward_batch
 
     @timed("posterior")
