@@ -53,6 +53,9 @@ export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 CUDA_HOME="${CUDA_HOME:-/usr/
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
   GPU_RESULTS_DIR="$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
+# The device part of the series names the jobs write (h200, h100, ...): the GPU this call got,
+# which need not be the kind asked for.
+export DEVICE_NAME="${DEVICE_NAME:-$(python -c 'from sglang_ddtree.ab.stamp import device_name; print(device_name(False))' 2>/dev/null)}"
 "$@"
 rc=$?
 say "job exited with $rc"

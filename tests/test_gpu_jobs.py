@@ -281,6 +281,8 @@ def test_tp2_runs_the_ab_tool_at_tp2_beside_the_suite(tmp_path):
     assert "profile: ddtree@32 at c=8, 10 steps" in out
     assert "the first pass waits for /tmp/ddtree-tp2-suite-done" in out
     assert "series pycode-4l_h200x2_tp2_ab" in out
+    # the series names the GPU the call got (gpu/device.sh's DEVICE_NAME), not the kind asked for
+    assert "series pycode-4l_h100x2_tp2_ab" in _dry_job(tmp_path / "h100", "tp2.sh", DEVICE_NAME="h100")
     assert (tmp_path / "out" / "tp2_logs.tar.gz").exists()
 
 

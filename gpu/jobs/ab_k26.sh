@@ -20,7 +20,7 @@
 # ARM+heapq (e.g. ddtree@32+heapq beside ddtree@32): the arm with its tree built by Python's heapq on
 # the host, as SGLang's own DDTree builds it (the preset gives it SGLANG_DDTREE_TREE_BACKEND=python).
 # Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
-# Writes k26-rank_h200_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
+# Writes k26-rank_<device>_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
 # starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
 # is left of the call (JOB_S, 560 s from the call's start, less the Marlin build under PRECOMPILE=1),
 # so that the report and the caches always come back: AB_S = what is left, TIME_LIMIT_S = AB_S - 180
@@ -33,7 +33,7 @@
 # parallel, instead of letting the first server build them one after the other).
 set -o pipefail
 MODEL="${MODEL_DIR:-/tmp/k26-rank}"
-SERIES="k26-rank_h200_${WHAT:-ab}"
+SERIES="k26-rank_${DEVICE_NAME:-h200}_${WHAT:-ab}"
 RAW="/tmp/${SERIES}_raw"
 rm -rf "$RAW"
 if [ "${PRECOMPILE:-0}" = 1 ]; then
@@ -52,7 +52,7 @@ timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "
   --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-3}" \
   --concurrency "${CONC:-1,8,32,64}" --num-prompts "${PROMPTS:-8,16,32,64}" --output-len "${OUTPUT_LEN:-64}" \
   --time-limit "$TIME_LIMIT_S" --start-timeout 400 --keep-going \
-  --device-name h200 --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
+  --device-name "${DEVICE_NAME:-h200}" --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
 cp /tmp/k26-rank_h200_work/recording.json "$OUT/${SERIES}_recording.json" 2>/dev/null  # see above
 source "$(dirname "$0")/ab_logs.sh"

@@ -7,8 +7,8 @@
 # order, REPEATS passes per arm and level, each repeat one pass of every arm in a rotated order.
 # Load: the held-out Python prompts (token ids) through sglang.bench_serving, output lengths drawn
 # from [OUTPUT_LEN/2, OUTPUT_LEN] (the same for every arm).
-# Writes the series pycode-4l_h200_ab.{json,md,png} and its server/bench logs
-# (pycode-4l_h200_ab_logs.tar.gz) to $OUT. Run through the device command, carrying the bundle
+# Writes the series pycode-4l_<device>_ab.{json,md,png} (<device>: the GPU the call got, e.g. h200) and its server/bench logs
+# (pycode-4l_<device>_ab_logs.tar.gz) to $OUT. Run through the device command, carrying the bundle
 # and the compile caches (docs/gpu.md, "What a call carries"):
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/ab_pair.sh
 # Time: the servers start together (~1-2 min with the caches carried; the online budget's arm
@@ -18,7 +18,7 @@
 # TIME_LIMIT_S (400) from the tool's start, and the tool is stopped at AB_S (440; it writes what
 # was measured): the job ends within ~8 min. Passes past the limit are listed as skipped; an arm
 # whose server does not start within 360 s is dropped and reported (--keep-going), the rest measured.
-# Variables: SERIES (pycode-4l_h200_ab), REPEATS (4), CONC (1,4,16,64), PROMPTS (8,16,48,128: requests per pass, one per
+# Variables: SERIES (pycode-4l_<device>_ab), REPEATS (4), CONC (1,4,16,64), PROMPTS (8,16,48,128: requests per pass, one per
 # level), OUTPUT_LEN (128), ARMS, TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 # More arms, each a ninth server beside the eight (9 x 0.08 still fits the H200):
 #  - ddtree@auto64+width1 (a variant: ddtree@auto64 stays in ARMS): the online budget's fallback to
@@ -33,7 +33,7 @@
 # (docs/ab.md; the traces stay out of the logs brought back, their summaries are in the series).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
-SERIES="${SERIES:-pycode-4l_h200_ab}"
+SERIES="${SERIES:-pycode-4l_${DEVICE_NAME:-h200}_ab}"
 RAW=/tmp/ab_pair_raw
 rm -rf "$RAW"
 source "$(dirname "$0")/pair_server_args.sh"
@@ -53,7 +53,7 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --dataset custom --dataset-path "$P/heldout_prompts.json" \
   --output-len "${OUTPUT_LEN:-128}" --range-ratio 0.5 \
   --check-prompts 4 --check-tokens 32 --start-timeout 360 --keep-going \
-  --label pycode-4l --device-name h200 --series "$SERIES" \
+  --label pycode-4l --device-name "${DEVICE_NAME:-h200}" --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
 source "$(dirname "$0")/ab_logs.sh"

@@ -21,7 +21,7 @@
 # "STEP TIMER us/step" and "STEP TIMER syncs/step" (both timed arms; a step that waits for the
 # device loses the overlap) and "DDTREE phase host us/round" (lab/notes/no-spec-step.md, "On the
 # H200 next").
-# Writes the series pycode-4l_h200_width1_ab.{json,md,png} and its logs to $OUT:
+# Writes the series pycode-4l_<device>_width1_ab.{json,md,png} (<device>: the GPU the call got) and its logs to $OUT:
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/ab_width1.sh
 # Time: five servers up at once (~1-2 min with the caches carried; the DDTREE arm captures a verify
 # graph set per width), then 5 arms x 4 levels x REPEATS passes of ~2.5 s: ~4 min at REPEATS=4; no
@@ -32,7 +32,7 @@
 # diagnostics.txt holds the timers' lines and each profile's top 45.
 # FIT_TO_CALL_S: run in what is left of a call of that many seconds from its start (DEVICE_T0):
 # TIME_LIMIT_S and AB_S follow from it, nothing runs with less than MIN_LEFT_S (150) left.
-# Variables: SERIES (pycode-4l_h200_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
+# Variables: SERIES (pycode-4l_<device>_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
 if [ -n "${FIT_TO_CALL_S:-}" ]; then  # a job's later stage: what is left of a call of FIT_TO_CALL_S seconds
@@ -42,7 +42,7 @@ if [ -n "${FIT_TO_CALL_S:-}" ]; then  # a job's later stage: what is left of a c
   TIME_LIMIT_S=$(( left - 90 )) AB_S=$(( left - 20 ))
 fi
 P=lab/models/pairs/pycode-4l
-SERIES="${SERIES:-pycode-4l_h200_width1_ab}"
+SERIES="${SERIES:-pycode-4l_${DEVICE_NAME:-h200}_width1_ab}"
 RAW=/tmp/ab_width1_raw
 rm -rf "$RAW" && mkdir -p "$RAW"
 TABLE="$RAW/width1_costs_64.json"
@@ -80,7 +80,7 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --output-len "${OUTPUT_LEN:-128}" --range-ratio 0.5 \
   --check-prompts 4 --check-tokens 32 --start-timeout 360 --keep-going \
   "${PROFILE_ARGS[@]}" \
-  --label pycode-4l --device-name h200 --series "$SERIES" \
+  --label pycode-4l --device-name "${DEVICE_NAME:-h200}" --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
 # The timers' lines and the profiles' tops in one file beside the logs: a call brings back 8 files,

@@ -23,7 +23,7 @@
 # Variables: SUITE_S (360), AB_S (465), TIME_LIMIT_S (425), REPEATS (3), AB_ARGS (more flags, last).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
-SERIES=pycode-4l_h200x2_tp2_ab
+SERIES="pycode-4l_${DEVICE_NAME:-h200}x2_tp2_ab"
 DONE=/tmp/ddtree-tp2-suite-done
 LOGS="$OUT/tp2_logs"
 RAW=/tmp/tp2_ab_raw
@@ -49,7 +49,7 @@ timeout -s TERM "${AB_S:-465}" python -m sglang_ddtree.ab \
   --dataset custom --dataset-path "$P/heldout_prompts.json" --output-len 128 --range-ratio 0.5 \
   --check-prompts 4 --check-tokens 32 --start-timeout 330 --keep-going \
   --time-limit "${TIME_LIMIT_S:-425}" --wait-file "$DONE" \
-  --label pycode-4l --device-name h200x2 --series "$SERIES" \
+  --label pycode-4l --device-name "${DEVICE_NAME:-h200}x2" --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 say "A/B exited with $?"
 wait
