@@ -12,8 +12,14 @@
 # then DRAFTER=<NAME> gpu/jobs/trace_pair.sh records its trace, and on the CPU
 # `python -m lab.bench.pair_eval --drafter <NAME>` measures its acceptance through real servers.
 # Variables: NAME (drafter-d4), MINUTES (7: continuations and training), TRAIN_ARGS (more flags, e.g.
-# --draft-layers 6 --target-layer-ids 0,1,2,3 --greedy-share 0.5), DATA (.carry/pair/pair-data.tar.xz).
+# --draft-layers 6 --target-layer-ids 0,1,2,3 --greedy-share 0.5), DATA (.carry/pair/pair-data.tar.xz),
+# PRECOMPILE_K26=1 (the K2.6 rank's Marlin kernels built beside the training on the CPU cores the
+# training leaves idle, so one call also warms the cache the K2.6 calls need; gpu/device.sh saves it).
 set -o pipefail
+if [ "${PRECOMPILE_K26:-0}" = 1 ]; then
+  source "$(dirname "$0")/precompile_k26.sh"
+  precompile_k26 "${PRECOMPILE_S:-500}"
+fi
 NAME="${NAME:-drafter-d4}"
 P=lab/models/pairs/pycode-4l
 D=/tmp/pair-data
@@ -24,4 +30,5 @@ python -m lab.models.train_drafter --pair "$P" --name "$NAME" --data "$D/full" -
   --time-limit "${MINUTES:-7}" ${TRAIN_ARGS:-}
 rc=$?
 [ -d "$P/$NAME" ] && tar cf "$OUT/$NAME.tar" -C "$P" "$NAME"
+wait && [ "${PRECOMPILE_K26:-0}" = 1 ] && tail -2 /tmp/precompile_k26.log
 exit $rc
