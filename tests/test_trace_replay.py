@@ -17,7 +17,7 @@ import pytest
 import torch
 from serving import SHARED_SERVERS, server_spec
 
-from lab.bench.draw_trace import build_trace
+from lab.bench.draw_trace import build_trace, read_json, write_json
 from lab.bench.replay_drafter import Recording
 from lab.bench.trace_replay import TraceReplayDrafter, resolve_offsets
 
@@ -71,6 +71,15 @@ def test_a_trace_joins_each_rounds_draws_with_the_continuation():
     assert (summary["unknown_prompt"], summary["past_end"], summary["off_continuation"]) == (1, 1, 1)
     assert summary["top1_share"] == [0.5, 0.25] and summary["in_topk_share"] == [0.75, 0.5]
     assert (trace["depth"], trace["topk"]) == (2, 3)
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz", "t.json.xz"])
+def test_a_trace_file_is_read_back_as_written_and_compressed_by_its_suffix(tmp_path, name):
+    trace = build_trace([CONTINUATION], [([row(2, [[11, 99], [12, 98]])], None)], topk=2)
+    write_json(tmp_path / name, trace)
+    assert read_json(tmp_path / name) == trace
+    magic = (tmp_path / name).read_bytes()[:6]
+    assert magic.startswith({"t.json": b"{", "t.json.gz": b"\x1f\x8b", "t.json.xz": b"\xfd7zXZ"}[name])
 
 
 def _req(slot: int, prompt: list[int]):

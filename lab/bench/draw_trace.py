@@ -8,7 +8,8 @@ and under greedy decoding the context is the target's greedy continuation whatev
 So a draw is keyed by (prompt, root offset) alone; arms of different budgets root their rounds
 at different offsets, and the trace is the union of every recorded arm's rounds.
 
-Format (``ddtree-trace/1``; JSON, gzip where the name ends in ``.gz``)::
+Format (``ddtree-trace/1``; JSON, gzip where the name ends in ``.gz``, xz in ``.xz``: about two
+thirds of gzip's size, which counts where a trace travels to the GPU beside the bundle)::
 
     {"format": "ddtree-trace/1", "depth": D, "topk": K, "decimals": 3, "summary": {...},
      "requests": [{"prompt": <hash>, "prompt_len": n, "length": <continuation tokens>,
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import lzma
 from pathlib import Path
 
 from lab.bench.draw_recorder import prompt_hash
@@ -40,15 +42,18 @@ DECIMALS = 3
 # --------------------------------------------------------------------------- reading
 
 
+def _opener(path: Path):
+    name = str(path)
+    return gzip.open if name.endswith(".gz") else lzma.open if name.endswith(".xz") else open
+
+
 def read_json(path: Path):
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
+    with _opener(path)(path, "rt") as f:
         return json.load(f)
 
 
 def write_json(path: Path, data) -> None:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "wt") as f:
+    with _opener(path)(path, "wt") as f:
         json.dump(data, f, separators=(",", ":"))
 
 
