@@ -35,11 +35,11 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _train(pair: Path, data: Path, *extra: str) -> int:
+def _train(pair: Path, data: Path, *extra: str, layers: str = "0,2") -> int:
     from lab.models.train_drafter import main
 
     argv = ["--pair", str(pair), "--name", "drafter-test", "--device", "cpu", "--data", str(data)]
-    argv += ["--draft-layers", "1", "--target-layer-ids", "0,3", "--gen-sequences", "4"]
+    argv += ["--draft-layers", "1", "--target-layer-ids", layers, "--gen-sequences", "4"]
     return main([*argv, "--draft-steps", "2", "--draft-batch", "2", "--eval-prompts", "3", *extra])
 
 
@@ -54,7 +54,7 @@ def test_a_second_drafter_is_a_drafter_folder_for_the_unchanged_target(tmp_path)
     config = json.loads((out / "config.json").read_text())
     ours = json.loads((PAIR / "drafter" / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and ours["num_hidden_layers"] == 2
-    assert config["dflash_config"]["target_layer_ids"] == [0, 3]
+    assert config["dflash_config"]["target_layer_ids"] == [0, 2]
     assert config["dflash_config"]["mask_token_id"] == ours["dflash_config"]["mask_token_id"]
     assert "mask_embedding" not in load_file(out / "model.safetensors")  # the target's row serves it
     assert _digest(pair / "target" / "model.safetensors") == target_before
@@ -65,6 +65,14 @@ def test_a_second_drafter_is_a_drafter_folder_for_the_unchanged_target(tmp_path)
         record["drafter"]["steps"] == 2
         and 1.0 <= record["drafter"]["greedy_chain_tokens_per_round_estimate"] <= 8.0
     )
+
+
+def test_a_drafter_reading_the_targets_last_layer_is_refused_before_training(tmp_path):
+    """SGLang taps layer k at layer k + 1's input: a drafter reading the last of the target's 4
+    layers would train, then fail at its first served round (a feature-width mismatch)."""
+    with pytest.raises(SystemExit, match="can read layers 0..2 of the target's 4"):
+        _train(PAIR, tmp_path / "never-prepared", layers="0,1,3")
+    assert not (tmp_path / "never-prepared").exists()
 
 
 def test_the_corpus_is_encoded_by_the_pairs_own_tokenizer(tmp_path):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU job: a second drafter for the trained pair's target, more confident than the pair's own
-# (python -m lab.models.train_drafter: 4 layers reading target layers 0, 1 and 3, trained on the
+# (python -m lab.models.train_drafter: 4 layers reading target layers 0, 1 and 2, trained on the
 # target's greedy continuations), then its chain accept length estimated on the held-out prompts.
 # The corpus is cut from the CPU machine's packages as the pair's was and encoded by the pair's
 # tokenizer, prepared there and carried (the GPU machine's packages are other files):

@@ -4,7 +4,7 @@ and on the target's greedy continuations), to record a real drafter's draws at t
 of Kimi's (chain accept length about 5) rather than the pair's (about 2.4).
 
     python -m lab.models.train_drafter --pair lab/models/pairs/pycode-4l --name drafter-d4 \\
-        [--draft-layers 4] [--target-layer-ids 0,1,3] [--greedy-share 1.0] [--gen-share 1.0] \\
+        [--draft-layers 4] [--target-layer-ids 0,1,2] [--greedy-share 1.0] [--gen-share 1.0] \\
         [--gen-sequences 32768] [--draft-steps N] [--time-limit MINUTES] [--data DIR] [--device cuda]
 
 The corpus is cut as the pair's was, from this Python's packages, and encoded by the pair's own
@@ -96,7 +96,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--data", type=Path, default=None, help="prepared-data cache (default: in the cache dir)")
     p.add_argument("--draft-layers", type=int, default=4)
-    p.add_argument("--target-layer-ids", default="0,1,3", help="target layers the drafter reads")
+    p.add_argument(
+        "--target-layer-ids",
+        default="0,1,2",
+        help="target layers the drafter reads (not the last: SGLang taps layer k at layer k + 1's input)",
+    )
     p.add_argument("--greedy-share", type=float, default=1.0, help="greedy share of the continuations")
     p.add_argument("--gen-share", type=float, default=1.0, help="continuations' share of a batch")
     p.add_argument("--gen-sequences", type=int, default=32768)
@@ -120,8 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pair_spec, target, vocab, mask_id = load_target(args.pair, device)
     layers = tuple(int(x) for x in args.target_layer_ids.split(","))
-    if not all(0 <= i < pair_spec.layers for i in layers):
-        raise SystemExit(f"error: --target-layer-ids: the target has layers 0..{pair_spec.layers - 1}")
+    if not all(0 <= i < pair_spec.layers - 1 for i in layers):
+        # SGLang captures layer k's output as layer k + 1's input, so a server has no tap after
+        # the last layer: a drafter reading it trains here and fails at its first served round
+        raise SystemExit(
+            f"error: --target-layer-ids: a served drafter can read layers 0..{pair_spec.layers - 2} "
+            f"of the target's {pair_spec.layers} (SGLang has no tap after the last)"
+        )
     spec = replace(
         pair_spec,
         draft_layers=args.draft_layers,
