@@ -82,6 +82,20 @@ def test_a_trace_file_is_read_back_as_written_and_compressed_by_its_suffix(tmp_p
     assert magic.startswith({"t.json": b"{", "t.json.gz": b"\x1f\x8b", "t.json.xz": b"\xfd7zXZ"}[name])
 
 
+def test_a_trace_narrower_than_the_ask_is_padded_below_every_recorded_log_prob():
+    """A trace of top-2 asked for 4 ranks (the recorder beside a replay asks its own k): the
+    recorded two, then the floor, and the rank kept."""
+    from lab.bench.replay_profiles import LOG_FLOOR
+    from lab.bench.trace_replay import TraceTables
+
+    request = {"prompt": "x", "prompt_len": 2, "length": 2, "offsets": [0]}
+    request |= {"logp": [[[-0.1, -2.0]]], "rank": [[1]]}
+    tables = TraceTables({"format": "ddtree-trace/1", "depth": 1, "topk": 2, "requests": [request]}, 2, "cpu")
+    log_probs, ranks = tables.draws(torch.tensor([0]), torch.tensor([0]), 4)
+    assert torch.equal(log_probs, torch.tensor([[[-0.1, -2.0, LOG_FLOOR, LOG_FLOOR]]]))
+    assert ranks.tolist() == [[1]]
+
+
 def _req(slot: int, prompt: list[int]):
     return SimpleNamespace(kv=SimpleNamespace(req_pool_idx=slot), origin_input_ids=prompt)
 

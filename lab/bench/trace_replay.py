@@ -92,7 +92,10 @@ class TraceTables:
         rows = records[:, None].expand_as(depths)
         ranks = torch.where(inside, self.rank[rows, depths], -1)
         ranks = torch.where((ranks >= 0) & (ranks < k), ranks, k)
-        return self.logp[rows, depths, :k], ranks
+        log_probs = self.logp[rows, depths, :k]
+        if log_probs.shape[-1] < k:  # a trace narrower than the ask (a recorder beside the replay)
+            log_probs = torch.nn.functional.pad(log_probs, (0, k - log_probs.shape[-1]), value=LOG_FLOOR)
+        return log_probs, ranks
 
 
 class TraceReplayDrafter(ReplayDrafter):
