@@ -140,6 +140,38 @@ def test_a_trace_offset_without_a_record_drafts_the_earlier_record_shifted():
     assert draws.accepted(0, 2, 0) == 1 and draws.accepted(0, 2, 65) == 3  # ranks 0, 1, 0, then the miss
 
 
+def test_a_trace_of_top_2_drafts_its_two_ranks_then_the_floor():
+    """A trace narrower than the simulator's top-k (a smaller file) is padded, as the served
+    replay pads it: a tree never holds a rank the trace does not know, so it accepts what the
+    recorded ranks allow."""
+    logp = [[[-0.1, -1.0]] * 7]
+    trace = {"format": "ddtree-trace/1", "depth": 7, "topk": 2}
+    trace["requests"] = [{"length": 9, "offsets": [0], "logp": logp, "rank": [[1, 0, 0, 0, 0, 0, 0]]}]
+    draws = TraceDraws(trace)
+    assert float(draws.log_probs(0, 0)[0, 2]) < -60
+    assert draws.accepted(0, 0, 0) == 0  # the chain: rank 1 at depth 1 misses
+    assert draws.accepted(0, 0, 9) == 1  # 8 nodes: the chain of 7, then the sibling at depth 1
+    # the 7 + 28 paths with at most one rank-1 step hold the sibling's whole chain; no rank past 1
+    assert draws.accepted(0, 0, 36) == 7
+
+
+@pytest.mark.parametrize(
+    "trace_pair, name",
+    [
+        (None, "k26-rank-code_cpu_online_budget_sim_trace"),
+        ("pycode-4l", "k26-rank-code_cpu_online_budget_sim_trace"),
+        ("pycode-4l-drafter-d4", "k26-rank-code_cpu_online_budget_sim_trace-drafter-d4"),
+    ],
+)
+def test_a_trace_of_another_drafter_names_its_own_series(trace_pair, name):
+    from types import SimpleNamespace
+
+    from lab.bench.online_budget_sim import series_name
+
+    args = SimpleNamespace(model="k26-rank-code", trace="t.json.xz", rest_jitter=0.0, stall_share=0.0)
+    assert series_name(args, "cpu", trace_pair) == name
+
+
 def test_on_the_trace_plain_never_drafts_and_the_chain_runs_its_one_width(pair_draws):
     plain = run_arm(PAIR, "plain", concurrency=4, passes=2, seed=0, draws=pair_draws)
     chain = run_arm(PAIR, "chain", concurrency=4, passes=2, seed=0, draws=pair_draws)

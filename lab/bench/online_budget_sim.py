@@ -208,10 +208,8 @@ class TraceDraws:
     def __init__(self, trace: dict):
         if trace.get("format") != TRACE_FORMAT:
             raise ValueError(f"not a {TRACE_FORMAT} trace: {trace.get('format')!r}")
-        if int(trace["depth"]) != DEPTH or int(trace["topk"]) < TOP_K:
-            raise ValueError(
-                f"the trace drafts {trace['depth']} depths of top-{trace['topk']}: not {DEPTH} of {TOP_K}"
-            )
+        if int(trace["depth"]) != DEPTH:  # a narrower top-k is padded with the floor, as served
+            raise ValueError(f"the trace drafts {trace['depth']} depths, not {DEPTH}")
         self.requests = [self._read(request) for request in trace["requests"]]
         self._ranks = np.tile(np.arange(TOP_K, dtype=np.int64), (DEPTH, 1))  # a node's token: its rank
         self._read_draws: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -445,7 +443,9 @@ def run(args) -> dict:
     concurrency = args.concurrency or list(model.concurrency)
     config = {**vars(args), "fixed": fixed, "concurrency": concurrency, "budget": model.budget}
     widths = candidate_widths(model.budget)
-    draws = TraceDraws(read_json(Path(args.trace))) if args.trace else None
+    trace = read_json(Path(args.trace)) if args.trace else None
+    draws = TraceDraws(trace) if trace else None
+    config["trace_pair"] = trace.get("source", {}).get("pair") if trace else None
     results = {"stamp": _stamp.stamp(), "config": config, "widths": list(widths), "levels": []}
     for c in concurrency:
         level = {"concurrency": c, "arms": {}}
@@ -531,10 +531,12 @@ def to_markdown(results: dict) -> str:
 SERIES = {"pair": "pycode-4l"}
 
 
-def series_name(args, device: str) -> str:
-    """``<model>_<device>_online_budget_sim`` (``_trace``: on a trace's draws; ``_noisy``: with
-    noise): a re-run replaces its series."""
-    trace = "_trace" if args.trace else ""
+def series_name(args, device: str, trace_pair: str | None = None) -> str:
+    """``<model>_<device>_online_budget_sim`` (``_trace``: on a trace's draws, ``_trace-<drafter>``
+    on a trace of the pair served with another drafter; ``_noisy``: with noise): a re-run
+    replaces its series."""
+    other = (trace_pair or SERIES["pair"]).removeprefix(SERIES["pair"]).lstrip("-")
+    trace = f"_trace{'-' + other if other else ''}" if args.trace else ""
     noisy = "_noisy" if args.rest_jitter or args.stall_share else ""
     return f"{SERIES.get(args.model, args.model)}_{device}_online_budget_sim{trace}{noisy}"
 
@@ -568,7 +570,7 @@ def main(argv=None) -> int:
     if args.passes < 2:
         p.error("--passes must be >= 2 (the first warms up)")
     results = run(args)
-    name = series_name(args, _stamp.device_slug(results["stamp"]))
+    name = series_name(args, _stamp.device_slug(results["stamp"]), results["config"]["trace_pair"])
     for path in _stamp.write_outputs(_stamp.results_dir(args.out), name, results, to_markdown(results)):
         print(path)
     print(to_markdown(results))
