@@ -9,6 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 HELPER = ROOT / "gpu" / "jobs" / "unfinished_tests.py"
 
@@ -251,26 +253,27 @@ def test_ab_pair_gives_the_width1_arm_its_cost_table(tmp_path):
     assert "COST_TABLE" not in _dry_job(tmp_path / "default", "ab_pair.sh")  # only where the arm runs
 
 
-def test_the_width1_table_makes_every_step_width_1():
-    """gpu/jobs/width1_cost_table_auto64.json: the candidates of ddtree@auto64, and width 1 far
-    cheaper than any tree at every batch size, so the chooser picks it even for a confident
-    prediction (a width-1 step runs no drafter: the fallback to no speculation)."""
+@pytest.mark.parametrize("budget", [64, 7])
+def test_the_width1_table_makes_every_step_width_1(budget):
+    """gpu/jobs/width1_cost_table_auto{64,7}.json (the pair's and the K2.6 rank's online budget):
+    the candidates of ddtree@auto<budget>, and width 1 far cheaper than any tree at every batch
+    size, so the chooser picks it even for a confident prediction (a width-1 step runs no
+    drafter: the fallback to no speculation)."""
     import json
 
     import numpy as np
-    import pytest
 
     from sglang_ddtree.adapter.widths import StepWidths
     from sglang_ddtree.budget import RoundCostTable, candidate_widths
     from sglang_ddtree.config import budget_cost_table
 
-    path = ROOT / "gpu" / "jobs" / "width1_cost_table_auto64.json"
+    path = ROOT / "gpu" / "jobs" / f"width1_cost_table_auto{budget}.json"
     with pytest.MonkeyPatch.context() as monkey:
         monkey.setenv("SGLANG_DDTREE_BUDGET_COST_TABLE", str(path))
         table = budget_cost_table()
-    assert tuple(table["widths"]) == candidate_widths(64) and table == json.loads(path.read_text())
+    assert tuple(table["widths"]) == candidate_widths(budget) and table == json.loads(path.read_text())
     cost = RoundCostTable(table["batch_sizes"], table["widths"], table["ms"])
-    widths = StepWidths(candidate_widths(64), cost, depth=7, make_head=lambda w: w)
+    widths = StepWidths(candidate_widths(budget), cost, depth=7, make_head=lambda w: w)
     widths._per_request = np.full((len(widths.widths), 7), 0.9)  # a confident prediction
     assert all(widths.chooser.choose(bs, widths._expected_accepted(bs)) == 1 for bs in (1, 8, 64, 300))
 
