@@ -20,8 +20,8 @@
 # ARM+heapq (e.g. ddtree@32+heapq beside ddtree@32): the arm with its tree built by Python's heapq on
 # the host, as SGLang's own DDTree builds it (the preset gives it SGLANG_DDTREE_TREE_BACKEND=python).
 # The width-1 step on the rank (an online-budget variant that decodes every step it does not draft
-# to predict, against plain): ARMS=plain,ddtree@auto7+w1,plain+again
-#   AB_ARGS="--recording ... --arm-env ddtree@auto7+w1=SGLANG_DDTREE_BUDGET_COST_TABLE=gpu/jobs/width1_cost_table_auto7.json"
+# to predict, against plain): ARMS=plain,ddtree@auto7,plain+again
+#   AB_ARGS="--recording ... --arm-env ddtree@auto7=SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto7.json"
 # Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
 # Writes k26-rank_<device>_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
 # starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
