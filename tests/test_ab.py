@@ -1091,6 +1091,28 @@ def test_a_phases_arm_reports_its_phase_table(tmp_path, monkeypatch):
     assert "## Host time per round phase (us)" in md and "| ddtree+phases | 4 | 51.0 | 900.0 |" in md
 
 
+def test_the_phase_table_gives_the_online_budgets_share_of_a_round():
+    """Issue 48's measure: the online budget's host work (width choice and record) over the
+    worker's round, per cell; absent where the arm has no width phases."""
+    from sglang_ddtree.ab.render_diagnostics import md_phases
+
+    def cell(arm, phases):
+        return {"arm": arm, "concurrency": 1, "phase_host_us": phases}
+
+    auto = {"draft forward": 300.0, "width choice": 20.0, "width record": 30.0, "round": 2500.0}
+    report = {"settings": {"arms": ["ddtree@auto64+phases"]}, "summary": [cell("ddtree@auto64+phases", auto)]}
+    md = "\n".join(md_phases(report))
+    assert (
+        "| online budget % |" in md
+        and "| ddtree@auto64+phases | 1 | 300.0 | 20.0 | 30.0 | 2500.0 | 2.0 |" in md
+    )
+    fixed = {
+        "settings": {"arms": ["ddtree@32+phases"]},
+        "summary": [cell("ddtree@32+phases", {"round": 900.0})],
+    }
+    assert "online budget" not in "\n".join(md_phases(fixed))
+
+
 def test_profile_options_name_an_arm_and_a_level():
     from sglang_ddtree.ab.arms import ABError
     from sglang_ddtree.ab.profiling import parse_specs

@@ -27,6 +27,7 @@ def md_phases(report: dict) -> list[str]:
     if not rows:
         return []
     names = list(dict.fromkeys(k for r in rows for k in r["phase_host_us"]))
+    budget = [n for n in BUDGET_PHASES if n in names] if "round" in names else []
     lines = [
         "## Host time per round phase (us)",
         "",
@@ -35,15 +36,38 @@ def md_phases(report: dict) -> list[str]:
         "included), the median over the passes. `round` is the worker's whole round, `between rounds` "
         "the scheduler's time from one round's end to the next one's start; a step that waits for the "
         "GPU includes the wait. The timer costs host time itself: compare `ARM+phases` with `ARM` "
-        "for the cost, not for the speed.",
+        "for the cost, not for the speed."
+        + (
+            " `online budget %` is the online budget's own host work (`width choice`, `width record`: "
+            "choosing each step's width, recording its cost, predicting) as a share of `round`."
+            if budget
+            else ""
+        ),
         "",
-        "| arm | c | " + " | ".join(names) + " |",
-        "|---|---|" + "---|" * len(names),
+        "| arm | c | " + " | ".join(names) + (" | online budget % |" if budget else " |"),
+        "|---|---|" + "---|" * (len(names) + bool(budget)),
     ]
     for r in rows:
-        values = " | ".join(fmt(r["phase_host_us"].get(n)) for n in names)
-        lines.append(f"| {r['arm']} | {r['concurrency']} | {values} |")
+        phases = r["phase_host_us"]
+        values = " | ".join(fmt(phases.get(n)) for n in names)
+        share = _budget_share(phases, budget) if budget else None
+        lines.append(
+            f"| {r['arm']} | {r['concurrency']} | {values} |" + (f" {fmt(share)} |" if budget else "")
+        )
     return lines + [""]
+
+
+# The phases the online budget adds to a round (``adapter/worker.py``): the width choice and what
+# the policy keeps of the step (its cost, and on predicting steps the next prediction).
+BUDGET_PHASES = ("width choice", "width record")
+
+
+def _budget_share(phases: dict[str, float], budget: list[str]) -> float | None:
+    """The online budget's host work as a percentage of the worker's round (None: no round)."""
+    round_us = phases.get("round")
+    if not round_us:
+        return None
+    return round(100.0 * sum(phases.get(n, 0.0) for n in budget) / round_us, 2)
 
 
 PROFILE_HEAD = (
