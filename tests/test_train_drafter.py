@@ -75,6 +75,17 @@ def test_a_drafter_reading_the_targets_last_layer_is_refused_before_training(tmp
     assert not (tmp_path / "never-prepared").exists()
 
 
+@pytest.mark.parametrize("drafter", sorted(p.name for p in PAIR.glob("drafter*") if p.is_dir()))
+def test_every_committed_drafter_reads_layers_a_server_can_tap(drafter):
+    """What the trace jobs serve: each drafter folder of the pair reads target layers SGLang
+    captures (layer k at layer k + 1's input: never the last)."""
+    config = json.loads((PAIR / drafter / "config.json").read_text())
+    target = json.loads((PAIR / "target" / "config.json").read_text())
+    layers = config["dflash_config"]["target_layer_ids"]
+    assert layers and all(0 <= k < target["num_hidden_layers"] - 1 for k in layers), layers
+    assert config["num_target_layers"] == target["num_hidden_layers"]
+
+
 def test_the_corpus_is_encoded_by_the_pairs_own_tokenizer(tmp_path):
     """Packages installed since the pair was made change the corpus; its tokens stay the pair's."""
     from lab.models.pair_corpus import prepare_data
