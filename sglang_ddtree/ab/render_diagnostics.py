@@ -44,16 +44,15 @@ def md_phases(report: dict) -> list[str]:
             else ""
         ),
         "",
-        "| arm | c | " + " | ".join(names) + (" | online budget % |" if budget else " |"),
+        "| arm | c | " + " | ".join(names + (["online budget %"] if budget else [])) + " |",
         "|---|---|" + "---|" * (len(names) + bool(budget)),
     ]
     for r in rows:
         phases = r["phase_host_us"]
-        values = " | ".join(fmt(phases.get(n)) for n in names)
-        share = _budget_share(phases, budget) if budget else None
-        lines.append(
-            f"| {r['arm']} | {r['concurrency']} | {values} |" + (f" {fmt(share)} |" if budget else "")
+        values = [fmt(phases.get(n)) for n in names] + (
+            [fmt(_budget_share(phases, budget))] if budget else []
         )
+        lines.append(f"| {r['arm']} | {r['concurrency']} | {' | '.join(values)} |")
     return lines + [""]
 
 
@@ -67,7 +66,7 @@ def _budget_share(phases: dict[str, float], budget: list[str]) -> float | None:
     round_us = phases.get("round")
     if not round_us:
         return None
-    return round(100.0 * sum(phases.get(n, 0.0) for n in budget) / round_us, 2)
+    return 100.0 * sum(phases.get(n, 0.0) for n in budget) / round_us
 
 
 PROFILE_HEAD = (
