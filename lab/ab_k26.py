@@ -61,6 +61,7 @@ DEFAULTS = [
     "--arms", "plain,chain,ddtree@7,ddtree@16,ddtree@32,ddtree@auto7,chain+again",
     "--schedule", "alternating",
     "--starts", "2",
+    "--prelaunch",  # each next 61-layer server's minute of start-up overlaps the passes before it
     "--repeats", "2",
     "--concurrency", "1,8,32,64",
     "--num-prompts", "16,32,64,128",

@@ -17,6 +17,7 @@ import sys
 import time
 from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from background import BACKGROUND
@@ -108,7 +109,19 @@ def _interleaved_run(job):
 
 
 def _alternating_run(job):
-    args = ["--arms", "ddtree,plain", "--schedule", "alternating", "--starts", "2", "--what", "alt"]
+    """Alternating with ``--prelaunch``: every server but the first is launched while the one
+    before it measures, held at SGLang's gate until that one has stopped."""
+    args = [
+        "--arms",
+        "ddtree,plain",
+        "--schedule",
+        "alternating",
+        "--starts",
+        "2",
+        "--prelaunch",
+        "--what",
+        "alt",
+    ]
     return _run_to_end(job, [*args, *SMALL])
 
 
@@ -204,6 +217,14 @@ def test_ab_alternating_end_to_end():
     for a in arms.values():
         assert [s["start"] for s in a["servers"]] == [0, 1]
         assert len({s["pid"] for s in a["servers"]}) == 2
+    # --prelaunch: each later server was launched while the one before it measured, waited at
+    # SGLang's gate (its log says so) and was let in only once that one had stopped
+    servers = sorted((s for a in report["arms"] for s in a["servers"]), key=lambda s: s["log"])
+    held = [s for s in servers if "held_seconds" in s]
+    assert len(held) == 3 and all(s["held_seconds"] > 0 for s in held), servers
+    for s in held:
+        log = Path(s["log"]).read_text()
+        assert "Gated launch waiting for activation" in log and "Gated launch activated" in log, log[-2000:]
     cells = {r["arm"]: r for r in report["summary"]}
     assert cells["ddtree"]["passes"] == 4 and len(cells["ddtree"]["start_tok_s"]) == 2
     assert cells["ddtree"]["start_spread"] >= 1.0
@@ -216,6 +237,7 @@ def test_ab_alternating_end_to_end():
     assert set(cmp_["start_spread"]) == {"ddtree", "plain"}
     md = (job.folder / "results" / "tiny_cpu_alt.md").read_text()
     assert "start spread" in md and "Schedule **alternating**" in md
+    assert md.count(" s before)") == 3  # the held servers' start times count from their gates
     assert report["greedy_check"]["ok"] and report["greedy_check"]["servers_checked"] == 4
     index = (job.folder / "results" / "README.md").read_text()
     assert "[tiny_cpu_alt](tiny_cpu_alt.md)" in index
@@ -414,8 +436,8 @@ def _fake_engine(
     spells = [1.0, 0.6, 1.4, 0.8, 1.2]
     by_server, logs = {}, {}
 
-    def new_server(arm, opts, start):
-        server, record = run.new_server(arm, opts, start)
+    def new_server(arm, opts, start, gated=False):
+        server, record = run.new_server(arm, opts, start, gated)
         fake = _FakeServer()
         fake.log_path = Path(record["log"])
         fake.log_path.write_text("server log\n")
@@ -451,6 +473,7 @@ def _fake_engine(
 
     monkeypatch.setattr(engine, "new_server", new_server)
     monkeypatch.setattr(engine, "launch", lambda server, record: None)
+    monkeypatch.setattr(engine, "open_gate", lambda server, record, timeout: record.update(held_seconds=1.0))
     monkeypatch.setattr(engine, "wait_up", lambda server, record: record.update(start_seconds=0.0))
     monkeypatch.setattr(engine, "check_server", check_server)
     monkeypatch.setattr(engine, "run_pass", run_pass)
@@ -840,6 +863,64 @@ def test_alternating_time_limit_gates_starts_not_the_passes_of_a_started_server(
     runs = {a["name"]: len(a["runs"]) for a in report["arms"]}
     assert runs == {"plain": 10, "dflash": 10, "dflash+again": 0}  # 2 levels x 5 repeats each
     assert report["skipped"] == ["dflash+again start 1: not started, past --time-limit"]
+
+
+def test_prelaunch_holds_the_next_server_and_stops_it_past_the_time_limit(tmp_path, monkeypatch):
+    """--prelaunch: each next server is launched once the current one has passed its check, held
+    (gated) until the current one stops, then let in; one whose turn comes past the limit is
+    stopped without being let in."""
+    from sglang_ddtree.ab import cli as ab
+    from sglang_ddtree.ab import engine
+
+    _fake_engine(monkeypatch, {name: [[1]] for name in ("plain", "dflash")})
+    events = []
+    monkeypatch.setattr(engine, "launch", lambda server, record: events.append(("launch", record["log"])))
+    monkeypatch.setattr(engine, "stop", lambda server, record: events.append(("stop", record["log"])))
+    monkeypatch.setattr(
+        engine, "open_gate", lambda server, record, timeout: events.append(("open", record["log"]))
+    )
+    monkeypatch.setattr(
+        engine.Engine, "_past_deadline", lambda self: sum(e[0] == "stop" for e in events) >= 2
+    )
+    argv = _argv(tmp_path, "--arms", "plain,dflash,dflash+again", "--schedule", "alternating")
+    ab.main([*argv, "--starts", "1", "--prelaunch", "--time-limit", "1"])
+    plain, dflash, again = (
+        str(tmp_path / "raw" / f"server_{n}_s0.log") for n in ("plain", "dflash", "dflash-again")
+    )
+    assert events == [
+        ("launch", plain),
+        ("launch", dflash),  # held while plain measures
+        ("stop", plain),
+        ("open", dflash),
+        ("launch", again),  # held while dflash measures
+        ("stop", dflash),
+        ("stop", again),  # its turn came past the limit: never let in
+    ]
+    report = _series(tmp_path, "fake_h200_ab")
+    assert report["settings"]["prelaunch"] is True
+    assert report["skipped"] == ["dflash+again start 1: not started, past --time-limit"]
+    servers = {a["name"]: a["servers"] for a in report["arms"]}
+    assert "gate_port" not in servers["plain"][0] and servers["dflash"][0]["gate_port"] > 0
+
+
+def test_a_gated_server_is_launched_with_its_gate_port(tmp_path):
+    from sglang_ddtree.ab import run
+
+    arm = SimpleNamespace(name="ddtree", server_args=["--model-path", "m"], env={}, servers=[])
+    opts = SimpleNamespace(schedule="alternating", raw=tmp_path, start_timeout=10)
+    server, record = run.new_server(arm, opts, 1, gated=True)
+    at = server.args.index("--gated-launch-port")
+    assert int(server.args[at + 1]) == record["gate_port"] != server.port
+    plain_server, plain_record = run.new_server(arm, opts, 0)
+    assert "--gated-launch-port" not in plain_server.args and "gate_port" not in plain_record
+
+
+def test_prelaunch_needs_the_alternating_schedule(tmp_path, capsys):
+    from sglang_ddtree.ab import cli as ab
+
+    argv = _argv(tmp_path, "--arms", "plain,dflash", "--schedule", "interleaved", "--prelaunch")
+    assert ab.main(argv) == 2
+    assert "--prelaunch holds the next server of the alternating schedule" in capsys.readouterr().err
 
 
 def test_parity_difference_is_explained(tmp_path, monkeypatch):

@@ -2,8 +2,8 @@
 # GPU job: the A/B tool on one Kimi K2.6 TP-8 rank (61 layers, INT4 Marlin experts, dummy weights)
 # through its preset (python -m lab.ab_k26): the replay drafter on every speculative arm, plain
 # first (its first server records the continuations the others replay), the servers one at a time
-# (alternating: the rank fills the H200), every start measured. One call holds three server
-# starts (~100-140 s each with the Marlin cache carried; the online budget's arms ~200 s), so a
+# (alternating: the rank fills the H200), every start measured. One call holds four server
+# starts with --prelaunch (~100 s each with the Marlin cache carried, the online budget's ~150 s), so a
 # series is made of calls, each with the chain and its A/A (chain+again) beside one DDTREE arm,
 # merged afterwards (each call's servers the next start of their arms):
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) WHAT=ab_call1 ARMS=plain,chain,chain+again bash gpu/jobs/ab_k26.sh
@@ -26,8 +26,10 @@
 # Writes k26-rank_<device>_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
 # starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
 # is left of the call (JOB_S, 560 s from the call's start, less the Marlin build under PRECOMPILE=1),
-# so that the report and the caches always come back: AB_S = what is left, TIME_LIMIT_S = AB_S - 180
-# (a 61-layer server takes ~90-140 s to start and answer the greedy check, then its passes).
+# so that the report and the caches always come back: AB_S = what is left, TIME_LIMIT_S = AB_S - 150
+# (a 61-layer server let in at its gate takes ~40-90 s to start and answer the greedy check, then
+# its passes). The preset prelaunches (--prelaunch): each next server's imports and process start-up
+# (~50 s of a start) run during the passes before it, held at SGLang's gate until the GPU is free.
 # Variables: ARMS, STARTS (1), REPEATS (3: a paired interval needs 3 pairs of passes), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
 # OUTPUT_LEN (64, drawn from [32, 64]), PROMPT_LEN (96), PROFILE (dflash-k25-code or
 # pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), MEM (0.88: each server's
@@ -47,7 +49,7 @@ python -m lab.models.k26_rank --out "$MODEL" --layers "${LAYERS:-61}" || exit 2
 wait && [ "${PRECOMPILE:-0}" = 1 ] && tail -2 /tmp/precompile_k26.log
 left=$(( ${JOB_S:-560} - ($(date +%s) - ${DEVICE_T0:-$(date +%s)}) ))
 AB_S="${AB_S:-$(( left > 60 ? left : 60 ))}"
-TIME_LIMIT_S="${TIME_LIMIT_S:-$(( AB_S > 240 ? AB_S - 180 : 60 ))}"
+TIME_LIMIT_S="${TIME_LIMIT_S:-$(( AB_S > 240 ? AB_S - 150 : 60 ))}"
 echo "[ab_k26] the tool gets ${AB_S} s; no server starts after ${TIME_LIMIT_S} s"
 timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "$MODEL/drafter" \
   --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work /tmp/k26-rank_h200_work \

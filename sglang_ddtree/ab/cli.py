@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None, *, command: list[str] | None = None, on_
         opts.reference_arm = baseline  # the greedy check's reference: it keeps its two best log-probs
         opts.profile_specs = parse_specs(opts.profile, [a.name for a in arms], [c for c, _ in levels])
         chosen = ab_schedule.choose(opts.schedule, arms, cpu, model, drafter)
+        if opts.prelaunch and chosen.name != "alternating":
+            raise ABError(
+                f"--prelaunch holds the next server of the alternating schedule; this run is {chosen.name}"
+            )
     except ABError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -211,6 +215,7 @@ def _settings(opts, series, model, drafter, cpu, arms, baseline, chosen, added, 
         "profile": [f"{arm}@{c}" for arm, c in opts.profile_specs],
         "profile_steps": opts.profile_steps,
         "wait_file": opts.wait_file,
+        "prelaunch": opts.prelaunch,
     }
 
 

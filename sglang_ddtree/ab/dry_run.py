@@ -61,6 +61,10 @@ def dry_run(arms, levels, opts, series: str, chosen, added: list[str]) -> int:
     print(f"load: {info}, output {opts.output_len} tokens (range ratio {opts.range_ratio})")
     for arm, concurrency in getattr(opts, "profile_specs", ()):
         print(f"profile: {arm} at c={concurrency}, {opts.profile_steps} steps under SGLang's torch profiler")
+    if getattr(opts, "prelaunch", False):
+        print(
+            "each next server is launched during the current one's passes, held at its gate until that one stops"
+        )
     if getattr(opts, "wait_file", None):
         print(f"the first pass waits for {opts.wait_file}")
     for arm in arms:

@@ -30,7 +30,7 @@ from ..launch import ServerStartError
 from . import phase_log
 from .arms import ABError, Arm
 from .profiling import profile_level
-from .run import LoadWorker, check_server, launch, new_server, run_pass, safe_name, stop, wait_up
+from .run import LoadWorker, check_server, launch, new_server, open_gate, run_pass, safe_name, stop, wait_up
 
 
 class Interrupted(BaseException):
@@ -324,30 +324,50 @@ class Engine:
                 self._profile(arm, by_arm[arm.name], concurrency, 0)
 
     def _alternating(self) -> None:
-        for start in range(self.opts.starts):
-            for order, arm in enumerate(self.arms):
-                if self._past_deadline():
-                    self.skipped.append(f"{arm.name} start {start + 1}: not started, past --time-limit")
-                    self.pbar.update(len(self.levels) * self.opts.repeats)
-                    continue
+        turns = [
+            (start, order, arm) for start in range(self.opts.starts) for order, arm in enumerate(self.arms)
+        ]
+        held = None  # the next turn's server, launched ahead and held at SGLang's gate (--prelaunch)
+        for turn, (start, order, arm) in enumerate(turns):
+            if self._past_deadline():
+                if held is not None:  # it never took GPU memory
+                    self._stop(arm, *held)
+                    held = None
+                self.skipped.append(f"{arm.name} start {start + 1}: not started, past --time-limit")
+                self.pbar.update(len(self.levels) * self.opts.repeats)
+                continue
+            if held is None:
                 server, record = new_server(arm, self.opts, start)
                 self.live.append((arm, server, record))
                 launch(server, record)
-                self.pbar.set_description(f"{arm.name}: starting")
-                try:
-                    self._wait_up(arm, server, record)
-                    self._check(arm, server, record)
-                except ABError as error:
-                    self._fail_or_drop(arm, error)  # dropped: this start only
-                    self.dropped[f"{arm.name} start {start + 1}"] = self.dropped.pop(arm.name)
-                    self._stop(arm, server, record)
-                    self.pbar.update(len(self.levels) * self.opts.repeats)
-                    continue
-                try:
-                    self._wait_for_file()  # the first server's start-up overlaps the other job
-                    for concurrency, prompts in self.levels:
-                        for repeat in range(self.opts.repeats):
-                            self._measure(arm, server, concurrency, prompts, repeat, start, order)
-                        self._profile(arm, server, concurrency, start)
-                finally:
-                    self._stop(arm, server, record)
+            else:
+                (server, record), held = held, None
+                open_gate(server, record, self.opts.start_timeout)
+            self.pbar.set_description(f"{arm.name}: starting")
+            try:
+                self._wait_up(arm, server, record)
+                self._check(arm, server, record)
+            except ABError as error:
+                self._fail_or_drop(arm, error)  # dropped: this start only
+                self.dropped[f"{arm.name} start {start + 1}"] = self.dropped.pop(arm.name)
+                self._stop(arm, server, record)
+                self.pbar.update(len(self.levels) * self.opts.repeats)
+                continue
+            if getattr(self.opts, "prelaunch", False) and turn + 1 < len(turns) and not self._past_deadline():
+                held = self._hold(*turns[turn + 1])
+            try:
+                self._wait_for_file()  # the first server's start-up overlaps the other job
+                for concurrency, prompts in self.levels:
+                    for repeat in range(self.opts.repeats):
+                        self._measure(arm, server, concurrency, prompts, repeat, start, order)
+                    self._profile(arm, server, concurrency, start)
+            finally:
+                self._stop(arm, server, record)
+
+    def _hold(self, start: int, order: int, arm: Arm) -> tuple:
+        """``arm``'s ``start``-th server, launched now and held at SGLang's gate (after its
+        imports and process start-up, before any GPU memory) until its turn opens it."""
+        server, record = new_server(arm, self.opts, start, gated=True)
+        self.live.append((arm, server, record))
+        launch(server, record)
+        return server, record

@@ -91,6 +91,14 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
         help="alternating schedule: how many times each arm's server is started",
     )
     g.add_argument(
+        "--prelaunch",
+        action="store_true",
+        help="alternating schedule: launch the next server while the current one runs its passes, held "
+        "by SGLang's gate (--gated-launch-port) before it takes any GPU memory, and let it in once the "
+        "current one has stopped: its imports and process start-up (about a minute a start on one GPU) "
+        "overlap the passes instead of adding to the run",
+    )
+    g.add_argument(
         "--keep-going",
         action="store_true",
         help="an arm whose server does not start (or fails its side-check) is dropped and reported, and "

@@ -252,12 +252,18 @@ def _md_parity(report: dict) -> list[str]:
     return lines
 
 
+def _start_time(server: dict) -> str:
+    """A server's start-up time; a prelaunched one's counts from its gate's opening."""
+    held = server.get("held_seconds")
+    return f"{server['start_seconds']} s" + (f" (held {held} s before)" if held is not None else "")
+
+
 def _md_arms(report: dict) -> list[str]:
     lines = ["## Arms", ""]
     for a in report["arms"]:
         env = " ".join(f"{k}={v}" for k, v in a["env"].items())
-        starts = [s["start_seconds"] for s in a.get("servers", []) if s.get("start_seconds") is not None]
-        start = f", started in {', '.join(f'{t} s' for t in starts)}" if starts else ""
+        starts = [_start_time(s) for s in a.get("servers", []) if s.get("start_seconds") is not None]
+        start = f", started in {', '.join(starts)}" if starts else ""
         lines += [
             f"- **{a['name']}**: {a['description']}{start}",
             "",

@@ -15,9 +15,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
-from ..launch import ProcessGroup, ServerProcess
+from ..launch import ProcessGroup, ServerProcess, free_port
 from .arms import BENCH_FIELDS, CHECK_PROMPTS, CONTEXT_KEYS, PARITY_KEYS, ABError
 from .bench_worker import REPLY
 
@@ -313,12 +314,14 @@ def greedy_outputs(server: ServerProcess, prompts: list, max_new_tokens: int, to
     return outputs, (tops if top2 else None)
 
 
-def new_server(arm, opts, start: int) -> tuple[ServerProcess, dict]:
-    """The ``start``-th server of ``arm`` (not launched yet) and its record in ``arm.servers``."""
+def new_server(arm, opts, start: int, gated: bool = False) -> tuple[ServerProcess, dict]:
+    """The ``start``-th server of ``arm`` (not launched yet) and its record in ``arm.servers``;
+    ``gated``: held by SGLang's gate before it takes GPU memory, until :func:`open_gate`."""
     suffix = f"_s{start}" if opts.schedule == "alternating" else ""
     log = opts.raw / f"server_{safe_name(arm.name)}{suffix}.log"
+    gate = ["--gated-launch-port", str(free_port())] if gated else []
     server = ServerProcess(
-        arm.server_args,
+        [*arm.server_args, *gate],
         env=arm.env,
         log_path=log,
         start_timeout=opts.start_timeout,
@@ -337,8 +340,28 @@ def new_server(arm, opts, start: int) -> tuple[ServerProcess, dict]:
         "readback": {},
         "greedy": None,
     }
+    if gated:
+        record["gate_port"] = int(gate[1])
     arm.servers.append(record)
     return server, record
+
+
+def open_gate(server: ServerProcess, record: dict, timeout: float) -> None:
+    """Let a gated server go on with its start-up (``POST /gate/activate`` to its gate, which
+    listens once the server has reached it: retried until then, or until its process ends, which
+    :func:`wait_up` then reports). Its start-up time counts from here; the time it was held
+    before is ``held_seconds``."""
+    url = f"http://127.0.0.1:{record['gate_port']}/gate/activate"
+    deadline = time.monotonic() + timeout
+    while server.process.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5):
+                break
+        except OSError:  # not at the gate yet (connection refused), or a slow answer
+            time.sleep(0.5)
+    now = time.perf_counter()
+    record["held_seconds"] = round(now - record["launched_at"], 1)
+    record["launched_at"] = now
 
 
 def launch(server: ServerProcess, record: dict) -> None:
