@@ -13,7 +13,7 @@
 # plain's recording comes back as k26-rank_h200_<WHAT>_recording.json: the dummy weights are seeded
 # (plain's greedy output was the same on three machines), so a call on a fresh machine can replay
 # the committed one (results/k26-rank_h200_ab_recording.json, 96-token prompts, 64 tokens)
-# instead of starting plain again: three servers fit a call.
+# instead of starting plain again: the call's four servers all measure arms.
 # Every call works in one folder (/tmp/k26-rank_h200_work: the prompts, plain's recording), so the
 # calls' settings name the same files and merge as they are. An arm's +again needs its arm in the
 # same call. A server started before TIME_LIMIT_S runs all its passes (the tool's alternating rule).
