@@ -36,7 +36,7 @@ from pathlib import Path
 from lab.bench.replay_drafter import ENV_PROFILE, ENV_TOKENS, ENV_TRACE, recorded_row
 from sglang_ddtree.ab.arms import parse_arm_names, split_variant
 from sglang_ddtree.ab.cli import main as ab_main
-from sglang_ddtree.config import ENV_ONLINE_BUDGET_LOG_EVERY, ENV_TEST_PLUGIN, ENV_TREE_BACKEND
+from sglang_ddtree.config import ENV_ONLINE_BUDGET_LOG_EVERY, ENV_TEST_PLUGIN
 
 PAIR_PROMPTS = Path(__file__).resolve().parent / "models" / "pairs" / "pycode-4l" / "heldout_prompts.json"
 REPLAY_PLUGIN = "lab.bench.replay_drafter"
@@ -121,9 +121,7 @@ def ab_args(
     online = {split_variant(n)[0]: isinstance(budget, str) for n, budget in speculative}  # "auto[N]"
     for base, is_online in online.items():
         args += ["--arm-env", f"{base}={replay_env(recording, profile, trace, is_online)}"]
-    # ARM+heapq keeps its arm's replay and builds its tree as SGLang's DDTree does
-    for name in (n for n, _ in speculative if split_variant(n)[1] == "+heapq"):
-        args += ["--arm-env", f"{name}={ENV_TREE_BACKEND}=python"]
+    # ARM+heapq (the tool's variant) keeps its arm's replay: an arm's environment reaches its variants
     return args
 
 

@@ -1153,6 +1153,23 @@ def test_the_phases_variant_times_a_ddtree_arm_and_nothing_else():
     assert cpu[1].env["SGLANG_DDTREE_PHASE_TIMES"] == "50"
 
 
+def test_the_heapq_variant_builds_its_arms_tree_on_the_host_and_nothing_else():
+    """``ARM+heapq``: the arm's own flags, its tree built by Python's heapq (SGLang's DDTree's
+    builder); only a DDTREE arm has a tree builder to swap."""
+    from sglang_ddtree.ab.arms import ABError, build_arms
+
+    names = "plain,ddtree@32,ddtree@32+heapq,chain,chain+heapq"
+    arms = {a.name: a for a in build_arms(_opts(arms=names), "target", "drafter", [], cpu=False)}
+    assert arms["ddtree@32+heapq"].server_args == arms["ddtree@32"].server_args
+    own = set(arms["ddtree@32+heapq"].env.items()) - set(arms["ddtree@32"].env.items())
+    assert own == {("SGLANG_DDTREE_TREE_BACKEND", "python")}
+    assert "SGLANG_DDTREE_TREE_BACKEND" not in arms["ddtree@32"].env | arms["chain"].env
+    assert "heapq" in arms["chain+heapq"].description
+    for names in ("plain,plain+heapq", "dflash,dflash+heapq"):  # no tree to build
+        with pytest.raises(ABError, match="heapq tree builder is DDTREE's"):
+            build_arms(_opts(arms=names), "t", "d", [], cpu=False)
+
+
 def test_a_phases_arm_reports_its_phase_table(tmp_path, monkeypatch):
     from sglang_ddtree.ab import cli as ab
 

@@ -27,8 +27,8 @@
 #    a fixed cost table in which width 1 is far cheaper than any tree at every batch size: every step
 #    verifies the root alone without the drafter; against plain, what falling back costs.
 #  - ARM+phases (e.g. ddtree@32+phases): the DDTREE worker's host time per round phase (docs/ab.md).
-#  - ARM+heapq (e.g. ddtree@32+heapq): the same arm with its tree built by Python's heapq on the
-#    host (SGLANG_DDTREE_TREE_BACKEND=python), as SGLang's own DDTree builds it: today's service.
+#  - ARM+heapq (e.g. ddtree@32+heapq, a variant the tool knows): the same arm with its tree built
+#    by Python's heapq on the host, as SGLang's own DDTree builds it: today's service.
 # Torch profiles of chosen arms at chosen levels: AB_ARGS="--profile dflash@1,ddtree@32@16"
 # (docs/ab.md; the traces stay out of the logs brought back, their summaries are in the series).
 set -o pipefail
@@ -43,9 +43,6 @@ ARM_ENV=()
 case ",$ARMS," in *,ddtree@auto64+width1,*)
   ARM_ENV+=(--arm-env "ddtree@auto64+width1=SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto64.json");;
 esac
-for arm in ${ARMS//,/ }; do  # ARM+heapq: the tree built by Python's heapq on the host (SGLang's DDTree's builder)
-  case "$arm" in *+heapq) ARM_ENV+=(--arm-env "$arm=SGLANG_DDTREE_TREE_BACKEND=python");; esac
-done
 timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --model "$P/target" --drafter "$P/drafter" --server-args "$COMMON" --arms "$ARMS" "${ARM_ENV[@]}" \
   --schedule interleaved --concurrency "${CONC:-1,4,16,64}" --num-prompts "${PROMPTS:-8,16,48,128}" \

@@ -10,7 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import ENV_PHASE_TIMES
+from ..config import ENV_PHASE_TIMES, ENV_TREE_BACKEND
 
 PHASE_INTERVAL = 50  # ARM+phases: rounds per logged phase line, unless its --arm-env says otherwise
 
@@ -22,6 +22,10 @@ DEFAULT_ARMS = "plain,dflash,ddtree,dflash+again"
 
 AGAIN = "+again"  # a second server of the same arm: the run's own A/A
 PHASES = "+phases"  # ARM with the DDTREE worker's phase timer on (phase_log.py)
+# ARM with its tree built by Python's heapq on the host, as SGLang's own DDTree builds it: what a
+# service on SGLang's DDTree runs today, beside the plugin's GPU tree step (a debugging switch of
+# the plugin's tree builder, ENV_TREE_BACKEND)
+HEAPQ = "+heapq"
 
 
 CPU_MAX_TOTAL_TOKENS = 8192
@@ -301,12 +305,21 @@ def build_arms(opts, model: str, drafter: str | None, common: list[str], cpu: bo
                 f"; the DDTREE worker logs its host time per round phase ({ENV_PHASE_TIMES}; the timer "
                 f"costs host time: compare with {base})"
             )
+        elif variant == HEAPQ:
+            if kind not in ("ddtree", "chain"):
+                raise ABError(f"--arms: {name!r}: the heapq tree builder is DDTREE's (ddtree or chain arms).")
+            description += (
+                "; its tree built by Python's heapq on the host, as SGLang's own DDTree builds it "
+                f"({ENV_TREE_BACKEND}=python)"
+            )
         elif variant is not None:
             description += f"; variant {variant} (its own flags and environment below)"
         args = [*common, *spec, *per_arm.get(base, [])]
         env: dict[str, str] = {**inherited, **per_env.get(base, {})}
         if variant == PHASES:
             env[ENV_PHASE_TIMES] = str(PHASE_INTERVAL)
+        elif variant == HEAPQ:
+            env[ENV_TREE_BACKEND] = "python"
         if variant is not None:
             args += per_arm.get(name, [])
             env.update(per_env.get(name, {}))

@@ -14,7 +14,8 @@ Arms:
   ``--budget`` / ``B`` nodes);
 * ``ARM+again``: a second server of ``ARM``, the run's own A/A; ``ARM+phases``: ``ARM`` with the
   DDTREE worker's phase timer on (host time per round phase, from its log, in the report);
-  ``ARM+name``: a variant of ``ARM`` with its own ``--arm-args`` / ``--arm-env``.
+  ``ARM+heapq``: ``ARM`` with its tree built by Python's heapq on the host (SGLang's own DDTree's
+  builder); ``ARM+name``: a variant of ``ARM`` with its own ``--arm-args`` / ``--arm-env``.
 
 Schedules (``--schedule``): **interleaved**, every server up at once and each repeat running one
 pass of every arm in a rotated order; **alternating**, one server at a time, A B A B ...

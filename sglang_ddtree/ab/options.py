@@ -50,14 +50,15 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ARM='VAR=value ...'",
         help="environment for one arm's server only (repeatable), e.g. "
-        "ddtree@32+py='SGLANG_DDTREE_TREE_BACKEND=python'; an arm's also reaches its variants",
+        "ddtree@32+eagerkv='SGLANG_DDTREE_EAGER_DRAFT_KV=1'; an arm's also reaches its variants",
     )
     g.add_argument(
         "--arms",
         default=DEFAULT_ARMS,
         help=f"comma-separated arms (default {DEFAULT_ARMS}): plain, dflash, chain, ddtree, ddtree@B, "
         "ddtree@auto, ddtree@autoB, and ARM+again (a second server of ARM: the run's A/A), ARM+phases "
-        "(ARM with the DDTREE phase timer: host time per round phase in the report) or ARM+name (a "
+        "(ARM with the DDTREE phase timer: host time per round phase in the report), ARM+heapq (ARM with "
+        "its tree built by Python's heapq on the host, as SGLang's own DDTree builds it) or ARM+name (a "
         "variant with its own --arm-args/--arm-env)",
     )
     g.add_argument(
