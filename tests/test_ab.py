@@ -898,6 +898,10 @@ def test_prelaunch_holds_the_next_server_and_stops_it_past_the_time_limit(tmp_pa
     ]
     report = _series(tmp_path, "fake_h200_ab")
     assert report["settings"]["prelaunch"] is True
+    assert (
+        "Prelaunched: each next server started during the passes before it"
+        in (tmp_path / "fake_h200_ab.md").read_text()
+    )
     assert report["skipped"] == ["dflash+again start 1: not started, past --time-limit"]
     servers = {a["name"]: a["servers"] for a in report["arms"]}
     assert "gate_port" not in servers["plain"][0] and servers["dflash"][0]["gate_port"] > 0

@@ -111,6 +111,12 @@ def _md_setup(report: dict) -> list[str]:
         + f", seed {s['seed']}; {levels}; {s['repeats']} repeats{starts}.",
         f"Schedule **{s['schedule']}**: {s['schedule_reason']}."
         + (
+            " Prelaunched: each next server started during the passes before it, held at its gate "
+            "(before any GPU memory) until that server stopped."
+            if s.get("prelaunch")
+            else ""
+        )
+        + (
             f" Added to every arm: `{' '.join(s['schedule_added_args'])}`."
             if s.get("schedule_added_args")
             else ""
