@@ -30,7 +30,7 @@
 # (a 61-layer server let in at its gate takes ~40-90 s to start and answer the greedy check, then
 # its passes). The preset prelaunches (--prelaunch): each next server's imports and process start-up
 # (~50 s of a start) run during the passes before it, held at SGLang's gate until the GPU is free.
-# Variables: ARMS, STARTS (1), REPEATS (3: a paired interval needs 3 pairs of passes), CONC (1,8,32,64), PROMPTS (8,16,32,64 per level),
+# Variables: ARMS, STARTS (1), REPEATS (3: a paired interval needs 3 pairs of passes), CONC (1,4,8,16,32,64: the levels docs/kimi-expectations.md reports), PROMPTS (8,8,16,32,32,64 per level),
 # OUTPUT_LEN (64, drawn from [32, 64]), PROMPT_LEN (96), PROFILE (dflash-k25-code or
 # pycode-4l-ranks), LAYERS (61; fewer: a quick check that the shapes serve), MEM (0.88: each server's
 # --mem-fraction-static), MAX_TOKENS (200000), MODEL_DIR (/tmp/k26-rank), WHAT (ab), AB_ARGS,
@@ -55,7 +55,7 @@ timeout -s TERM "$AB_S" python -m lab.ab_k26 --model "$MODEL/target" --drafter "
   --prompt-len "${PROMPT_LEN:-96}" --profile "${PROFILE:-dflash-k25-code}" --work /tmp/k26-rank_h200_work \
   --mem-fraction-static "${MEM:-0.88}" --max-total-tokens "${MAX_TOKENS:-200000}" \
   --arms "${ARMS:-plain,chain,ddtree@7,chain+again}" --starts "${STARTS:-1}" --repeats "${REPEATS:-3}" \
-  --concurrency "${CONC:-1,8,32,64}" --num-prompts "${PROMPTS:-8,16,32,64}" --output-len "${OUTPUT_LEN:-64}" \
+  --concurrency "${CONC:-1,4,8,16,32,64}" --num-prompts "${PROMPTS:-8,8,16,32,32,64}" --output-len "${OUTPUT_LEN:-64}" \
   --time-limit "$TIME_LIMIT_S" --start-timeout 400 --keep-going \
   --device-name "${DEVICE_NAME:-h200}" --series "$SERIES" --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
