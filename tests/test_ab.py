@@ -519,6 +519,9 @@ def test_report_verdicts_aa_and_ratios(tmp_path, monkeypatch):
     assert report["greedy_check"]["ok"] and report["parity"]["ok"]
     md = (tmp_path / "fake_h200_ab.md").read_text()
     assert "| ddtree | plain | 1 | 2.00x [2.00, 2.00] | 5 | [1.00, 1.00] | **wins** |" in md
+    # the same pairs by decode pace (the fake passes' ITL follows their tok/s)
+    pace = md.split("### Decode pace (1 / ITL)", 1)[1]
+    assert "| ddtree | plain | 1 | 2.00x [2.00, 2.00] | 5 | [1.00, 1.00] | **wins** |" in pace
     index = (tmp_path / "README.md").read_text()
     assert "c=1: ddtree 2.00x [2.00, 2.00] vs plain, A/A [1.00, 1.00], **wins**" in index
 
@@ -1540,3 +1543,59 @@ def test_host_load_counts_the_processes_that_name_the_marker():
         child.kill()
         child.wait()
     assert host_load(marker)[key] == 0
+
+
+def _arm_with_passes(name: str, passes: list[tuple[float, float]]):
+    """An arm whose passes at c=1 made these (tok/s, median ITL ms)."""
+    from sglang_ddtree.ab.arms import Arm, split_variant
+
+    base, variant = split_variant(name)
+    kind = base.split("@")[0]
+    arm = Arm(name=name, kind=kind, description="", server_args=[], base=base, variant=variant)
+    arm.runs = [
+        {
+            "concurrency_requested": 1,
+            "num_prompts": 8,
+            "start": 0,
+            "repeat": i,
+            "completed": 8,
+            "output_throughput": tok,
+            "median_itl_ms": itl,
+            "median_tpot_ms": itl,
+            "median_ttft_ms": 10.0,
+            "p99_ttft_ms": 20.0,
+            "accept_length": None,
+        }
+        for i, (tok, itl) in enumerate(passes)
+    ]
+    return arm
+
+
+def test_decode_pace_is_paired_and_judged_apart_from_tok_s():
+    """The pace comparison pairs the passes' 1 / ITL, against the A/A spread of the pace: an arm
+    that makes more tok/s at the same decode pace (its prefills cheaper, say) wins on tok/s and
+    not on pace, and one whose steps are 10% slower loses on pace though tok/s cannot tell."""
+    from sglang_ddtree.ab import report
+
+    plain = _arm_with_passes("plain", [(100, 2.0), (120, 2.0), (90, 2.0), (110, 2.0)])
+    again = _arm_with_passes("plain+again", [(100, 2.02), (120, 1.98), (90, 2.0), (110, 2.01)])
+    faster = _arm_with_passes("ddtree", [(200, 2.0), (240, 2.0), (180, 2.0), (220, 2.0)])
+    slower = _arm_with_passes("chain", [(95, 2.2), (130, 2.2), (85, 2.2), (115, 2.2)])
+    arms = [plain, faster, slower, again]
+    cells = report.summarise(arms, "plain")
+    _, by_tok = report.comparisons(arms, "plain", cells)
+    _, by_pace = report.comparisons(arms, "plain", cells, report.decode_pace)
+    tok = {(r["arm"], r["reference"]): r for r in by_tok}
+    pace = {(r["arm"], r["reference"]): r for r in by_pace}
+    assert tok[("ddtree", "plain")]["verdict"] == "wins" and tok[("ddtree", "plain")][
+        "ratio"
+    ] == pytest.approx(2.0)
+    assert pace[("ddtree", "plain")]["ratio"] == pytest.approx(1.0)
+    assert pace[("ddtree", "plain")]["verdict"] == "unresolved"
+    assert pace[("chain", "plain")]["ratio"] == pytest.approx(2.0 / 2.2)
+    assert pace[("chain", "plain")]["verdict"] == "loses", pace[("chain", "plain")]
+    assert tok[("chain", "plain")]["verdict"] == "unresolved"
+    # a pass without an ITL (no token after the first) pairs with nothing
+    plain.runs[0]["median_itl_ms"] = None
+    ratios, _ = report.pair_samples(faster, plain, 1, report.decode_pace)
+    assert len(ratios) == 3

@@ -154,7 +154,31 @@ def _md_verdicts(report: dict) -> list[str]:
     reasons = sorted({r["why"] for r in report["comparisons"] if r["verdict"] == "unresolved"})
     if reasons:
         lines += ["", "Unresolved where: " + "; ".join(reasons) + "."]
-    return lines + [""] + _md_online_budget(report)
+    return lines + [""] + _md_online_budget(report) + _md_pace(report)
+
+
+def _md_pace(report: dict) -> list[str]:
+    """The same pairs by decode pace (``1 / ITL``), each against the A/A spread of the pace."""
+    pace = report.get("pace") or {}
+    rows = pace.get("comparisons") or []
+    if not rows:
+        return []
+    lines = [
+        "### Decode pace (1 / ITL)",
+        "",
+        "The same pairs by the median inter-token latency of each pass (a ratio above 1: the arm's tokens "
+        "come faster): the decode step's speed apart from prefills, queueing and ramps, which tok/s holds. "
+        "Its A/A spread is the A/A arm's, by the same measure.",
+        "",
+        "| arm | vs | c | pace ratio [90%] | pairs | A/A spread | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["against"], r["concurrency"], r["arm"])):
+        lines.append(
+            f"| {r['arm']} | {r['reference']} | {r['concurrency']} | {ratio_text(r)} | {r['pairs']} | "
+            f"{_iv(r['aa_band'])} | **{r['verdict']}** |"
+        )
+    return lines + [""]
 
 
 def _md_online_budget(report: dict) -> list[str]:

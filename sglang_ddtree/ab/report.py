@@ -78,15 +78,28 @@ def summarise(arms: list[Arm], baseline: str, alternating: bool = False) -> list
 # --------------------------------------------------------------------------- paired comparisons
 
 
-def pair_samples(arm: Arm, other: Arm, concurrency: int) -> tuple[list[float], list[int]]:
+def throughput(run: dict) -> float | None:
+    """A pass's output tokens a second: what a comparison's ratio is of."""
+    return run["output_throughput"]
+
+
+def decode_pace(run: dict) -> float | None:
+    """A pass's decode pace, tokens a millisecond between a request's tokens (``1 / ITL``):
+    the decode step's speed without the prefills, queueing and ramps that tok/s holds."""
+    itl = run.get("median_itl_ms")
+    return 1.0 / itl if itl else None
+
+
+def pair_samples(arm: Arm, other: Arm, concurrency: int, value=throughput) -> tuple[list[float], list[int]]:
     """The paired ratios of ``arm`` over ``other`` at a level (pass ``(start, repeat)`` with the
-    same pass of the other), and each pair's start (the bootstrap's groups)."""
-    theirs = {(r["start"], r["repeat"]): r["output_throughput"] for r in _runs_at(other, concurrency)}
+    same pass of the other) of ``value`` (a pass's tok/s by default), and each pair's start (the
+    bootstrap's groups)."""
+    theirs = {(r["start"], r["repeat"]): value(r) for r in _runs_at(other, concurrency)}
     ratios, groups = [], []
     for r in sorted(_runs_at(arm, concurrency), key=lambda r: (r["start"], r["repeat"])):
-        ref = theirs.get((r["start"], r["repeat"]))
-        if ref:
-            ratios.append(r["output_throughput"] / ref)
+        mine, ref = value(r), theirs.get((r["start"], r["repeat"]))
+        if mine and ref:
+            ratios.append(mine / ref)
             groups.append(r["start"])
     return ratios, groups
 
@@ -154,14 +167,17 @@ def aa_pairs(arms: list[Arm]) -> list[tuple[str, str]]:
     return [(a.name, a.base) for a in arms if a.again]
 
 
-def comparisons(arms: list[Arm], baseline: str, cells: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The A/A rows and the comparison rows (median paired ratio, 90% interval, verdict)."""
+def comparisons(
+    arms: list[Arm], baseline: str, cells: list[dict], value=throughput
+) -> tuple[list[dict], list[dict]]:
+    """The A/A rows and the comparison rows (median paired ratio, 90% interval, verdict) of
+    ``value``: tok/s by default, :func:`decode_pace` for the decode pace."""
     by_name = {a.name: a for a in arms}
     spread = {(c["arm"], c["concurrency"]): c.get("start_spread") for c in cells}
     aa_rows = []
     for name, base in aa_pairs(arms):
         for conc in levels_of([by_name[name], by_name[base]]):
-            ratios, groups = pair_samples(by_name[name], by_name[base], conc)
+            ratios, groups = pair_samples(by_name[name], by_name[base], conc, value)
             if ratios:
                 aa_rows.append(
                     {"arm": name, "of": base, "concurrency": conc, **paired.compare(ratios, groups)}
@@ -169,7 +185,7 @@ def comparisons(arms: list[Arm], baseline: str, cells: list[dict]) -> tuple[list
     rows = []
     for name, ref, why in compared_pairs(arms, baseline):
         for conc in levels_of([by_name[name], by_name[ref]]):
-            ratios, groups = pair_samples(by_name[name], by_name[ref], conc)
+            ratios, groups = pair_samples(by_name[name], by_name[ref], conc, value)
             if not ratios:
                 continue
             result = paired.compare(ratios, groups)
@@ -388,6 +404,7 @@ def build_report(
     alternating = settings.get("schedule") == "alternating"
     cells = summarise(arms, baseline, alternating)
     aa_rows, rows = comparisons(arms, baseline, cells)
+    pace_aa, pace_rows = comparisons(arms, baseline, cells, decode_pace)
     if stamp is None:  # this host, now (the servers have stopped)
         stamp = {**host_stamp(), "commit": settings.get("commit_at_start") or "unknown"}
         stamp["device_name"] = settings.get("device_name")
@@ -409,6 +426,8 @@ def build_report(
         "comparisons": rows,
         "headline": headline(rows, cells, baseline),
         "online_budget": online_budget_against_best(rows, cells),
+        # the same pairs by decode pace (1 / ITL): the decode step's speed apart from tok/s
+        "pace": {"aa": pace_aa, "comparisons": pace_rows},
         "greedy_check": greedy_check(
             arms,
             baseline,
