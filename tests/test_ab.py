@@ -519,8 +519,8 @@ def test_report_verdicts_aa_and_ratios(tmp_path, monkeypatch):
     assert report["greedy_check"]["ok"] and report["parity"]["ok"]
     md = (tmp_path / "fake_h200_ab.md").read_text()
     assert "| ddtree | plain | 1 | 2.00x [2.00, 2.00] | 5 | [1.00, 1.00] | **wins** |" in md
-    # the same pairs by decode pace (the fake passes' ITL follows their tok/s)
-    pace = md.split("### Decode pace (1 / ITL)", 1)[1]
+    # the same pairs by decode pace (the fake passes' TPOT follows their tok/s)
+    pace = md.split("### Decode pace (1 / TPOT)", 1)[1]
     assert "| ddtree | plain | 1 | 2.00x [2.00, 2.00] | 5 | [1.00, 1.00] | **wins** |" in pace
     index = (tmp_path / "README.md").read_text()
     assert "c=1: ddtree 2.00x [2.00, 2.00] vs plain, A/A [1.00, 1.00], **wins**" in index
@@ -1546,7 +1546,8 @@ def test_host_load_counts_the_processes_that_name_the_marker():
 
 
 def _arm_with_passes(name: str, passes: list[tuple[float, float]]):
-    """An arm whose passes at c=1 made these (tok/s, median ITL ms)."""
+    """An arm whose passes at c=1 made these (tok/s, median TPOT ms; a speculative arm's median ITL
+    a tenth of its TPOT, as its median over tokens can be)."""
     from sglang_ddtree.ab.arms import Arm, split_variant
 
     base, variant = split_variant(name)
@@ -1560,19 +1561,19 @@ def _arm_with_passes(name: str, passes: list[tuple[float, float]]):
             "repeat": i,
             "completed": 8,
             "output_throughput": tok,
-            "median_itl_ms": itl,
-            "median_tpot_ms": itl,
+            "median_itl_ms": tpot if kind == "plain" else tpot / 10,
+            "median_tpot_ms": tpot,
             "median_ttft_ms": 10.0,
             "p99_ttft_ms": 20.0,
             "accept_length": None,
         }
-        for i, (tok, itl) in enumerate(passes)
+        for i, (tok, tpot) in enumerate(passes)
     ]
     return arm
 
 
 def test_decode_pace_is_paired_and_judged_apart_from_tok_s():
-    """The pace comparison pairs the passes' 1 / ITL, against the A/A spread of the pace: an arm
+    """The pace comparison pairs the passes' 1 / TPOT, against the A/A spread of the pace: an arm
     that makes more tok/s at the same decode pace (its prefills cheaper, say) wins on tok/s and
     not on pace, and one whose steps are 10% slower loses on pace though tok/s cannot tell."""
     from sglang_ddtree.ab import report
@@ -1595,7 +1596,7 @@ def test_decode_pace_is_paired_and_judged_apart_from_tok_s():
     assert pace[("chain", "plain")]["ratio"] == pytest.approx(2.0 / 2.2)
     assert pace[("chain", "plain")]["verdict"] == "loses", pace[("chain", "plain")]
     assert tok[("chain", "plain")]["verdict"] == "unresolved"
-    # a pass without an ITL (no token after the first) pairs with nothing
-    plain.runs[0]["median_itl_ms"] = None
+    # a pass without a TPOT (no request made a second token) pairs with nothing
+    plain.runs[0]["median_tpot_ms"] = None
     ratios, _ = report.pair_samples(faster, plain, 1, report.decode_pace)
     assert len(ratios) == 3

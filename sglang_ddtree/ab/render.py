@@ -158,17 +158,17 @@ def _md_verdicts(report: dict) -> list[str]:
 
 
 def _md_pace(report: dict) -> list[str]:
-    """The same pairs by decode pace (``1 / ITL``), each against the A/A spread of the pace."""
+    """The same pairs by decode pace (``1 / TPOT``), each against the A/A spread of the pace."""
     pace = report.get("pace") or {}
     rows = pace.get("comparisons") or []
     if not rows:
         return []
     lines = [
-        "### Decode pace (1 / ITL)",
+        "### Decode pace (1 / TPOT)",
         "",
-        "The same pairs by the median inter-token latency of each pass (a ratio above 1: the arm's tokens "
-        "come faster): the decode step's speed apart from prefills, queueing and ramps, which tok/s holds. "
-        "Its A/A spread is the A/A arm's, by the same measure.",
+        "The same pairs by each pass's median time per output token after a request's first (a ratio above 1: "
+        "the arm's requests decode faster): the decode steps' speed apart from the prefills' waits and ramps "
+        "that tok/s holds. Its A/A spread is the A/A arm's, by the same measure.",
         "",
         "| arm | vs | c | pace ratio [90%] | pairs | A/A spread | verdict |",
         "|---|---|---|---|---|---|---|",
