@@ -685,6 +685,15 @@ def test_runs_of_one_series_merge_start_after_start(tmp_path, monkeypatch, capsy
     assert comps[("ddtree", 1)]["pairs"] == 4 and comps[("ddtree", 1)]["verdict"] == "wins"
     assert [m["series"] for m in report["settings"]["merged_from"]] == ["fake_h200_ab", "fake_h200_ab"]
     assert report["stamp"]["device_name"] == "h200" and "sglang_ddtree.ab.merge" in report["stamp"]["command"]
+    # a merged series rebuilt (a newer report of the same passes) still names the runs that made it
+    again = tmp_path / "rebuilt"
+    assert (
+        merge.main([str(out / "fake_h200_ab.json"), "--series", "fake_h200_ab", "--results-dir", str(again)])
+        == 0
+    )
+    rebuilt = _series(again, "fake_h200_ab")
+    assert rebuilt["settings"]["merged_from"] == report["settings"]["merged_from"]
+    assert rebuilt["comparisons"] == report["comparisons"] and rebuilt["settings"]["starts"] == 2
     # runs of other requests, or of other flags, do not merge
     other, interleaved = tmp_path / "c", tmp_path / "i"
     assert ab.main([*base, "--results-dir", str(other), "--output-len", "64"]) == 0

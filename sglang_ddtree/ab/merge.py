@@ -124,18 +124,24 @@ def merge(reports: list[dict]) -> tuple[list[Arm], dict, list[str]]:
             else f"{first.get('schedule_reason')}; the report rebuilt from the run's JSON"
         ),
         "starts": offset,
+        # a merged run names the runs it was merged from (a series rebuilt with a newer report
+        # keeps the calls that made it)
         "merged_from": [
-            {
-                "series": r.get("series"),
-                "commit": r.get("stamp", {}).get("commit"),
-                "date": r.get("stamp", {}).get("date_utc"),
-                "command": r.get("stamp", {}).get("command"),
-                "status": r.get("status"),
-            }
-            for r in reports
+            entry for r in reports for entry in r["settings"].get("merged_from") or [_made_by(r)]
         ],
     }
     return [arms[n] for n in names if n in arms], settings, problems
+
+
+def _made_by(report: dict) -> dict:
+    stamp = report.get("stamp", {})
+    return {
+        "series": report.get("series"),
+        "commit": stamp.get("commit"),
+        "date": stamp.get("date_utc"),
+        "command": stamp.get("command"),
+        "status": report.get("status"),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
