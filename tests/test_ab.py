@@ -823,7 +823,7 @@ def test_greedy_divergence_without_the_references_log_probs_says_its_margin_is_u
 def test_greedy_divergence_at_an_exact_tie_listed_in_the_other_order_is_a_near_tie():
     """On the H200 plain's sampler chose 86 where its top-k listed 664 first at the same bf16
     log-prob; the arm chose 664: a gap of 0, not "not among plain's two best"."""
-    from sglang_ddtree.ab.report import _divergence_gap
+    from sglang_ddtree.ab.greedy_check import _divergence_gap
 
     tie = [[[[-2.85, 664], [-2.85, 86]]]]
     assert _divergence_gap(tie, 0, 0, [664]) == 0.0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from .arms import CHECK_PROMPTS, DEFAULT_ARMS
+from .greedy_check import BF16_MARGIN
 from .profiling import DEFAULT_STEPS as DEFAULT_PROFILE_STEPS
-from .report import BF16_MARGIN
 
 
 def build_parser(prog: str, description: str) -> argparse.ArgumentParser:

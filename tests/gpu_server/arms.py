@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sglang_ddtree.ab.report import BF16_MARGIN
+from sglang_ddtree.ab.greedy_check import BF16_MARGIN
 from sglang_ddtree.launch import ServerProcess, ServerStartError
 
 PAIR = Path(__file__).resolve().parents[2] / "lab" / "models" / "pairs" / "pycode-4l"
