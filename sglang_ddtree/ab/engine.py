@@ -206,6 +206,14 @@ class Engine:
             thread.join()
         self.live.clear()
 
+    def _launch(self, arm: Arm, start: int, gated: bool = False) -> tuple:
+        """``arm``'s ``start``-th server, launched (``gated``: held at SGLang's gate, after its
+        imports and process start-up and before any GPU memory, until :func:`open_gate`)."""
+        server, record = new_server(arm, self.opts, start, gated)
+        self.live.append((arm, server, record))
+        launch(server, record)
+        return server, record
+
     def _stop(self, arm: Arm, server, record: dict) -> None:
         stop(server, record)
         self.live.remove((arm, server, record))
@@ -293,10 +301,7 @@ class Engine:
     def _interleaved(self) -> None:
         servers = []
         for arm in self.arms:  # every start-up at once: they overlap
-            server, record = new_server(arm, self.opts, 0)
-            self.live.append((arm, server, record))
-            launch(server, record)
-            servers.append((arm, server, record))
+            servers.append((arm, *self._launch(arm, 0)))
         self._wait_all_up(servers)
         self.timing["servers_up_seconds"] = round(time.monotonic() - self.t0, 1)
         for arm, server, record in servers:
@@ -329,17 +334,12 @@ class Engine:
         ]
         held = None  # the next turn's server, launched ahead and held at SGLang's gate (--prelaunch)
         for turn, (start, order, arm) in enumerate(turns):
-            if self._past_deadline():
-                if held is not None:  # it never took GPU memory
-                    self._stop(arm, *held)
-                    held = None
+            if self._past_deadline():  # a server held for this turn is stopped with the rest, unopened
                 self.skipped.append(f"{arm.name} start {start + 1}: not started, past --time-limit")
                 self.pbar.update(len(self.levels) * self.opts.repeats)
                 continue
             if held is None:
-                server, record = new_server(arm, self.opts, start)
-                self.live.append((arm, server, record))
-                launch(server, record)
+                server, record = self._launch(arm, start)
             else:
                 (server, record), held = held, None
                 open_gate(server, record, self.opts.start_timeout)
@@ -354,7 +354,8 @@ class Engine:
                 self.pbar.update(len(self.levels) * self.opts.repeats)
                 continue
             if getattr(self.opts, "prelaunch", False) and turn + 1 < len(turns) and not self._past_deadline():
-                held = self._hold(*turns[turn + 1])
+                next_start, _, next_arm = turns[turn + 1]
+                held = self._launch(next_arm, next_start, gated=True)
             try:
                 self._wait_for_file()  # the first server's start-up overlaps the other job
                 for concurrency, prompts in self.levels:
@@ -363,11 +364,3 @@ class Engine:
                     self._profile(arm, server, concurrency, start)
             finally:
                 self._stop(arm, server, record)
-
-    def _hold(self, start: int, order: int, arm: Arm) -> tuple:
-        """``arm``'s ``start``-th server, launched now and held at SGLang's gate (after its
-        imports and process start-up, before any GPU memory) until its turn opens it."""
-        server, record = new_server(arm, self.opts, start, gated=True)
-        self.live.append((arm, server, record))
-        launch(server, record)
-        return server, record

@@ -136,11 +136,8 @@ def _md_verdicts(report: dict) -> list[str]:
     if alternating:
         head, rule = head + " start spread |", rule + "---|"
     lines += [head, rule]
-    for r in sorted(report["comparisons"], key=lambda r: (r["against"], r["concurrency"], r["arm"])):
-        line = (
-            f"| {r['arm']} | {r['reference']} | {r['concurrency']} | {ratio_text(r)} | {r['pairs']} | "
-            f"{_iv(r['aa_band'])} | **{r['verdict']}** |"
-        )
+    for r in _in_order(report["comparisons"]):
+        line = _comparison_line(r)
         if alternating:
             spreads = r.get("start_spread") or {}
             line += (
@@ -173,12 +170,20 @@ def _md_pace(report: dict) -> list[str]:
         "| arm | vs | c | pace ratio [90%] | pairs | A/A spread | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(rows, key=lambda r: (r["against"], r["concurrency"], r["arm"])):
-        lines.append(
-            f"| {r['arm']} | {r['reference']} | {r['concurrency']} | {ratio_text(r)} | {r['pairs']} | "
-            f"{_iv(r['aa_band'])} | **{r['verdict']}** |"
-        )
-    return lines + [""]
+    return lines + [_comparison_line(r) for r in _in_order(rows)] + [""]
+
+
+def _in_order(rows: list[dict]) -> list[dict]:
+    """Comparison rows by what they compare against, then level, then arm."""
+    return sorted(rows, key=lambda r: (r["against"], r["concurrency"], r["arm"]))
+
+
+def _comparison_line(r: dict) -> str:
+    """A comparison's row: arm, reference, level, ratio with its interval, pairs, A/A spread, verdict."""
+    return (
+        f"| {r['arm']} | {r['reference']} | {r['concurrency']} | {ratio_text(r)} | {r['pairs']} | "
+        f"{_iv(r['aa_band'])} | **{r['verdict']}** |"
+    )
 
 
 def _md_online_budget(report: dict) -> list[str]:
