@@ -931,6 +931,43 @@ def test_a_gated_server_is_launched_with_its_gate_port(tmp_path):
     assert "--gated-launch-port" not in plain_server.args and "gate_port" not in plain_record
 
 
+def test_opening_a_gate_lets_the_server_go_on_and_times_its_start_from_there():
+    """``open_gate`` posts to the held server's gate (retrying while it is not listening yet) and
+    restarts the server's start-up clock there; the time it was held is ``held_seconds``."""
+    import http.server
+    import threading
+
+    from sglang_ddtree.ab import run
+    from sglang_ddtree.launch import free_port
+
+    posts = []
+
+    class Gate(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            posts.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    port = free_port()
+    gate = http.server.HTTPServer(("127.0.0.1", port), Gate)
+    listening = threading.Timer(1.0, gate.serve_forever)  # the server reaches its gate a second later
+    listening.start()
+    try:
+        server = SimpleNamespace(process=SimpleNamespace(poll=lambda: None))
+        record = {"gate_port": port, "launched_at": time.perf_counter() - 5.0}
+        run.open_gate(server, record, timeout=30)
+    finally:
+        gate.shutdown()
+        listening.join()
+        gate.server_close()
+    assert posts == ["/gate/activate"]
+    assert 6.0 <= record["held_seconds"] < 30
+    assert time.perf_counter() - record["launched_at"] < 1.0  # its start-up counts from the gate
+
+
 def test_prelaunch_needs_the_alternating_schedule(tmp_path, capsys):
     from sglang_ddtree.ab import cli as ab
 
