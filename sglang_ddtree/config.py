@@ -46,6 +46,8 @@ ENV_VERIFY_ATTENTION = (
 ENV_BUDGET_COST_TABLE = "SGLANG_DDTREE_BUDGET_COST_TABLE"  # tests/debugging: a fixed T(bs, width) JSON file
 # benchmarks/debugging: the online budget does all its work every step, then runs the widest tree
 ENV_ONLINE_BUDGET_PIN_WIDEST = "SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST"
+# tests/debugging: "0" keeps the online budget's width-1 steps inside the speculative frame
+ENV_PLAIN_STEPS = "SGLANG_DDTREE_PLAIN_STEPS"
 
 
 class DDTreeConfigError(ValueError):
@@ -137,6 +139,12 @@ def online_budget_pinned() -> bool:
 
 def eager_draft_kv_requested() -> bool:
     return os.environ.get(ENV_EAGER_DRAFT_KV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def plain_steps_enabled() -> bool:
+    """Whether the online budget's width-1 steps may run as SGLang's own decode steps
+    (``adapter/plain_steps.py``; on unless the environment turns them off)."""
+    return os.environ.get(ENV_PLAIN_STEPS, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def phase_times_interval() -> int:

@@ -23,14 +23,14 @@ import torch
 logger = logging.getLogger("sglang_ddtree")
 
 
-def reference_hidden(worker, batch, draft_input) -> torch.Tensor:
-    """The target's hidden states of a width-1 verify of the step's roots (one slot a request,
-    seeing its prefix and itself), as the round at width 1 runs it."""
+def reference_hidden(worker, batch, draft_input, roots) -> torch.Tensor:
+    """The target's hidden states of a width-1 verify of the step's ``roots`` (one slot a
+    request, seeing its prefix and itself), as the round at width 1 runs it. ``draft_input``:
+    None for a plain step (``adapter/plain_steps.py``), whose lengths the host knows."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
     from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
 
-    roots = draft_input.bonus_tokens.view(-1)
     positions = batch.seq_lens.clamp(max=worker._last_position)  # each root at its prefix length
     slot = worker.model_runner.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].to(
         torch.int64
@@ -59,13 +59,22 @@ def reference_hidden(worker, batch, draft_input) -> torch.Tensor:
 
 
 def install() -> None:
+    from sglang_ddtree.adapter.verify_input import borrowed
     from sglang_ddtree.adapter.worker import DDTreeWorker
 
     own_step, own_commit = DDTreeWorker._decode_step, DDTreeWorker._commit_root_draft_kv
+    own_plain_step = DDTreeWorker._plain_step
 
     def decode_step(self, batch, draft_input, on_publish, grammar_barrier):
-        self._decode_check_reference = reference_hidden(self, batch, draft_input)
+        roots = draft_input.bonus_tokens.view(-1)
+        self._decode_check_reference = reference_hidden(self, batch, draft_input, roots)
         return own_step(self, batch, draft_input, on_publish, grammar_barrier)
+
+    def plain_step(self, batch):
+        roots = self.plain.future_map.output_tokens_buf[batch.req_pool_indices]
+        with borrowed(batch, spec_algorithm=self.plain.algorithm):
+            self._decode_check_reference = reference_hidden(self, batch, None, roots)
+        return own_plain_step(self, batch)
 
     def commit_root_draft_kv(self, plan, logits_output, positions):
         reference = getattr(self, "_decode_check_reference", None)
@@ -90,4 +99,5 @@ def install() -> None:
         return own_commit(self, plan, logits_output, positions)
 
     DDTreeWorker._decode_step = decode_step
+    DDTreeWorker._plain_step = plain_step
     DDTreeWorker._commit_root_draft_kv = commit_root_draft_kv

@@ -446,7 +446,7 @@ def decode_checks(log_path: Path) -> list[tuple[int, float, float] | str]:
     return checks
 
 
-COUNTERS = ("rounds", "decode_steps", "request_rounds", "reservation")
+COUNTERS = ("rounds", "decode_steps", "request_rounds", "reservation", "plain_steps")
 
 
 def stats_between(before: dict | None, after: dict, keys=COUNTERS) -> dict:
@@ -454,7 +454,7 @@ def stats_between(before: dict | None, after: dict, keys=COUNTERS) -> dict:
     since the start): the part of a shared server's totals that one module's requests made."""
     before = before or {}
     gained = {}
-    for key in keys:
+    for key in (key for key in keys if key in after):  # plain_steps: the online budget's only
         if isinstance(after[key], dict):
             gained[key] = stats_between(before.get(key), after[key], tuple(after[key]))
         else:

@@ -226,6 +226,11 @@ def test_width_1_everywhere_decodes_like_the_plain_server(servers, plain):
     assert 0 < drafted <= 2 * len(plain["requests"]) + ours["rounds"] // 65 + 6, (ours, stats)
     check_width1_drafts_only_to_predict(log, stats)
     assert len(stats["width_steps_by_bs"]) > 1, stats  # the batch ran at other sizes
+    # a width-1 step right after one that emitted a token per request of the same batch runs as
+    # SGLang's own decode step (adapter/plain_steps.py): the first of each run stays in the
+    # speculative frame (after a drafted step or a prefill, the host does not know the lengths)
+    in_frame = ours["decode_steps"] - ours["plain_steps"]
+    assert 0 < in_frame <= drafted + 2 * len(plain["requests"]) + 1 < ours["plain_steps"], ours
     # the KV reservation (adapter/reservation.py) tops up in chunks: a step allocates only where
     # a request is new or has used up its chunk (34 slots and more, in pages of 16), not at
     # every step as DFlash's

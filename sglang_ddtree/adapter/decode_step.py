@@ -38,6 +38,7 @@ from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
 from .phases import timed
+from .plain_steps import PlainSteps
 from .verify_input import borrowed, prefix_lens_bound_cpu
 from .width_graphs import captured_graph_mode
 
@@ -46,6 +47,8 @@ class DecodeStep:
     """The worker's decoding step (mixed into ``DDTreeWorker``, whose state it reads)."""
 
     _accept_ones: dict[int, torch.Tensor] | None = None  # [bs] int32 ones per batch size
+    plain: PlainSteps  # the online budget's width-1 steps as SGLang's own decode steps
+    _scheduled_width: tuple[int, int] | None = None  # (bs, width) chosen when the step was prepared
 
     def _decode_step(self, batch, draft_input, on_publish, grammar_barrier):
         """Width 1 without the drafter: a decoding step inside SGLang's speculative frame, with
@@ -54,9 +57,46 @@ class DecodeStep:
         the next token is the target's after the request features; the drafter's context KV of
         the root is written from the target's hidden states. The scheduler gets one token a
         request (``accept_lens`` 1), which is also the next root."""
-        bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
+        bs, roots = len(batch.seq_lens), draft_input.bonus_tokens.view(-1)
         with self.phase("decode prepare"):
             host_lens, new_seq_lens = self._root_lens(batch, draft_input)
+        logits_output, next_ids, can_run_graph = self._decode_roots(
+            batch, roots, host_lens, new_seq_lens, draft_input, on_publish, grammar_barrier
+        )
+        self.plain.ran(batch, in_frame=True)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=next_ids,
+            accept_lens=self._decode_accept_lens(bs),
+            can_run_cuda_graph=can_run_graph,
+            next_draft_input=self._next_draft_input(next_ids, new_seq_lens),
+            speculative_num_draft_tokens=1,
+            new_seq_lens=new_seq_lens,
+        )
+
+    def _plain_step(self, batch):
+        """Width 1 without the drafter as SGLang's own decode step (``plain_steps.py``): the
+        decoding step's work on a non-speculative batch, whose lengths the host knows. The
+        roots are the last step's tokens in the scheduler's relay buffer; the result is plain
+        decoding's (the tokens); the scheduler publishes the lengths and relays the tokens."""
+        roots = self.plain.future_map.output_tokens_buf[batch.req_pool_indices]
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        with borrowed(batch, spec_algorithm=self.plain.algorithm):
+            logits_output, next_ids, can_run_graph = self._decode_roots(
+                batch, roots, batch.seq_lens_cpu, batch.seq_lens + 1, None, None, None
+            )
+        self.plain.ran(batch)
+        self.plain.steps += 1
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=next_ids, can_run_cuda_graph=can_run_graph
+        )
+
+    def _decode_roots(self, batch, roots, host_lens, new_seq_lens, draft_input, on_publish, grammar_barrier):
+        """The decoding step's work (module docstring): ``(logits output, next tokens
+        [bs], whether a CUDA graph ran)``. ``host_lens``: the prefix lengths or a bound of
+        them on the host (None where neither is known there)."""
+        bs, prefix_lens = len(batch.seq_lens), batch.seq_lens
+        with self.phase("decode prepare"):
             positions = self._root_positions(batch, host_lens)
             plan = self._decode_plan(batch, draft_input, new_seq_lens)
             forward_batch = self._decode_forward_batch(batch, host_lens, new_seq_lens, roots, positions, plan)
@@ -69,22 +109,29 @@ class DecodeStep:
         posterior = self._posterior(batch, logits_output, positions.view(bs, 1), bs)  # [bs, 1]
         next_ids = posterior.view(bs)
         self._finish_features(batch, features)
-        emitted = self._decode_accept_lens(bs)
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, torch.zeros_like(posterior))
         self._commit_root_draft_kv(plan, logits_output, positions)
         logits_output.hidden_states = None
         self.stats.record_decode_step(bs)
         self._record_width(None)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=next_ids,
-            accept_lens=emitted,
-            can_run_cuda_graph=can_run_graph,
-            next_draft_input=self._next_draft_input(next_ids, new_seq_lens),
-            speculative_num_draft_tokens=1,
-            new_seq_lens=new_seq_lens,
-        )
+        return logits_output, next_ids, can_run_graph
+
+    def schedule_decode(self, batch, future_map) -> None:
+        """The scheduler has prepared a decode step of ``batch`` (overlap; ``plain_steps.py``'s
+        hook): its width is chosen now, and a width-1 step without the drafter whose lengths the
+        host knows becomes a plain decode step."""
+        bs = batch.batch_size()
+        self._scheduled_width = (bs, self._choose_width(bs))
+        if self.widths.skips_draft and self.plain.allows(batch):
+            self.plain.convert(batch, future_map)
+
+    def _step_width(self, bs: int) -> int:
+        """This step's verify width: chosen when the scheduler prepared it, else now."""
+        scheduled, self._scheduled_width = self._scheduled_width, None
+        if scheduled is not None and scheduled[0] == bs:
+            return scheduled[1]
+        return self._choose_width(bs)
 
     def _root_trees(self, roots, prefix_lens):
         """A decoding step's trees, for the request features that read them: the roots alone."""
@@ -117,7 +164,7 @@ class DecodeStep:
             draft_token_num=1,
             device=self.device,
         )
-        return self._kv_plan(batch, draft_input, slot, 1)
+        return self._kv_plan(batch, draft_input, slot, 1)  # (draft_input: read only without host lengths)
 
     def _verify_root(self, batch, draft_input, trees, plan):
         """A drafted round's verify of one-node trees (width 1, drafted to predict): the roots'

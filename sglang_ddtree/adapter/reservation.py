@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.mem_cache.allocation import alloc_for_spec_decode
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.utils.common import is_pin_memory_available
@@ -174,3 +175,14 @@ class NextDraftInputs:
     def _make_next_draft_input_prefill(self, *, bonus_tokens, seq_lens) -> DDTreeDraftInput:
         """DFlash's prefill hands over the draft input of the first decode step."""
         return self._next_draft_input(bonus_tokens, seq_lens)
+
+    def _idle_result(self, on_publish):
+        """An idle pass's result: no tokens, an empty draft input."""
+        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        draft = self._next_draft_input(empty, empty)
+        if on_publish is not None:
+            on_publish(draft.new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=None, next_token_ids=empty, accept_lens=empty.to(torch.int32), next_draft_input=draft,
+            can_run_cuda_graph=False, speculative_num_draft_tokens=self.width, new_seq_lens=draft.new_seq_lens,
+        )  # fmt: skip

@@ -48,6 +48,7 @@ from ..config import (
     eager_tree_step_requested,
     online_budget_log_every,
     phase_times_interval,
+    plain_steps_enabled,
     settings_of,
     tree_backend_override,
 )
@@ -58,6 +59,7 @@ from .draft_head import DraftTreeHead, draft_topk
 from .draft_kv_graphs import install as install_draft_kv_graphs
 from .kv_commit import KVCommitSteps
 from .phases import RoundPhases, timed
+from .plain_steps import PlainSteps
 from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .reservation import NextDraftInputs, Reservation
@@ -110,9 +112,12 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         )
         # The width policy each round asks (width_policy.py): fixed, or the online budget's.
         self.widths = self._online_widths() if settings.online_budget else FixedWidth(self.head)
+        # Its width-1 steps as SGLang's own decode steps, where the scheduler allows (plain_steps.py).
+        self.plain = PlainSteps(enabled=settings.online_budget and plain_steps_enabled())
         # The decode KV reservation, topped up in chunks (reservation.py): the draft input's.
         self.reservation = Reservation(spec.speculative_num_draft_tokens)
-        self.stats.extra = lambda: {**self.widths.summary(), **self.reservation.summary()}
+        parts = (self.widths, self.reservation, self.plain)
+        self.stats.extra = lambda: {key: v for part in parts for key, v in part.summary().items()}
         self.phase = RoundPhases(phase_times_interval(), is_logging_rank=get_parallel().tp_rank == 0)
         self.features = RequestFeatures(
             # The request pool exists once the scheduler has set up memory.
@@ -187,33 +192,26 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch
         if prefill or batch.forward_mode.is_idle():
             self.widths.interrupt(len(batch.seq_lens) if prefill else 0)  # not in the step's period
+            self.plain.ran(None)
         if prefill:
             self.features.on_prefill(batch)
             return super().forward_batch_generation(batch, on_publish, grammar_barrier, pp_proxy_tensors)
         if batch.forward_mode.is_idle() or len(batch.seq_lens) == 0:
             return self._idle_result(on_publish)
         self.phase.start_round()
-        result = self._tree_round(batch, on_publish, grammar_barrier)
+        plain = self.plain.is_plain(batch)
+        result = self._plain_step(batch) if plain else self._tree_round(batch, on_publish, grammar_barrier)
         self.phase.end_round()
         return result
-
-    def _idle_result(self, on_publish):
-        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
-        draft = self._next_draft_input(empty, empty)
-        if on_publish is not None:
-            on_publish(draft.new_seq_lens)
-        return GenerationBatchResult(
-            logits_output=None, next_token_ids=empty, accept_lens=empty.to(torch.int32), next_draft_input=draft,
-            can_run_cuda_graph=False, speculative_num_draft_tokens=self.width, new_seq_lens=draft.new_seq_lens,
-        )  # fmt: skip
 
     def _tree_round(self, batch, on_publish, grammar_barrier=None):
         """Draft, build, verify, accept, commit (the module docstring): one decode step."""
         draft_input = self._round_input(batch)
         bs, prefix_lens, roots = len(batch.seq_lens), batch.seq_lens, draft_input.bonus_tokens.view(-1)
-        width = self._choose_width(bs)
+        width = self._step_width(bs)
         if self.widths.skips_draft:  # width 1 without the drafter
             return self._decode_step(batch, draft_input, on_publish, grammar_barrier)
+        self.plain.ran(None)  # the host knows no length this round leaves
         window, plan = self._verify_window(batch, draft_input)  # [bs * width] slots
         trees, draft_top1 = self._draft(batch, draft_input, roots, prefix_lens, plan, width)  # and build
         features = self._start_features(batch, trees)

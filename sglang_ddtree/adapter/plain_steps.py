@@ -1,0 +1,142 @@
+"""Width-1 steps of the online budget as SGLang's own decode steps (patches/0005).
+
+A step the online budget runs at width 1 without the drafter is a decoding step
+(``decode_step.py``), but inside SGLang's speculative frame it still pays what every spec-v2
+step pays and plain decoding does not: the batch's full snapshot and restore around the worker,
+the lengths relay (an event wait and a gather, a host copy where the attention needs host
+lengths), the bonus relay, the accept lengths' copy to the host and their bookkeeping. A batch
+whose ``spec_algorithm`` is none skips all of it: ``Scheduler.run_batch`` still calls the same
+worker, then publishes ``seq_lens + 1``, relays the sampled tokens into the buffer the next
+speculative step reads its bonus tokens from, and copies only the tokens; its result is
+processed as plain decoding's.
+
+So the worker chooses each step's width when the scheduler has prepared the step (an AROUND
+hook on ``Scheduler.update_running_batch``, overlap only), and where the step is width 1
+without the drafter and the host knows every request's length, hands the scheduler a
+non-speculative batch for it (:meth:`PlainSteps.convert`). The host knows the lengths after a
+step that emitted exactly one token per request (a decoding step or a plain one): under overlap
+step N+1 is prepared before step N's result lands, and only such a step N leaves no unknown.
+So the first width-1 step after a drafted one runs in the frame, the ones after it plainly.
+
+What the conversion sets, per request, where the step's root sits (``L``: the committed length
+plus the in-frame step still in flight):
+
+* the batch's lengths are the prefix lengths ``L``, on the host and the device, as a speculative
+  step's are; the scheduler publishes ``L + 1`` after the step, which is what the next
+  speculative step reads back from the future map;
+* the KV slot is the one the speculative reservation holds at ``L`` (the reservation, made by
+  SGLang's speculative prepare before the conversion, holds two verify windows past the
+  committed length); nothing is allocated, and ``kv_committed_len`` counts the root now, as
+  plain decoding's allocation does (the reservation's top-up reads it);
+* the draft input is parked and ``spec_algorithm`` set to none; before the scheduler touches
+  the batch again (``Scheduler.get_next_batch_to_run``, the second hook) both are put back, so
+  every filter, merge, memory check and retraction sees a speculative batch.
+
+Plain steps are taken only where plain decoding's result path serves the batch as the frame
+would: no grammar (its FSM advances in a different place), no log-probs or hidden states (the
+result formats differ), no HiSparse; SGLang's overlap scheduler, tensor-parallel size 1 (the
+online budget's own condition). Everything else runs in the frame as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+
+class PlainSteps:
+    """Which width-1 steps leave the speculative frame, and the batch that left it (one per
+    worker)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled  # the online budget serves, and the environment did not turn them off
+        self.rows: set | None = None  # the last step's requests, where it emitted one token each
+        self.in_frame = False  # that step ran in the speculative frame (its +1 not yet committed)
+        self.parked = None  # (batch, draft input, algorithm) of a batch running a plain step
+        self.future_map = None  # the scheduler's: a plain step's roots are in its token buffer
+        self.steps = 0  # plain steps run
+
+    def summary(self) -> dict:
+        """For the stats log line."""
+        return {"plain_steps": self.steps} if self.enabled else {}
+
+    def ran(self, batch=None, in_frame: bool = False) -> None:
+        """The step just launched emitted one token per request of ``batch`` (None: it did not,
+        or another batch ran)."""
+        self.rows = None if batch is None or not self.enabled else set(batch.reqs)
+        self.in_frame = in_frame
+
+    def allows(self, batch) -> bool:
+        """Whether a width-1 step of ``batch`` may run as a plain decode step (module
+        docstring)."""
+        rows = self.rows
+        if rows is None or batch.has_grammar or batch.return_logprob or batch.return_hidden_states:
+            return False
+        if getattr(batch, "hisparse_coordinator", None) is not None:
+            return False
+        return all(req in rows for req in batch.reqs)
+
+    def convert(self, batch, future_map) -> None:
+        """Make ``batch``, prepared as a speculative step, this step's plain one."""
+        pending = 1 if self.in_frame else 0
+        lens = []
+        for req in batch.reqs:
+            kv = req.kv
+            lens.append(int(kv.kv_committed_len) + pending)
+            kv.kv_committed_len += 1  # the root, whose KV this step writes
+        host = torch.tensor(lens, dtype=torch.int64)
+        batch.seq_lens_cpu, batch.seq_lens_sum = host, sum(lens)
+        batch.seq_lens = host.to(batch.device, non_blocking=True)
+        self.parked = (batch, batch.spec_info, batch.spec_algorithm)
+        batch.spec_info = None
+        batch.spec_algorithm = SpeculativeAlgorithm.NONE
+        self.future_map = future_map
+
+    def is_plain(self, batch) -> bool:
+        """Whether ``batch`` is the one converted for this step."""
+        return self.parked is not None and self.parked[0] is batch and batch.spec_info is None
+
+    @property
+    def algorithm(self):
+        """The parked batch's speculative algorithm (its forward runs as the frame's would)."""
+        return self.parked[2]
+
+    def restore(self) -> None:
+        """Give the batch that ran a plain step its speculative state back."""
+        if self.parked is None:
+            return
+        batch, draft_input, algorithm = self.parked
+        self.parked = None
+        batch.spec_info, batch.spec_algorithm = draft_input, algorithm
+
+
+def _ddtree_worker(scheduler):
+    """The scheduler's DDTREE worker where it runs plain steps, else None."""
+    worker = getattr(scheduler, "draft_worker", None)
+    plain = getattr(worker, "plain", None)
+    if plain is None or not plain.enabled or not getattr(scheduler, "enable_overlap", False):
+        return None
+    return worker
+
+
+def install() -> None:
+    """The two scheduler hooks (module docstring); inert unless a DDTREE worker takes plain
+    steps."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def update_running_batch(original, scheduler, batch, *args, **kwargs):
+        batch = original(scheduler, batch, *args, **kwargs)
+        worker = _ddtree_worker(scheduler)
+        if worker is not None and batch is not None and not batch.is_empty():
+            worker.schedule_decode(batch, scheduler.future_map)
+        return batch
+
+    def get_next_batch_to_run(original, scheduler, *args, **kwargs):
+        worker = _ddtree_worker(scheduler)
+        if worker is not None:
+            worker.plain.restore()
+        return original(scheduler, *args, **kwargs)
+
+    scheduler = "sglang.srt.managers.scheduler.Scheduler"
+    HookRegistry.register(f"{scheduler}.update_running_batch", update_running_batch, HookType.AROUND)
+    HookRegistry.register(f"{scheduler}.get_next_batch_to_run", get_next_batch_to_run, HookType.AROUND)
