@@ -50,6 +50,8 @@ class PlainSteps:
 
     def __init__(self, enabled: bool):
         self.enabled = enabled  # the online budget serves, and the environment did not turn them off
+        if enabled:
+            install()
         self.rows: set | None = None  # the last step's requests, where it emitted one token each
         self.in_frame = False  # that step ran in the speculative frame (its +1 not yet committed)
         self.parked = None  # (batch, draft input, algorithm) of a batch running a plain step
@@ -119,9 +121,17 @@ def _ddtree_worker(scheduler):
     return worker
 
 
+_INSTALLED = False
+
+
 def install() -> None:
-    """The two scheduler hooks (module docstring); inert unless a DDTREE worker takes plain
-    steps."""
+    """The scheduler hooks (module docstring), in the scheduler process of a worker that takes
+    plain steps (called from its constructor, before the scheduler's loop starts): other servers,
+    plain ones included, run without them."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def update_running_batch(original, scheduler, batch, *args, **kwargs):
@@ -137,6 +147,21 @@ def install() -> None:
             worker.plain.restore()
         return original(scheduler, *args, **kwargs)
 
+    def process_batch_result_decode(original, processor, batch, *args, **kwargs):
+        if batch.spec_algorithm.is_none():  # in this scheduler, a plain step of a DDTREE batch
+            # SGLang's decode log divides by the speculative steps it counted since its last line,
+            # which a plain step's result does not count: one token a request, no draft.
+            bs = batch.batch_size()
+            processor.metrics_reporter.update_spec_metrics(bs, num_correct_drafts=0, num_accept_tokens=bs)
+        return original(processor, batch, *args, **kwargs)
+
     scheduler = "sglang.srt.managers.scheduler.Scheduler"
     HookRegistry.register(f"{scheduler}.update_running_batch", update_running_batch, HookType.AROUND)
     HookRegistry.register(f"{scheduler}.get_next_batch_to_run", get_next_batch_to_run, HookType.AROUND)
+    processor = (
+        "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+    )
+    HookRegistry.register(
+        f"{processor}.process_batch_result_decode", process_batch_result_decode, HookType.AROUND
+    )
+    HookRegistry.apply_hooks()  # the plugin's other hooks are applied already: these now
