@@ -9,6 +9,9 @@
 #                                injected cost table where width 1 wins at every batch size (its
 #                                --arm-env), so every step but the ones that draft to predict is a
 #                                decoding step: the width-1-only arm;
+#   ddtree@auto64+frame (FRAME=1, the default): the same with SGLANG_DDTREE_PLAIN_STEPS=0, every
+#                                width-1 step inside SGLang's speculative frame: what the plain
+#                                steps (adapter/plain_steps.py) save, paired in the same call;
 #   plain+timed, ddtree@auto64+timed (TIMED=1, the default): the same with the scheduler's
 #                                stages per decode step (lab/bench/step_timer.py) and, in the DDTREE
 #                                arm, the worker's phases (SGLANG_DDTREE_PHASE_TIMES): where a step's
@@ -32,7 +35,7 @@
 # diagnostics.txt holds the timers' lines and each profile's top 45.
 # FIT_TO_CALL_S: run in what is left of a call of that many seconds from its start (DEVICE_T0):
 # TIME_LIMIT_S and AB_S follow from it, nothing runs with less than MIN_LEFT_S (150) left.
-# Variables: SERIES (pycode-4l_<device>_width1_ab), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
+# Variables: SERIES (pycode-4l_<device>_width1_ab), FRAME (1), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
 # TIME_LIMIT_S, AB_S, AB_ARGS (more flags for the tool, last).
 set -o pipefail
 if [ -n "${FIT_TO_CALL_S:-}" ]; then  # a job's later stage: what is left of a call of FIT_TO_CALL_S seconds
@@ -58,6 +61,10 @@ TIMER="SGLANG_DDTREE_TEST_PLUGIN=lab.gpu_compat,lab.bench.step_timer SGLANG_STEP
 ARMS_DEFAULT="plain,ddtree@auto64,plain+again"
 # the arm's environment reaches its variants (docs/ab.md): ddtree@auto64+timed runs width 1 too
 ARM_ENV=(--arm-env "ddtree@auto64=SGLANG_DDTREE_BUDGET_COST_TABLE=$TABLE")
+if [ "${FRAME:-1}" = 1 ]; then  # the same width-1 steps all kept in SGLang's speculative frame
+  ARMS_DEFAULT="$ARMS_DEFAULT,ddtree@auto64+frame"
+  ARM_ENV+=(--arm-env "ddtree@auto64+frame=SGLANG_DDTREE_PLAIN_STEPS=0")
+fi
 if [ "${TIMED:-1}" = 1 ]; then
   ARMS_DEFAULT="$ARMS_DEFAULT,plain+timed,ddtree@auto64+timed"
   profiled() {  # STEP_PROFILE=1: the arm's cProfile of its decode launches, brought back in the logs

@@ -109,6 +109,9 @@ class PlainSteps:
             return
         batch, draft_input, algorithm = self.parked
         self.parked = None
+        # As a step's next draft input comes back from a speculative step: not prepared yet (a
+        # prefill's draft input merged into it has no reservation bound either).
+        draft_input.nxt_kv_lens_cpu = draft_input.nxt_kv_lens_sum = None
         batch.spec_info, batch.spec_algorithm = draft_input, algorithm
 
 
