@@ -189,7 +189,7 @@ def test_fused_context_kv_in_graphs_writes_what_its_eager_append_writes(
     longer than the captured rows (16 x 33) replaces: after such a prefill, the rounds replayed
     on the capture-time workspace must write the drafter KV the eager append writes (the
     verify rounds per request equal) and outputs stay the plain server's."""
-    if not set(NEOX_ARMS) <= set(fleet.servers):
+    if not set(NEOX_ARMS) <= set(fleet.servers) | set(fleet.errors):  # one that failed fails
         pytest.skip(f"opt-in arms: GPU_SERVER_ARMS=plain_fp32,{','.join(NEOX_ARMS)}")
     long_prompt = [t for p in prompts[:8] for t in p]  # 768 tokens
     _, want = plain_outputs("ddtree_fp32_graphs_neox")
@@ -286,7 +286,7 @@ def test_fp32_online_budget_identical_to_plain(fleet, prompts, plain_outputs, re
     (under graphs timed at start-up, then refined). Width-1 steps mostly run no drafter (the
     prediction's refreshes draft); with the injected table of ``..._width1`` every
     batched step is one, in width 1's verify graphs, and the tree comes back at bs 1 after."""
-    if arm not in fleet.servers:
+    if arm not in fleet.servers and arm not in fleet.errors:  # not asked for; one that failed fails
         pytest.skip(f"opt-in arm: GPU_SERVER_ARMS=plain_fp32,{arm} (gpu/jobs/online_budget.sh)")
     server = fleet[arm]
     outputs = [greedy(server, p, N_TOKENS) for p in prompts]
