@@ -63,8 +63,7 @@ class DecodeStep:
         logits_output, next_ids, can_run_graph = self._decode_roots(
             batch, roots, host_lens, new_seq_lens, draft_input, on_publish, grammar_barrier
         )
-        self.plain.ran(batch, in_frame=True)
-        return GenerationBatchResult(
+        result = GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=next_ids,
             accept_lens=self._decode_accept_lens(bs),
@@ -73,6 +72,8 @@ class DecodeStep:
             speculative_num_draft_tokens=1,
             new_seq_lens=new_seq_lens,
         )
+        self.plain.ran(batch, in_frame_result=result)
+        return result
 
     def _plain_step(self, batch):
         """Width 1 without the drafter as SGLang's own decode step (``plain_steps.py``): the
@@ -117,14 +118,14 @@ class DecodeStep:
         self._record_width(None)
         return logits_output, next_ids, can_run_graph
 
-    def schedule_decode(self, batch, future_map) -> None:
+    def schedule_decode(self, batch, future_map, queued_results) -> None:
         """The scheduler has prepared a decode step of ``batch`` (overlap; ``plain_steps.py``'s
         hook): its width is chosen now, and a width-1 step without the drafter whose lengths the
         host knows becomes a plain decode step."""
         bs = batch.batch_size()
         self._scheduled_width = (bs, self._choose_width(bs))
         if self.widths.skips_draft and self.plain.allows(batch):
-            self.plain.convert(batch, future_map)
+            self.plain.convert(batch, future_map, queued_results)
 
     def _step_width(self, bs: int) -> int:
         """This step's verify width: chosen when the scheduler prepared it, else now."""

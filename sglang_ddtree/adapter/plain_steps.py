@@ -53,7 +53,10 @@ class PlainSteps:
         if enabled:
             install()
         self.rows: set | None = None  # the last step's requests, where it emitted one token each
-        self.in_frame = False  # that step ran in the speculative frame (its +1 not yet committed)
+        # That step's result where it ran in the speculative frame: its +1 reaches
+        # kv_committed_len when the scheduler processes it, which may be before or after the next
+        # step is prepared (an iteration that launches nothing processes it early).
+        self.in_frame_result = None
         self.parked = None  # (batch, draft input, algorithm) of a batch running a plain step
         self.future_map = None  # the scheduler's: a plain step's roots are in its token buffer
         self.steps = 0  # plain steps run
@@ -62,11 +65,11 @@ class PlainSteps:
         """For the stats log line."""
         return {"plain_steps": self.steps} if self.enabled else {}
 
-    def ran(self, batch=None, in_frame: bool = False) -> None:
+    def ran(self, batch=None, in_frame_result=None) -> None:
         """The step just launched emitted one token per request of ``batch`` (None: it did not,
-        or another batch ran)."""
+        or another batch ran); ``in_frame_result``: its result, where it ran in the frame."""
         self.rows = None if batch is None or not self.enabled else set(batch.reqs)
-        self.in_frame = in_frame
+        self.in_frame_result = in_frame_result
 
     def allows(self, batch) -> bool:
         """Whether a width-1 step of ``batch`` may run as a plain decode step (module
@@ -78,9 +81,11 @@ class PlainSteps:
             return False
         return all(req in rows for req in batch.reqs)
 
-    def convert(self, batch, future_map) -> None:
-        """Make ``batch``, prepared as a speculative step, this step's plain one."""
-        pending = 1 if self.in_frame else 0
+    def convert(self, batch, future_map, queued_results) -> None:
+        """Make ``batch``, prepared as a speculative step, this step's plain one.
+        ``queued_results``: the results the scheduler has not processed yet."""
+        frame = self.in_frame_result
+        pending = 1 if frame is not None and any(result is frame for result in queued_results) else 0
         lens = []
         for req in batch.reqs:
             kv = req.kv
@@ -124,6 +129,11 @@ def _ddtree_worker(scheduler):
     return worker
 
 
+def _queued_results(scheduler) -> list:
+    """The results of launched steps the overlap scheduler has not processed yet."""
+    return [result for _, result in getattr(scheduler, "result_queue", ())]
+
+
 _INSTALLED = False
 
 
@@ -141,7 +151,7 @@ def install() -> None:
         batch = original(scheduler, batch, *args, **kwargs)
         worker = _ddtree_worker(scheduler)
         if worker is not None and batch is not None and not batch.is_empty():
-            worker.schedule_decode(batch, scheduler.future_map)
+            worker.schedule_decode(batch, scheduler.future_map, _queued_results(scheduler))
         return batch
 
     def get_next_batch_to_run(original, scheduler, *args, **kwargs):
