@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.utils.common import is_pin_memory_available
 
 
 class PlainSteps:
@@ -91,7 +92,8 @@ class PlainSteps:
             kv = req.kv
             lens.append(int(kv.kv_committed_len) + pending)
             kv.kv_committed_len += 1  # the root, whose KV this step writes
-        host = torch.tensor(lens, dtype=torch.int64)
+        # pinned: the copy to the device (on the scheduler's stream) leaves the host at once
+        host = torch.tensor(lens, dtype=torch.int64, pin_memory=is_pin_memory_available(batch.device))
         batch.seq_lens_cpu, batch.seq_lens_sum = host, sum(lens)
         batch.seq_lens = host.to(batch.device, non_blocking=True)
         self.parked = (batch, batch.spec_info, batch.spec_algorithm)
