@@ -35,12 +35,14 @@ plus the in-frame step still in flight):
 Plain steps are taken only where plain decoding's result path serves the batch as the frame
 would: no grammar (its FSM advances in a different place), no log-probs or hidden states (the
 result formats differ), no HiSparse; SGLang's overlap scheduler, tensor-parallel size 1 (the
-online budget's own condition). Everything else runs in the frame as before.
+online budget's own condition), no disaggregated serving. Everything else runs in the frame as
+before.
 """
 
 from __future__ import annotations
 
 import torch
+from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import is_pin_memory_available
 
@@ -52,7 +54,7 @@ class PlainSteps:
     def __init__(self, enabled: bool):
         self.enabled = enabled  # the online budget serves, and the environment did not turn them off
         if enabled:
-            install()
+            _serving[0] = True
         self.rows: set | None = None  # the last step's requests, where it emitted one token each
         # That step's result where it ran in the speculative frame: its +1 reaches
         # kv_committed_len when the scheduler processes it, which may be before or after the next
@@ -122,11 +124,21 @@ class PlainSteps:
         batch.spec_info, batch.spec_algorithm = draft_input, algorithm
 
 
+# Whether this process's worker takes plain steps (set by it): until then every hook passes through.
+_serving = [False]
+
+
 def _ddtree_worker(scheduler):
     """The scheduler's DDTREE worker where it runs plain steps, else None."""
+    if not _serving[0]:
+        return None
     worker = getattr(scheduler, "draft_worker", None)
     plain = getattr(worker, "plain", None)
     if plain is None or not plain.enabled or not getattr(scheduler, "enable_overlap", False):
+        return None
+    # a disaggregated decode server runs its own loop, which may prepare a batch without the
+    # hook that puts its speculative state back
+    if getattr(scheduler, "disaggregation_mode", DisaggregationMode.NULL) != DisaggregationMode.NULL:
         return None
     return worker
 
@@ -136,17 +148,11 @@ def _queued_results(scheduler) -> list:
     return [result for _, result in getattr(scheduler, "result_queue", ())]
 
 
-_INSTALLED = False
-
-
 def install() -> None:
-    """The scheduler hooks (module docstring), in the scheduler process of a worker that takes
-    plain steps (called from its constructor, before the scheduler's loop starts): other servers,
-    plain ones included, run without them."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
-    _INSTALLED = True
+    """The scheduler hooks (module docstring), registered with the plugin's other hooks: SGLang
+    applies a target's hooks once, so a hook registered after another plugin's on the same target
+    would never run. In a process whose worker takes no plain steps each costs a call and a
+    check per step."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def update_running_batch(original, scheduler, batch, *args, **kwargs):
@@ -163,7 +169,7 @@ def install() -> None:
         return original(scheduler, *args, **kwargs)
 
     def process_batch_result_decode(original, processor, batch, *args, **kwargs):
-        if batch.spec_algorithm.is_none():  # in this scheduler, a plain step of a DDTREE batch
+        if _serving[0] and batch.spec_algorithm.is_none():  # a plain step of a DDTREE batch
             # SGLang's decode log divides by the speculative steps it counted since its last line,
             # which a plain step's result does not count: one token a request, no draft.
             bs = batch.batch_size()
@@ -179,4 +185,3 @@ def install() -> None:
     HookRegistry.register(
         f"{processor}.process_batch_result_decode", process_batch_result_decode, HookType.AROUND
     )
-    HookRegistry.apply_hooks()  # the plugin's other hooks are applied already: these now
