@@ -186,7 +186,6 @@ class ServerStartError(RuntimeError):
 
 
 _PORTS_HANDED_OUT: set[int] = set()
-_NCCL_PORT_BASES = range(24100, 24400)  # the GPU jobs' --nccl-port ranges (tests/gpu_server, tp2.sh)
 
 
 def _ephemeral_low() -> int:
@@ -196,18 +195,22 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_SGLANG_OWN_PORTS_LOW = 22000  # SGLang picks an unset --nccl-port at random from 22000-29999
+
+
 def free_port() -> int:
-    """A free port below the kernel's ephemeral range, never handed out twice by this process.
+    """A free port below the kernel's ephemeral range and below the range SGLang picks its
+    own ports from, never handed out twice by this process.
 
     A server binds its HTTP port only once its model is loaded; a port picked by
     ``bind(0)`` is ephemeral, and other servers starting meanwhile (their NCCL, ZMQ and
     torch.distributed sockets) can take it first ("address already in use" a minute later).
     """
-    high = min(_ephemeral_low(), 32768)
+    high = min(_ephemeral_low(), _SGLANG_OWN_PORTS_LOW)
     rng = random.SystemRandom()
     for _ in range(2000):
         port = rng.randrange(max(1024, high - 12000), high)
-        if port in _PORTS_HANDED_OUT or port in _NCCL_PORT_BASES:
+        if port in _PORTS_HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -266,7 +269,10 @@ class ServerProcess:
     ):
         self.python, self.cwd = python, cwd  # the interpreter (its environment), the working folder
         self.port = free_port()
-        self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
+        # SGLang checks an unset --nccl-port free when it picks it and binds it later; another
+        # server starting meanwhile can take it (EADDRINUSE at start-up). Ours are handed out once.
+        nccl = [] if "--nccl-port" in args else ["--nccl-port", str(free_port())]
+        self.args = [*args, *nccl, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = {**os.environ, **(env or {})}
         self.log_path = (
             Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
