@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 
@@ -81,7 +80,9 @@ class DecodeStep:
         roots are the last step's tokens in the scheduler's relay buffer; the result is plain
         decoding's (the tokens); the scheduler publishes the lengths and relays the tokens."""
         roots = self.plain.future_map.output_tokens_buf[batch.req_pool_indices]
-        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        # the lengths came from the host on the scheduler's stream; the forward (overlap) runs on
+        # the model runner's
+        batch.seq_lens.record_stream(self.model_runner.forward_stream)
         with borrowed(batch, spec_algorithm=self.plain.algorithm):
             logits_output, next_ids, can_run_graph = self._decode_roots(
                 batch, roots, batch.seq_lens_cpu, batch.seq_lens + 1, None, None, None
@@ -99,7 +100,7 @@ class DecodeStep:
         bs, prefix_lens = len(batch.seq_lens), batch.seq_lens
         with self.phase("decode prepare"):
             positions = self._root_positions(batch, host_lens)
-            plan = self._decode_plan(batch, draft_input, new_seq_lens)
+            plan = self._decode_plan(batch, draft_input)
             forward_batch = self._decode_forward_batch(batch, host_lens, new_seq_lens, roots, positions, plan)
         if on_publish is not None:  # known before the forward: the next step's wait on them ends here
             on_publish(new_seq_lens)
@@ -152,19 +153,12 @@ class DecodeStep:
             return batch.seq_lens
         return batch.seq_lens.clamp(max=self._last_position)
 
-    def _decode_plan(self, batch, draft_input, new_seq_lens):
+    def _decode_plan(self, batch, draft_input):
         """A decoding step's KV location plan: its window is each request's first reserved KV
-        slot (the root's final place), read from ``req_to_token`` by one kernel as the round's
-        window is."""
-        slot = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-            start_offset=batch.seq_lens,
-            end_offset=new_seq_lens,
-            batch_size=len(new_seq_lens),
-            draft_token_num=1,
-            device=self.device,
-        )
+        slot (the root's final place), read from ``req_to_token``."""
+        # one slot a request: a gather (two launches) costs the host less than the window kernel
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        slot = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
         return self._kv_plan(batch, draft_input, slot, 1)  # (draft_input: read only without host lengths)
 
     def _verify_root(self, batch, draft_input, trees, plan):
