@@ -59,7 +59,7 @@ class RequestFeatures:
         ``trees`` is the round's :class:`Trees`, or a function that makes them (a decoding
         step makes its root-only trees only where a feature reads them)."""
         features = RoundFeatures()
-        rows = [i for i, r in enumerate(batch.reqs) if has_penalties(r.sampling_params)]
+        rows = _penalised_rows(batch)
         penalised = bool(rows) and self.penalty_table.counts is not None
         if penalised or batch.has_grammar:
             features.trees = trees = trees() if callable(trees) else trees
@@ -142,3 +142,12 @@ class RequestFeatures:
         if key not in self._logged and self._is_logging_rank:
             self._logged.add(key)
             logger.info("DDTREE request features: %s.", message)
+
+
+def _penalised_rows(batch) -> list[int]:
+    """The batch's rows whose requests have a penalty; SGLang's own orchestrator first, which
+    knows when none has (checking every request costs the host per step at large batches)."""
+    orchestrator = getattr(batch.sampling_info, "penalizer_orchestrator", None)
+    if orchestrator is not None and not orchestrator.is_required:
+        return []
+    return [i for i, r in enumerate(batch.reqs) if has_penalties(r.sampling_params)]
