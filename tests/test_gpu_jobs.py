@@ -389,3 +389,18 @@ def test_a_killed_suite_s_loose_server_logs_are_packed_into_one_file(tmp_path):
             "gpu_server_logs/ddtree_fp32_graphs.log",
             "gpu_server_logs/plain_fp32.log",
         ]
+
+
+def test_a_run_of_part_of_the_suite_skips_the_arms_it_left_out(tmp_path):
+    """GPU_SERVER_ARMS names some arms: a test of another arm skips (its log too), while a test
+    of an arm that was asked for and did not start fails."""
+    from tests.gpu_server.arms import Fleet
+
+    fleet = Fleet(tmp_path)
+    with pytest.raises(pytest.skip.Exception, match="plain_fp32 not started"):
+        fleet["plain_fp32"]
+    with pytest.raises(pytest.skip.Exception):
+        fleet.log_text("plain_fp32")
+    fleet.errors["ddtree_fp32_graphs"] = "out of memory"
+    with pytest.raises(RuntimeError, match="did not start:\nout of memory"):
+        fleet["ddtree_fp32_graphs"]

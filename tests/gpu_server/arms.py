@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from sglang_ddtree.ab.greedy_check import BF16_MARGIN
 from sglang_ddtree.launch import ServerProcess, ServerStartError
 
@@ -213,14 +215,20 @@ class Fleet:
         self.start_seconds[arm] = round(time.monotonic() - began, 1)
 
     def __getitem__(self, arm: str) -> ServerProcess:
-        if arm not in self.servers and arm not in self.errors:
-            raise RuntimeError(f"server {arm} was not started (GPU_SERVER_ARMS)")
+        self._require(arm)
         if arm in self.errors:
             raise RuntimeError(f"server {arm} did not start:\n{self.errors[arm]}")
         return self.servers[arm]
 
     def log_text(self, arm: str) -> str:
+        self._require(arm)
         return (self.log_dir / f"{arm}.log").read_text(errors="replace")
+
+    def _require(self, arm: str) -> None:
+        """A test of an arm that GPU_SERVER_ARMS left out skips (a run of part of the suite);
+        one whose server was asked for and failed to start fails."""
+        if arm not in self.servers and arm not in self.errors:
+            pytest.skip(f"server {arm} not started (GPU_SERVER_ARMS)")
 
     def stop_all(self) -> None:
         for server in self.servers.values():
