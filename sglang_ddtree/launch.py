@@ -271,7 +271,8 @@ class ServerProcess:
         self.port = free_port()
         # SGLang checks an unset --nccl-port free when it picks it and binds it later; another
         # server starting meanwhile can take it (EADDRINUSE at start-up). Ours are handed out once.
-        nccl = [] if "--nccl-port" in args else ["--nccl-port", str(free_port())]
+        named = any(a == "--nccl-port" or a.startswith("--nccl-port=") for a in args)
+        nccl = [] if named else ["--nccl-port", str(free_port())]
         self.args = [*args, *nccl, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = {**os.environ, **(env or {})}
         self.log_path = (

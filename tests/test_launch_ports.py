@@ -24,3 +24,4 @@ def test_a_server_is_handed_its_nccl_port_unless_its_arguments_name_one():
     assert nccl != server.port and 1024 <= nccl < 22000
     named = ServerProcess(["--model-path", "m", "--nccl-port", "24203"])
     assert named.args.count("--nccl-port") == 1 and "24203" in named.args
+    assert not any(a == "--nccl-port" for a in ServerProcess(["--nccl-port=24203"]).args)
