@@ -222,6 +222,11 @@ def free_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
+def has_flag(args: list[str], flag: str) -> bool:
+    """Whether server arguments name ``flag`` (``--flag value`` or ``--flag=value``)."""
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
 def cpu_server_args(target: str, extra: list[str] | None = None, max_total_tokens: int = 8192) -> list[str]:
     """Arguments for a CPU-mode server on a local model folder. ``--sleep-on-idle``:
     an idle scheduler otherwise polls its sockets in a busy loop (a whole core)."""
@@ -271,8 +276,7 @@ class ServerProcess:
         self.port = free_port()
         # SGLang checks an unset --nccl-port free when it picks it and binds it later; another
         # server starting meanwhile can take it (EADDRINUSE at start-up). Ours are handed out once.
-        named = any(a == "--nccl-port" or a.startswith("--nccl-port=") for a in args)
-        nccl = [] if named else ["--nccl-port", str(free_port())]
+        nccl = [] if has_flag(args, "--nccl-port") else ["--nccl-port", str(free_port())]
         self.args = [*args, *nccl, "--host", "127.0.0.1", "--port", str(self.port)]
         self.env = {**os.environ, **(env or {})}
         self.log_path = (

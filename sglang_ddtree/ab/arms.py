@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import ENV_PHASE_TIMES, ENV_TREE_BACKEND
+from ..launch import has_flag
 
 PHASE_INTERVAL = 50  # ARM+phases: rounds per logged phase line, unless its --arm-env says otherwise
 
@@ -193,10 +194,6 @@ class Arm:
             "profiles": self.profiles,
             "error": self.error,
         }
-
-
-def has_flag(args: list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 def flag_value(args: list[str], flag: str) -> str | None:

@@ -64,10 +64,7 @@ MIN_CELLS = 10
 
 def _servers(fleet):
     """The DDTREE arm and its reference; skipped where GPU_SERVER_ARMS left either out (a server
-    that failed to start fails the test)."""
-    missing = [a for a in (ARM, REFERENCE) if a not in fleet.servers and a not in fleet.errors]
-    if missing:
-        pytest.skip(f"arms not started (GPU_SERVER_ARMS): {missing}")
+    that failed to start fails the test: ``Fleet``)."""
     return fleet[ARM], fleet[REFERENCE]
 
 
