@@ -421,3 +421,29 @@ def test_a_steps_verify_is_timed_on_the_device_and_the_rest_of_its_period_is_the
     assert 3.0 <= period_ms < 5.0  # the host's 3 ms (the device's 2 hidden under them) and its Python
     assert table.rest.median[0, 0] == pytest.approx(period_ms - device_ms, abs=0.3)
     assert table(4, 5) == pytest.approx(period_ms, abs=0.3)
+
+
+def test_step_events_are_recorded_on_the_stream_asked_by_device_index(monkeypatch):
+    """The verify clock records its CUDA events on the current stream asked for by the current
+    device's index, and the worker's stream helper does too: without an index torch looks the
+    device up through its availability check (NVML, environment reads) at every call, tens of
+    microseconds a step on a host-bound GPU server."""
+    from sglang_ddtree.adapter.streams import current_stream
+    from sglang_ddtree.adapter.verify_clock import VerifyTime
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device=None: asked.append(device) or f"stream {device}"
+    )
+
+    class Event:
+        def record(self, stream=None):
+            self.stream = stream
+
+    clock = VerifyTime([Event(), Event()])
+    clock.end()
+    assert (clock.began.stream, clock.ended.stream) == ("stream 3", "stream 3")
+    assert current_stream(torch.device("cuda")) == "stream 3"
+    assert asked == [3, 3, 3]
+    assert current_stream("cpu") is not None and asked == [3, 3, 3]  # a CPU server's own stream

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .streams import current_stream
 from .verify_clock import VerifyTime
 
 
@@ -59,7 +60,7 @@ class HostCopies:
             return values, None
         host, event = self._take(values)
         host.copy_(values, non_blocking=True)
-        event.record()
+        event.record(current_stream())
         return host, event
 
     def give_back(self, host: torch.Tensor, event: torch.cuda.Event | None) -> None:

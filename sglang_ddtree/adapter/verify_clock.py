@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from .streams import current_stream
+
 
 class VerifyTime:
     """The device time of one step's verify forward: a pair of timing CUDA events around it
@@ -23,7 +25,7 @@ class VerifyTime:
         if self._spare is None:
             return (self._clock or time.perf_counter)()
         event = self._spare.pop() if self._spare else torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(current_stream())
         return event
 
     def end(self) -> None:

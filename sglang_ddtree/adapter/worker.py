@@ -64,6 +64,7 @@ from .posterior import tree_posterior
 from .request_features import RequestFeatures
 from .reservation import NextDraftInputs, Reservation
 from .stats import TreeStats
+from .streams import current_stream
 from .tp_check import tp_tree_check
 from .verify_graph_memory import release_decode_scratch
 from .verify_input import DDTreeVerifyInput, borrowed, prefix_lens_bound_cpu
@@ -251,7 +252,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
-        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        batch.seq_lens.record_stream(current_stream(self.device))
         return draft_input
 
     @timed("width choice")
