@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU job: the whole GPU serving suite on an 80 GB card (an H100), in two halves of servers that
+# each fit. All fifteen servers at --mem-fraction-static 0.05 leave the last ones no memory
+# there (the H200 starts them together: suite.sh). Each half starts only its arms
+# (GPU_SERVER_ARMS); a test whose arms are all in the other half skips, so every test runs in
+# one half or both (a test over the started graph arms runs in each).
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/suite_halves.sh
+# $OUT/half_a/, $OUT/half_b/: gpu_tests.log, gpu_server.json, gpu_server_logs.tar.gz.
+# HALF_S (250): each half's limit in seconds.
+set -o pipefail
+HALF_A=plain_fp32,plain_fp32_page16_chunked,plain_fp32_sync,ddtree_fp32_graphs,ddtree_fp32_graphs_page16_no_overlap_chunked,ddtree_fp32_eager,ddtree_fp32_graphs_eager_kv,plain_bf16_graphs,ddtree_bf16_graphs,dflash_bf16_graphs
+HALF_B=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_neox,ddtree_fp32_graphs_neox_eager_kv
+python - "$HALF_A" "$HALF_B" <<'PY' || exit 2
+import sys
+from tests.gpu_server.arms import ARMS
+halves = [set(h.split(",")) for h in sys.argv[1:]]
+missing = set(ARMS) - halves[0] - halves[1]
+assert not missing, f"arms in neither half: {sorted(missing)}"
+PY
+for half in a b; do
+  arms=$HALF_A; [ "$half" = b ] && arms=$HALF_B
+  dir="$OUT/half_$half"
+  mkdir -p "$dir"
+  echo "[suite_halves] half $half: $arms"
+  env OUT="$dir" GPU_RESULTS_DIR="$dir" GPU_SERVER_ARMS="$arms" KERNEL_TESTS_S=0 K26_WARM=0 \
+    SUITE_S="${HALF_S:-250}" bash gpu/jobs/suite.sh
+done
