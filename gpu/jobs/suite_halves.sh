@@ -6,8 +6,11 @@
 # one half or both (a test over the started graph arms runs in each).
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) bash gpu/jobs/suite_halves.sh
 # $OUT/half_a/, $OUT/half_b/: gpu_tests.log, gpu_server.json, gpu_server_logs.tar.gz.
-# HALF_S (250): each half's limit in seconds.
+# HALF_S (250): each half's limit in seconds. HALVES (a,b): the halves this call runs. On an H100
+# host half a's ten servers took ~3.5 minutes to start in two waves, so one call holds one half:
+# HALVES=a HALF_S=390 with GPU_SERVER_ONE_WAVE=1 (the carried caches hold the kernels), then HALVES=b.
 set -o pipefail
+HALVES="${HALVES:-a,b}"
 HALF_A=plain_fp32,plain_fp32_page16_chunked,plain_fp32_sync,ddtree_fp32_graphs,ddtree_fp32_graphs_page16_no_overlap_chunked,ddtree_fp32_eager,ddtree_fp32_graphs_eager_kv,plain_bf16_graphs,ddtree_bf16_graphs,dflash_bf16_graphs
 HALF_B=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_neox,ddtree_fp32_graphs_neox_eager_kv
 python - "$HALF_A" "$HALF_B" <<'PY' || exit 2
@@ -17,7 +20,7 @@ halves = [set(h.split(",")) for h in sys.argv[1:]]
 missing = set(ARMS) - halves[0] - halves[1]
 assert not missing, f"arms in neither half: {sorted(missing)}"
 PY
-for half in a b; do
+for half in ${HALVES//,/ }; do
   arms=$HALF_A; [ "$half" = b ] && arms=$HALF_B
   dir="$OUT/half_$half"
   mkdir -p "$dir"
