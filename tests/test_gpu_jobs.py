@@ -253,6 +253,20 @@ def test_ab_pair_gives_the_width1_arm_its_cost_table(tmp_path):
     assert "COST_TABLE" not in _dry_job(tmp_path / "default", "ab_pair.sh")  # only where the arm runs
 
 
+def test_ab_width1_pairs_the_step_with_the_package_before_it(tmp_path):
+    """``BEFORE_DIR``: the width-1-only arm served again from another copy of the package (its
+    PYTHONPATH first), with the base arm's cost table, in the same interleaved run."""
+    before = tmp_path / "before"
+    (before / "sglang_ddtree").mkdir(parents=True)
+    out = _dry_job(tmp_path / "job", "ab_width1.sh", BEFORE_DIR=str(before), TIMED="0", FRAME="0", PROFILE="")
+    text = out.splitlines()
+    lines = {line[1 : line.index("]")]: text[i + 1] for i, line in enumerate(text) if line.startswith("[")}
+    assert f"PYTHONPATH={before}:{ROOT}" in lines["ddtree@auto64+before"]
+    assert "SGLANG_DDTREE_BUDGET_COST_TABLE=" in lines["ddtree@auto64+before"]
+    assert "PYTHONPATH" not in lines["ddtree@auto64"]
+    assert "ddtree@auto64+before" not in _dry_job(tmp_path / "default", "ab_width1.sh", TIMED="0", FRAME="0")
+
+
 @pytest.mark.parametrize("budget", [64, 7])
 def test_the_width1_table_makes_every_step_width_1(budget):
     """gpu/jobs/width1_cost_table_auto{64,7}.json (the pair's and the K2.6 rank's online budget):

@@ -33,6 +33,10 @@
 # (SGLANG_STEP_TIMER_PROFILE), written to <SERIES>_<arm>.pstats in the logs' tarball: where the host
 # time of a step goes, function by function (`python -m pstats FILE`); the tarball's
 # diagnostics.txt holds the timers' lines and each profile's top 45.
+# BEFORE_DIR: a folder holding another sglang_ddtree package (carried, e.g. `mkdir -p .carry/before &&
+# git archive <commit> sglang_ddtree | tar -x -C .carry/before`, then carry .carry/before): the arm
+# ddtree@auto64+before serves the width-1-only arm from it, so a change to the step is paired with
+# the step before it in one call.
 # FIT_TO_CALL_S: run in what is left of a call of that many seconds from its start (DEVICE_T0):
 # TIME_LIMIT_S and AB_S follow from it, nothing runs with less than MIN_LEFT_S (150) left.
 # Variables: SERIES (pycode-4l_<device>_width1_ab), FRAME (1), REPEATS (4), CONC (1,8,32,64), PROMPTS (8,32,96,128), OUTPUT_LEN (128), TIMED (1), STEP_PROFILE (0), PROFILE,
@@ -72,6 +76,10 @@ if [ "${TIMED:-1}" = 1 ]; then
   }
   ARM_ENV+=(--arm-env "plain+timed=$TIMER$(profiled plain-timed)")
   ARM_ENV+=(--arm-env "ddtree@auto64+timed=$TIMER$(profiled ddtree-auto64-timed) SGLANG_DDTREE_PHASE_TIMES=64")
+fi
+if [ -n "${BEFORE_DIR:-}" ]; then  # the same width-1-only arm served from another copy of the package
+  ARMS_DEFAULT="$ARMS_DEFAULT,ddtree@auto64+before"
+  ARM_ENV+=(--arm-env "ddtree@auto64+before=PYTHONPATH=$(cd "$BEFORE_DIR" && pwd):${PYTHONPATH:-}")
 fi
 PROFILE="${PROFILE-plain@1,ddtree@auto64@1}"  # PROFILE= (empty): no profile
 PROFILE_ARGS=()
