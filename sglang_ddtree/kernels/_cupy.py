@@ -109,7 +109,7 @@ class Kernel:
         dev = torch.cuda.current_device()
         if cupy.cuda.runtime.getDevice() != dev:
             cupy.cuda.runtime.setDevice(dev)
-        ptr = torch.cuda.current_stream().cuda_stream
+        ptr = torch.cuda.current_stream(dev).cuda_stream  # by index: no device lookup (adapter/streams.py)
         stream = self._streams.get(ptr)
         if stream is None:
             with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it still works
