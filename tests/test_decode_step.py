@@ -59,8 +59,10 @@ def test_a_decoding_step_writes_the_drafter_kv_the_round_wrote_at_width_1():
     prefix_lens = torch.tensor([4, 25, 9])  # the second request past its context
     plan = _Plan(torch.tensor([70, 71, 72]))
     output = types.SimpleNamespace(hidden_states=hidden)
-    sources, commit_lens = torch.zeros(bs, 1, dtype=torch.int64), torch.ones(bs, dtype=torch.int32)
-    worker._commit_draft_kv(plan, output, sources, prefix_lens, commit_lens, bs)  # the round at width 1
+    acceptance = types.SimpleNamespace(
+        sources=torch.zeros(bs, 1, dtype=torch.int64), emitted=torch.ones(bs, dtype=torch.int32)
+    )
+    worker._commit_draft_kv(plan, output, acceptance, prefix_lens, False)  # the round at width 1
     worker._commit_root_draft_kv(plan, output, prefix_lens.clamp(max=last))  # the decoding step
     round_call, step_call = worker.appends
     assert _written(step_call) == _written(round_call)

@@ -12,7 +12,7 @@
 #
 # $OUT: online_budget.log, gpu_server.json, gpu_server_logs.tar.gz.
 set -o pipefail
-export GPU_RESULTS_DIR="$OUT" GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1
-timeout 560 python -m pytest -m gpu_server tests/gpu_server -k online_budget -p no:cacheprovider -v -rA 2>&1 \
+export GPU_RESULTS_DIR="$OUT" GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_auto_width1_eager_kv
+timeout 560 python -m pytest -m gpu_server tests/gpu_server -k "online_budget or width_ones" -p no:cacheprovider -v -rA 2>&1 \
   | tee "$OUT/online_budget.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped"
 exit 0

@@ -12,7 +12,7 @@
 set -o pipefail
 HALVES="${HALVES:-a,b}"
 HALF_A=plain_fp32,plain_fp32_page16_chunked,plain_fp32_sync,ddtree_fp32_graphs,ddtree_fp32_graphs_page16_no_overlap_chunked,ddtree_fp32_eager,ddtree_fp32_graphs_eager_kv,plain_bf16_graphs,ddtree_bf16_graphs,dflash_bf16_graphs
-HALF_B=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_neox,ddtree_fp32_graphs_neox_eager_kv
+HALF_B=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_auto_width1_eager_kv,ddtree_fp32_graphs_neox,ddtree_fp32_graphs_neox_eager_kv
 python - "$HALF_A" "$HALF_B" <<'PY' || exit 2
 import sys
 from tests.gpu_server.arms import ARMS

@@ -15,8 +15,8 @@
 # width-1 series and its logs (with the diagnostics of the timed arms: ab_width1.sh).
 set -o pipefail
 export GPU_RESULTS_DIR="$OUT"
-GPU_SERVER_ARMS="${CHECK_ARMS:-plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1}" \
-  timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k "${CHECK_K:-online_budget}" -p no:cacheprovider -v -rA 2>&1 \
+GPU_SERVER_ARMS="${CHECK_ARMS:-plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_auto_width1_eager_kv}" \
+  timeout "${CHECK_S:-300}" python -m pytest -m gpu_server tests/gpu_server -k "${CHECK_K:-online_budget or width_ones}" -p no:cacheprovider -v -rA 2>&1 \
   | tee "$OUT/online_budget.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped|decode_check"
 # the run's record and server logs as one file (a call brings back 8: room for the Triton cache)
 source "$(dirname "$0")/kernel_tests.sh"

@@ -15,8 +15,9 @@ what the next drafting round reads:
   ``request_features.py``, with root-only trees made only where a feature reads them) and
   the target's token (``posterior.py``: the argmax, or SGLang's sampler at the root's
   position): the bonus, the next root;
-* the drafter's context KV of the root, from the target's hidden states (from a CUDA graph
-  where captured), so that the drafter misses nothing when a later step drafts;
+* the drafter's context KV of the root, from the target's hidden states, so that the drafter
+  misses nothing when a later step drafts: inside width 1's decode graphs where they hold it
+  (``draft_kv_graphs.py``), else from the drafter KV append's own graph or eagerly;
 * the result SGLang's speculative scheduler expects: one token a request (``accept_lens`` 1),
   the new lengths published before the forward (a round publishes after its accept; a
   decoding step knows them at its start, so the scheduler's next step, which waits for them
@@ -107,13 +108,15 @@ class DecodeStep:
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
         with self.phase("decode forward"):
             logits_output, can_run_graph = self._target_forward(forward_batch, planned=False)
+        appended = self._roots_appended_in_graph(can_run_graph)
         self._apply_features(batch, features, logits_output, grammar_barrier)
         posterior = self._posterior(batch, logits_output, positions.view(bs, 1), bs)  # [bs, 1]
         next_ids = posterior.view(bs)
         self._finish_features(batch, features)
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, torch.zeros_like(posterior))
-        self._commit_root_draft_kv(plan, logits_output, positions)
+        if not appended:
+            self._commit_root_draft_kv(plan, logits_output, positions)
         logits_output.hidden_states = None
         self.stats.record_decode_step(bs)
         self._record_width(None)
@@ -203,6 +206,14 @@ class DecodeStep:
             )
         forward_batch.positions = positions  # clamped where a request reached its context
         return forward_batch
+
+    def _roots_appended_in_graph(self, can_run_graph: bool) -> bool:
+        """Whether the forward just run (at width 1) replayed decode graphs that appended every
+        root's drafter KV themselves (``draft_kv_graphs.py``); an eager forward (a batch past
+        the captured sizes) did not."""
+        if not can_run_graph:
+            return False
+        return getattr(self.model_runner.decode_cuda_graph_runner, "appends_draft_kv", False)
 
     def _decode_accept_lens(self, bs: int) -> torch.Tensor:
         """``[bs]`` int32 ones: a decoding step's accept lengths (read only, kept per size)."""

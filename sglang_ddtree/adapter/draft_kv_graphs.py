@@ -13,6 +13,12 @@ prefix-valid write honours on the device.
 CPU servers, eager servers and tensor parallelism keep the eager append (TP would put the
 drafter's collectives inside these graphs; not done).
 
+Width 1's decode graphs (the online budget's decoding steps, ``width_graphs.py``) append every
+root's drafter KV inside themselves (:meth:`DraftKVGraphs.root_append_hook`, a capture hook
+SGLang's graph runner calls at the end of each captured forward): the step then pays no copies
+and no replay of its own for it. That takes the graph's own write ids, so only where the
+target's pool and the drafter's name a slot alike (:func:`same_write_ids`).
+
 A drafter with neox-style RoPE (the published Kimi DFlash drafters) takes SGLang's fused KV
 path, whose helper keeps a workspace between calls and replaces it with a larger one, freeing
 the old, when a longer prefill needs more rows. The graphs read and write the tensors they
@@ -40,6 +46,17 @@ def committed_rows(
     offsets = torch.arange(width, device=sources.device)
     positions = torch.add(prefix_lens[:, None].to(torch.int64), offsets, out=out_positions)
     return rows, positions.clamp_(max=last_position)
+
+
+def same_write_ids(target_translator, draft_translator) -> bool:
+    """Whether the target's full-attention write ids are the drafter's: both sub-pools index
+    the iteration's virtual ids as they are, or the drafter lives in the target's (one key)."""
+    from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind
+
+    target, draft = target_translator.space(IdSpaceKind.FULL), draft_translator.space(IdSpaceKind.FULL)
+    if target is None or draft is None:
+        return False
+    return target.key == draft.key or (target.write is None and draft.write is None)
 
 
 def held_by_append(append) -> list[torch.Tensor]:
@@ -97,6 +114,37 @@ class DraftKVGraphs:
             self.graphs[(bs, width)] = graph
         torch.cuda.current_stream().wait_stream(stream)
         self.held = held_by_append(self._append)
+
+    def root_append_hook(self):
+        """A capture hook (``model_runner.capture_tail_hooks``) that appends every root's
+        drafter KV inside the graphs of runners marked ``appends_draft_kv`` (width 1's decode
+        graphs), from the captured forward's own write ids, positions and hidden states. A
+        padded row's write id is the sink; its commit length of 1 writes there."""
+        ones = torch.ones(self.batch_sizes[-1], dtype=torch.int32, device=self.commit_lens.device)
+
+        def append_roots_in_graph(runner, out, forward_batch, num_tokens) -> None:
+            if not getattr(runner, "appends_draft_kv", False):
+                return
+            if num_tokens > ones.shape[0]:
+                raise ValueError(
+                    f"a decode graph of {num_tokens} rows past the drafter KV graphs' {ones.shape[0]}"
+                )
+            cache_loc = forward_batch.out_cache_loc[:num_tokens]  # int32 there: the append casts
+            self._append(
+                target_hidden=out.hidden_states[:num_tokens],
+                cache_loc=cache_loc,
+                cache_loc_2d=cache_loc.view(num_tokens, 1),
+                positions=forward_batch.positions[:num_tokens],
+                commit_lens=ones[:num_tokens],
+            )
+            self.hold_what_append_holds()  # the captured append reads them
+
+        return append_roots_in_graph
+
+    def hold_what_append_holds(self) -> None:
+        """Keep what SGLang's append holds now too (after other graphs captured it)."""
+        known = {id(t) for t in self.held}
+        self.held += [t for t in held_by_append(self._append) if id(t) not in known]
 
     def padded_batch(self, bs: int) -> int | None:
         return next((b for b in self.batch_sizes if b >= bs), None)
@@ -172,3 +220,17 @@ def install(worker, widths) -> DraftKVGraphs | None:
         return None
     logger.info("DDTREE: drafter KV append captured for %d (batch size, width) pairs", len(graphs.graphs))
     return graphs
+
+
+def root_append_hook(worker):
+    """Install on the target's model runner the capture hook that appends the roots' drafter KV
+    inside width 1's decode graphs (captured after this); None where they cannot: no drafter KV
+    graphs (CPU, eager, TP, asked), or pools that name a slot differently."""
+    graphs = worker.draft_kv_graphs
+    if graphs is None or not same_write_ids(
+        worker.model_runner.kv_index_translator, worker.draft_model_runner.kv_index_translator
+    ):
+        return None
+    hook = graphs.root_append_hook()
+    worker.model_runner.capture_tail_hooks.append(hook)
+    return hook

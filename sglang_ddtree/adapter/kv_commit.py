@@ -24,13 +24,17 @@ class KVCommitSteps:
         pool.move_kv_cache(slots.reshape(-1), src)
 
     @timed("draft kv commit")
-    def _commit_draft_kv(self, plan, logits_output, sources, prefix_lens, commit_lens, bs):
+    def _commit_draft_kv(self, plan, logits_output, acceptance, prefix_lens, can_run_graph):
         """The drafter's context KV for the committed tokens, from the target's hidden features
-        of the accepted nodes at their final positions (replayed from a CUDA graph if captured)."""
+        of the accepted nodes at their final positions (replayed from a CUDA graph if captured).
+        Nothing at width 1 where the verify's decode graphs appended the root themselves."""
+        sources, commit_lens = acceptance.sources, acceptance.emitted
+        bs, width = sources.shape  # the step's verify width
+        if width == 1 and self._roots_appended_in_graph(can_run_graph):
+            return
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify returned no target hidden states.")
-        width = sources.shape[1]  # the step's verify width
         cache_loc = self._draft_write_ids(plan)
         if width != self.width:
             cache_loc = cache_loc.view(bs, self.width)[:, :width].reshape(-1)

@@ -114,12 +114,14 @@ def captured_graph_mode(model_runner):
     return getattr(model_runner.decode_cuda_graph_runner, "capture_forward_mode", None)
 
 
-def decode_mode_runner(runner_cls):
+def decode_mode_runner(runner_cls, appends_draft_kv: bool = False):
     """``runner_cls`` (SGLang's decode graph runner class) captured as plain decoding: DECODE
     mode, no speculative input, the target's hidden states kept for the drafter. SGLang captures
     every target runner of a speculative server in TARGET_VERIFY mode; width 1 is one token a
     request, which its ordinary decode graph serves with plain decoding's forward batch and
-    graph load (a verify's costs a step ~0.5 ms more host work on the H200)."""
+    graph load (a verify's costs a step ~0.5 ms more host work on the H200).
+    ``appends_draft_kv``: its graphs also append the roots' drafter KV (the capture hook of
+    ``draft_kv_graphs.py`` acts on runners so marked)."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
     class DecodeModeGraphRunner(runner_cls):
@@ -131,15 +133,16 @@ def decode_mode_runner(runner_cls):
         def get_spec_info(self, num_tokens):
             return None
 
+    DecodeModeGraphRunner.appends_draft_kv = appends_draft_kv
     DecodeModeGraphRunner.__name__ = DecodeModeGraphRunner.__qualname__ = f"DecodeMode{runner_cls.__name__}"
     return DecodeModeGraphRunner
 
 
-def build_width_runners(model_runner, widths) -> WidthRunners:
+def build_width_runners(model_runner, widths, roots_append: bool = False) -> WidthRunners:
     """Capture a graph runner (with its own attention backend) for every width below the
-    largest: decode graphs for width 1, verify graphs for the rest; the largest is the model
-    runner's own, captured at start-up."""
-    pairs = {int(width): _capture_width(model_runner, int(width)) for width in widths[:-1]}
+    largest: decode graphs for width 1 (``roots_append``: appending the roots' drafter KV),
+    verify graphs for the rest; the largest is the model runner's own, captured at start-up."""
+    pairs = {int(width): _capture_width(model_runner, int(width), roots_append) for width in widths[:-1]}
     torch.cuda.empty_cache()  # the scratch each width allocated before it took the shared one
     return WidthRunners(model_runner, pairs, largest=widths[-1])
 
@@ -158,7 +161,7 @@ def verify_width_context(width: int):
         get_context().override("ddtree.width_restore", speculative_num_draft_tokens=saved)
 
 
-def _capture_width(model_runner, width: int):
+def _capture_width(model_runner, width: int, roots_append: bool = False):
     from sglang.srt.utils import get_available_gpu_memory
 
     started, before = time.perf_counter(), get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
@@ -173,7 +176,7 @@ def _capture_width(model_runner, width: int):
         share_graph_scratch(backend, model_runner.attn_backend, split_scratch=not decodes)
         runner_cls = model_runner._decode_cuda_graph_runner_cls()
         if decodes:
-            runner_cls = decode_mode_runner(runner_cls)
+            runner_cls = decode_mode_runner(runner_cls, appends_draft_kv=roots_append)
         graphs = runner_cls(model_runner, attn_backend=backend, speculative_num_draft_tokens=width)
     after = get_available_gpu_memory(model_runner.device, model_runner.gpu_id)
     # Which memory a width costs: tensors still held after its capture (buffers, workspaces,
@@ -181,7 +184,7 @@ def _capture_width(model_runner, width: int):
     # earlier captures' freed blocks did not cover).
     logger.info(
         "DDTREE online budget: %s graphs of width %d captured (bs %s) in %.1f s, %.2f GB "
-        "(tensors held %+.2f GB, allocator reserve %+.2f GB)",
+        "(tensors held %+.2f GB, allocator reserve %+.2f GB)%s",
         "decode" if decodes else "verify",
         width,
         list(graphs.capture_bs),
@@ -189,6 +192,7 @@ def _capture_width(model_runner, width: int):
         before - after,
         (torch.cuda.memory_allocated() - held) / 2**30,
         (torch.cuda.memory_reserved() - reserved) / 2**30,
+        "; the roots' drafter KV append inside" if getattr(graphs, "appends_draft_kv", False) else "",
     )
     return backend, graphs
 
@@ -328,14 +332,15 @@ def _served_by(timed: dict[int, float], bs: int) -> float:
     return timed[sizes[index]]
 
 
-def install(widths, target_runner, draft_runner) -> None:
+def install(widths, target_runner, draft_runner, roots_append: bool = False) -> None:
     """After the server's own graph capture: the per-width verify graphs that ``widths`` (a
-    ``StepWidths``) swaps per step, and its start-up cost table (a fixed table injected for
-    testing is kept). Nothing where the target captured no verify graphs (CPU, eager servers):
-    the eager round verifies any width with the one backend."""
+    ``StepWidths``) swaps per step (``roots_append``: width 1's append the roots' drafter KV),
+    and its start-up cost table (a fixed table injected for testing is kept). Nothing where the
+    target captured no verify graphs (CPU, eager servers): the eager round verifies any width
+    with the one backend."""
     if not captured_verify_graphs(target_runner):
         return
-    runners = build_width_runners(target_runner, widths.widths)
+    runners = build_width_runners(target_runner, widths.widths, roots_append)
     widths.runners = runners
     if widths.measured:
         for _, graphs in runners.pairs.values():

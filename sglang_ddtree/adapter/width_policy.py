@@ -53,6 +53,6 @@ class FixedWidth:
     def finish(self, accept_lens) -> None:
         pass
 
-    def install_graphs(self, target_runner, draft_runner) -> list:
+    def install_graphs(self, target_runner, draft_runner, roots_append: bool = False) -> list:
         """The target's extra verify graph backends (none: the server's own graphs verify)."""
         return []

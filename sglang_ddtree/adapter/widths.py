@@ -305,13 +305,14 @@ class StepWidths:
         self.kept = KeptLogProbs(max_bs, self.depth, self.heads[self.widths[-1]].k, device)
         return lambda *batch_rows: self.kept.keeping(proposal(*batch_rows))
 
-    def install_graphs(self, target_runner, draft_runner) -> list:
+    def install_graphs(self, target_runner, draft_runner, roots_append: bool = False) -> list:
         """After the server's graph capture: one graph set per width (CUDA graphs only; width
-        1's decode graphs); returns the attention backends of the verify graph sets (whose
-        decode scratch is released: width 1's decode graphs read theirs)."""
+        1's decode graphs, appending the roots' drafter KV with ``roots_append``); returns the
+        attention backends of the verify graph sets (whose decode scratch is released: width
+        1's decode graphs read theirs)."""
         from .width_graphs import install, verify_backends
 
-        install(self, target_runner, draft_runner)
+        install(self, target_runner, draft_runner, roots_append)
         return verify_backends(self.runners)
 
     def from_graph(self, replayed, width: int):

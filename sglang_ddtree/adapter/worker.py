@@ -57,6 +57,7 @@ from .decode_step import DecodeStep
 from .draft_block import draft_forward_batch
 from .draft_head import DraftTreeHead, draft_topk
 from .draft_kv_graphs import install as install_draft_kv_graphs
+from .draft_kv_graphs import root_append_hook
 from .kv_commit import KVCommitSteps
 from .phases import RoundPhases, timed
 from .plain_steps import PlainSteps
@@ -174,11 +175,13 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         return None
 
     def init_cuda_graphs(self):
+        """SGLang's graphs, the drafter KV append's, then the online budget's per width."""
         super().init_cuda_graphs()
-        backends = [self.model_runner.attn_backend]
-        backends += self.widths.install_graphs(self.model_runner, self.draft_model_runner)
-        release_decode_scratch(self.model_runner, backends)
         self.draft_kv_graphs = install_draft_kv_graphs(self, self.widths.widths)
+        roots_append = root_append_hook(self) is not None
+        backends = [self.model_runner.attn_backend]
+        backends += self.widths.install_graphs(self.model_runner, self.draft_model_runner, roots_append)
+        release_decode_scratch(self.model_runner, backends)
 
     @property
     def _uses_custom_mask(self) -> bool:
@@ -227,7 +230,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         if on_publish is not None:
             on_publish(new_seq_lens)
         self._commit_target_kv(plan, acceptance.sources, bs)  # sources: [bs, width]
-        self._commit_draft_kv(plan, logits_output, acceptance.sources, prefix_lens, acceptance.emitted, bs)
+        self._commit_draft_kv(plan, logits_output, acceptance, prefix_lens, can_run_graph)
         logits_output.hidden_states = None
         self._record_stats(acceptance, trees, draft_top1)
         self._record_width(acceptance)

@@ -100,13 +100,20 @@ ARMS: dict[str, list[str]] = {
     # the same with an injected cost table (WIDTH1_COST_TABLE) that makes every batched step
     # verify the root alone in width 1's graphs (no drafter replay) and bs 1 run the largest tree
     "ddtree_fp32_graphs_auto_width1": FP32 + GRAPHS + ONLINE_BUDGET,
+    # the same with the roots' drafter KV appended eagerly (arm_env), not inside width 1's graphs
+    "ddtree_fp32_graphs_auto_width1_eager_kv": FP32 + GRAPHS + ONLINE_BUDGET,
     # the pair's drafter read with neox-style RoPE (NEOX_DRAFTER; the published Kimi drafters'
     # style): SGLang's fused context-KV path, captured in the append's graphs, against its
     # eager append (arm_env)
     "ddtree_fp32_graphs_neox": FP32 + GRAPHS + DDTREE_NEOX,
     "ddtree_fp32_graphs_neox_eager_kv": FP32 + GRAPHS + DDTREE_NEOX,
 }
-ONLINE_BUDGET_ARMS = ("ddtree_fp32_eager_auto", "ddtree_fp32_graphs_auto", "ddtree_fp32_graphs_auto_width1")
+ONLINE_BUDGET_ARMS = (
+    "ddtree_fp32_eager_auto",
+    "ddtree_fp32_graphs_auto",
+    "ddtree_fp32_graphs_auto_width1",
+    "ddtree_fp32_graphs_auto_width1_eager_kv",
+)
 NEOX_ARMS = ("ddtree_fp32_graphs_neox", "ddtree_fp32_graphs_neox_eager_kv")
 # Started only when GPU_SERVER_ARMS names them (gpu/jobs/suite.sh names every arm unless told
 # otherwise; gpu/jobs/online_budget.sh), not by a bare pytest run.
@@ -153,14 +160,19 @@ def parallel_args(arm: str) -> list[str]:
     return ["--tp-size", str(tp_size()), "--nccl-port", str(NCCL_PORT_BASE + list(ARMS).index(arm))]
 
 
+WIDTH1_EAGER_KV = "ddtree_fp32_graphs_auto_width1_eager_kv"
+
+
 def arm_env(arm: str) -> dict[str, str]:
     """Above TP-1 the DDTREE arms compare every round's trees and paths across ranks
     (``SGLANG_DDTREE_CHECK_TP_TREES``): a divergence kills the server, failing its tests."""
     env = {}
     if tp_size() > 1 and "DDTREE" in ARMS[arm]:
         env["SGLANG_DDTREE_CHECK_TP_TREES"] = "1"
-    if arm in ("ddtree_fp32_graphs_eager_kv", "ddtree_fp32_graphs_neox_eager_kv"):
+    if arm in ("ddtree_fp32_graphs_eager_kv", "ddtree_fp32_graphs_neox_eager_kv", WIDTH1_EAGER_KV):
         env["SGLANG_DDTREE_EAGER_DRAFT_KV"] = "1"
+    if arm == WIDTH1_EAGER_KV:
+        env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
     if arm == "ddtree_fp32_graphs_auto_width1":
         env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
         # each decoding step's hidden states (from width 1's decode graphs) against an eager

@@ -226,6 +226,38 @@ def test_tp_ranks_build_the_same_trees(fleet, results):
     results["tp_tree_check"] = {"tp_size": tp_size(), "rounds_logged": checked}
 
 
+def test_width_ones_decode_graphs_append_what_the_eager_append_writes(fleet, prompts, plain_outputs, results):
+    """Width 1's decode graphs append the roots' drafter KV themselves (``draft_kv_graphs.py``)
+    == the eager append. One batched request (one scheduler message, one prefill) decoded at
+    width 1 (the injected table), its longest request then alone in the largest trees, whose
+    drafter reads the context KV the width-1 steps wrote: a wrong row, slot or position there
+    changes its proposals, so the verify rounds per request must be the eager append's, and
+    the outputs plain's."""
+    arms = ("ddtree_fp32_graphs_auto_width1", "ddtree_fp32_graphs_auto_width1_eager_kv")
+    if not set(arms) <= set(fleet.servers) | set(fleet.errors):  # one that failed fails
+        pytest.skip(f"opt-in arms: GPU_SERVER_ARMS=plain_fp32,{','.join(arms)}")
+    marker = "the roots' drafter KV append inside"
+    assert marker in fleet.log_text(arms[0]) and marker not in fleet.log_text(arms[1])
+    lengths = [40, 128, 9, 77, 100]
+    requests = prompts[: len(lengths)]
+    payload = {
+        "input_ids": requests,
+        "sampling_params": [{"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in lengths],
+    }
+    rounds, outputs = {}, {}
+    for arm in arms:
+        answers = fleet[arm].generate(payload)
+        rounds[arm] = [a["meta_info"].get("spec_verify_ct") for a in answers]
+        outputs[arm] = [a["output_ids"] for a in answers]
+    results["width1_graph_append/rounds_per_request"] = rounds
+    diffs = _record_identity(
+        results, "width1_graph_append/identity", outputs[arms[0]], plain_outputs(arms[0]), requests
+    )
+    assert all(d is None for d in diffs), diffs
+    assert None not in rounds[arms[0]]
+    assert rounds[arms[0]] == rounds[arms[1]]
+
+
 def _check_width1_steps(server, prompt, want, stats, log_text):
     """Injected costs: every batched step verified the root alone, and a request alone after
     the batches runs the largest tree again (from the prediction kept through them)."""
