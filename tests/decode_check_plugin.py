@@ -5,8 +5,9 @@ roots; the drafter's context KV of each root is written from that forward's hidd
 a forward that returned other hidden states (another layer's, none, a padded row) would leave
 greedy output identical while the drafter drifts. Before each decoding step this plugin runs
 the reference, a width-1 verify of the same roots at the same slots and positions (the round
-at width 1, a tree of the root alone), and when the step writes the drafter's KV it logs how
-far the decode forward's hidden states are from the reference's::
+at width 1, a tree of the root alone), and when the step commits the drafter's KV (itself, or
+inside width 1's decode graphs) it logs how far the decode forward's hidden states are from the
+reference's::
 
     DDTREE decode check: rows 4 max |hidden - reference| 1.2e-07 scale 3.1
 
@@ -76,7 +77,7 @@ def install() -> None:
             self._decode_check_reference = reference_hidden(self, batch, None, roots)
         return own_plain_step(self, batch)
 
-    def commit_root_draft_kv(self, plan, logits_output, positions):
+    def commit_root_draft_kv(self, plan, logits_output, positions, appended):
         reference = getattr(self, "_decode_check_reference", None)
         if reference is not None:
             hidden = logits_output.hidden_states
@@ -96,7 +97,7 @@ def install() -> None:
                     scale,
                 )
             self._decode_check_reference = None
-        return own_commit(self, plan, logits_output, positions)
+        return own_commit(self, plan, logits_output, positions, appended)
 
     DDTreeWorker._decode_step = decode_step
     DDTreeWorker._plain_step = plain_step

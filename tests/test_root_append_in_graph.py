@@ -179,3 +179,11 @@ def test_a_round_appends_unless_its_decode_graphs_did(runner, can_run_graph, wid
     assert len(worker.appends.calls) == int(appends)
     if width == 1:  # what a decoding step asks before its own append
         assert worker._roots_appended_in_graph(can_run_graph) == (not appends)
+
+
+@pytest.mark.parametrize("appended", [True, False])
+def test_a_decoding_step_appends_unless_its_decode_graphs_did(appended):
+    worker = _Worker(types.SimpleNamespace(appends_draft_kv=True))
+    output = types.SimpleNamespace(hidden_states=torch.randn(2, FEATURES))
+    worker._commit_root_draft_kv(torch.tensor([40, 41]), output, torch.tensor([3, 5]), appended)
+    assert len(worker.appends.calls) == int(not appended)

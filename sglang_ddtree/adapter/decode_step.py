@@ -108,15 +108,15 @@ class DecodeStep:
         features = self._start_features(batch, functools.partial(self._root_trees, roots, prefix_lens))
         with self.phase("decode forward"):
             logits_output, can_run_graph = self._target_forward(forward_batch, planned=False)
-        appended = self._roots_appended_in_graph(can_run_graph)
         self._apply_features(batch, features, logits_output, grammar_barrier)
         posterior = self._posterior(batch, logits_output, positions.view(bs, 1), bs)  # [bs, 1]
         next_ids = posterior.view(bs)
         self._finish_features(batch, features)
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, torch.zeros_like(posterior))
-        if not appended:
-            self._commit_root_draft_kv(plan, logits_output, positions)
+        self._commit_root_draft_kv(
+            plan, logits_output, positions, self._roots_appended_in_graph(can_run_graph)
+        )
         logits_output.hidden_states = None
         self.stats.record_decode_step(bs)
         self._record_width(None)
@@ -225,12 +225,15 @@ class DecodeStep:
         return ones
 
     @timed("draft kv commit")
-    def _commit_root_draft_kv(self, plan, logits_output, positions):
+    def _commit_root_draft_kv(self, plan, logits_output, positions, appended: bool = False):
         """The drafter's context KV of every root, from the target's hidden features of its only
-        slot, at its position (replayed from a CUDA graph if captured)."""
+        slot, at its position (replayed from a CUDA graph if captured); nothing more where the
+        decode graphs that ran the forward appended it (``appended``)."""
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify returned no target hidden states.")
+        if appended:
+            return
         cache_loc = self._draft_write_ids(plan)
         graphs = self.draft_kv_graphs
         if graphs is not None and graphs.append_roots(hidden, positions, cache_loc):
