@@ -53,11 +53,10 @@ from ..config import (
     tree_backend_override,
 )
 from ..kernels.backend import get_tree_backend
+from . import draft_kv_graphs
 from .decode_step import DecodeStep
 from .draft_block import draft_forward_batch
 from .draft_head import DraftTreeHead, draft_topk
-from .draft_kv_graphs import install as install_draft_kv_graphs
-from .draft_kv_graphs import root_append_hook
 from .kv_commit import KVCommitSteps
 from .phases import RoundPhases, timed
 from .plain_steps import PlainSteps
@@ -177,8 +176,8 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
     def init_cuda_graphs(self):
         """SGLang's graphs, the drafter KV append's, then the online budget's per width."""
         super().init_cuda_graphs()
-        self.draft_kv_graphs = install_draft_kv_graphs(self, self.widths.widths)
-        roots_append = root_append_hook(self) is not None
+        self.draft_kv_graphs = draft_kv_graphs.install(self, self.widths.widths)
+        roots_append = draft_kv_graphs.root_append_hook(self) is not None
         backends = [self.model_runner.attn_backend]
         backends += self.widths.install_graphs(self.model_runner, self.draft_model_runner, roots_append)
         release_decode_scratch(self.model_runner, backends)
