@@ -737,7 +737,7 @@ def test_install_times_every_width_on_spread_ids(monkeypatch):
     pairs = {1: (None, graphs()), 9: (None, graphs())}
     runners = SimpleNamespace(pairs={**pairs, 17: (None, target.decode_cuda_graph_runner)})
     monkeypatch.setattr(width_graphs, "captured_verify_graphs", lambda runner: True)
-    monkeypatch.setattr(width_graphs, "build_width_runners", lambda runner, widths: runners)
+    monkeypatch.setattr(width_graphs, "build_width_runners", lambda runner, widths, roots_append: runners)
     seen = []
 
     def timed(graph_runner):
