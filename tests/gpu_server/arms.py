@@ -171,10 +171,9 @@ def arm_env(arm: str) -> dict[str, str]:
         env["SGLANG_DDTREE_CHECK_TP_TREES"] = "1"
     if arm in ("ddtree_fp32_graphs_eager_kv", "ddtree_fp32_graphs_neox_eager_kv", WIDTH1_EAGER_KV):
         env["SGLANG_DDTREE_EAGER_DRAFT_KV"] = "1"
-    if arm == WIDTH1_EAGER_KV:
+    if arm in ("ddtree_fp32_graphs_auto_width1", WIDTH1_EAGER_KV):
         env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
     if arm == "ddtree_fp32_graphs_auto_width1":
-        env["SGLANG_DDTREE_BUDGET_COST_TABLE"] = str(WIDTH1_COST_TABLE)
         # each decoding step's hidden states (from width 1's decode graphs) against an eager
         # width-1 verify of the same roots (tests/decode_check_plugin.py)
         tests_dir = str(Path(__file__).resolve().parent.parent)

@@ -244,14 +244,12 @@ def test_width_ones_decode_graphs_append_what_the_eager_append_writes(fleet, pro
         "input_ids": requests,
         "sampling_params": [{"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in lengths],
     }
-    rounds, outputs = {}, {}
-    for arm in arms:
-        answers = fleet[arm].generate(payload)
-        rounds[arm] = [a["meta_info"].get("spec_verify_ct") for a in answers]
-        outputs[arm] = [a["output_ids"] for a in answers]
+    answers = {arm: fleet[arm].generate(payload) for arm in arms}
+    rounds = {arm: [a["meta_info"].get("spec_verify_ct") for a in answers[arm]] for arm in arms}
     results["width1_graph_append/rounds_per_request"] = rounds
+    outputs = [a["output_ids"] for a in answers[arms[0]]]
     diffs = _record_identity(
-        results, "width1_graph_append/identity", outputs[arms[0]], plain_outputs(arms[0]), requests
+        results, "width1_graph_append/identity", outputs, plain_outputs(arms[0]), requests
     )
     assert all(d is None for d in diffs), diffs
     assert None not in rounds[arms[0]]
