@@ -13,6 +13,7 @@ import statistics
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sglang_ddtree
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, TimedCostTable, candidate_widths
-from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth
+from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth, reach_totals_at_widths
+from sglang_ddtree.tree.types import Trees
 
 DEPTH, TOP_K = 7, 16
 PACKAGE = str(Path(sglang_ddtree.__file__).parent)
@@ -319,6 +321,68 @@ def test_reach_totals_are_the_summed_reach_at_each_width():
         for lp in (log_probs, tied):
             expected = reach_at_widths(reach_by_depth(lp, budget), widths)
             torch.testing.assert_close(reach_totals_at_widths(lp, widths), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_reach_totals_of_the_first_rows_leave_the_rest_of_the_buffer_out():
+    """A buffer sized for the largest batch, its rows past the step's batch holding an earlier
+    batch's values, infinities or nan: the totals of its first ``rows`` are those of the batch
+    alone (what lets one CUDA graph serve every batch size)."""
+    from sglang_ddtree.tree.expected_accept import reach_totals_at_widths
+
+    widths = candidate_widths(31)
+    buffer = drafter_log_probs(8, seed=3).view(8, DEPTH, TOP_K).double()
+    buffer[5], buffer[6, :, 2:] = math.nan, math.inf
+    for bs in (1, 3, 5):
+        alone = reach_totals_at_widths(buffer[:bs].clone(), widths)
+        masked = reach_totals_at_widths(buffer, widths, rows=torch.tensor(bs))
+        torch.testing.assert_close(masked, alone, rtol=1e-12, atol=1e-12)
+    full = reach_totals_at_widths(buffer[:5], widths, rows=torch.tensor(5))
+    assert (full > reach_totals_at_widths(buffer[:4], widths)).any()  # each row counts
+
+
+class RecordedPrediction:
+    """The prediction's graph as the host calls it (no capture on the CPU): the masked totals of
+    the whole kept buffer, the batch sizes it was asked for recorded."""
+
+    def __init__(self, kept, widths):
+        self.kept, self.widths, self.asked = kept, widths, []
+
+    def predict(self, bs: int) -> torch.Tensor:
+        self.asked.append(bs)
+        log_probs = self.kept.buffer.view(-1, DEPTH, TOP_K)
+        return reach_totals_at_widths(log_probs, self.widths, rows=torch.tensor(bs))
+
+
+def test_a_step_the_drafter_graph_ran_predicts_from_its_kept_log_probs_as_an_eager_step_does():
+    """Steps whose log-probs the drafter's graph kept ask the prediction's graph, at their batch
+    size, for what the eager steps compute from their own (batches that shrink leave stale
+    rows behind); the predictions reach the host the same."""
+    widths = candidate_widths(15)
+    table = RoundCostTable((1, 8), widths, [[1.0] * len(widths)] * 2)
+    graphed, eager = (
+        StepWidths(widths, table, DEPTH, lambda w: SimpleNamespace(k=TOP_K), predict_every=1)
+        for _ in range(2)
+    )
+    draft = {}  # the step's draft log-probs
+    propose = lambda hidden, k: (draft["log_probs"], None)  # noqa: E731
+    kept_proposal = graphed.graph_proposal(lambda: propose, 8, "cpu")()
+    graphed.prediction = RecordedPrediction(graphed.kept, widths)
+    sizes = [8, 2, 5, 1, 3]
+    for seed, bs in enumerate(sizes):
+        draft["log_probs"] = drafter_log_probs(bs, seed)
+        accept = torch.arange(bs, dtype=torch.int64) % DEPTH
+        for steps in (graphed, eager):
+            steps.start(bs)
+        kept_proposal(None, TOP_K)
+        roots = Trees.root_only(torch.zeros(bs, dtype=torch.int64), torch.zeros(bs, dtype=torch.int64))
+        graphed.from_graph((roots, None), 1)
+        eager.watch(propose)(None, TOP_K)
+        for steps in (graphed, eager):
+            steps.finish(accept)
+        torch.testing.assert_close(
+            graphed._pending[-1].values, eager._pending[-1].values, rtol=1e-12, atol=1e-12
+        )
+    assert graphed.prediction.asked == sizes
 
 
 # --- the slack of a kept decision ---------------------------------------------------------------

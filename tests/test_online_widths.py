@@ -447,3 +447,32 @@ def test_step_events_are_recorded_on_the_stream_asked_by_device_index(monkeypatc
     assert current_stream(torch.device("cuda")) == "stream 3"
     assert asked == [3, 3, 3]
     assert current_stream("cpu") is not None and asked == [3, 3, 3]  # a CPU server's own stream
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_prediction_graph_replays_the_eager_prediction_at_every_batch_size():
+    """The prediction captured once over the drafter graph's kept buffer (``kept_prediction.py``):
+    at each batch size, after larger batches left their rows behind, its replay gives what the
+    operations one by one give for the batch alone, and it waits for nothing on the host."""
+    from sglang_ddtree.adapter.kept_prediction import KeptLogProbs, PredictionGraph
+    from sglang_ddtree.tree.expected_accept import reach_totals_at_widths
+
+    depth, k, max_bs = 7, 16, 32
+    widths = candidate_widths(63)
+    kept = KeptLogProbs(max_bs, depth, k, "cuda")
+    graph = PredictionGraph(kept, widths)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for bs in (32, 5, 17, 1, 32, 2):
+        logits = torch.randn(bs * depth, k, device="cuda", generator=gen)
+        logits[:, 0] += 4.0
+        log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
+        kept.keeping(lambda hidden, k, drafted=log_probs: (drafted, None))(None, k)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            replayed = graph.predict(bs).clone()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        eager = reach_totals_at_widths(log_probs.view(bs, depth, k), widths)
+        torch.testing.assert_close(replayed, eager, rtol=1e-9, atol=1e-9)

@@ -22,7 +22,8 @@ being captured, so every width's graphs are captured with the masked verify kern
 The drafter's forward is the same at every width: its graph builds the largest tree, and a
 narrower step takes that tree's first slots (``Trees.narrowed``, exact for a best-first
 build). Its top-k log-probs, which the width choice reads, are kept in a buffer the graph
-writes (:class:`KeptLogProbs`).
+writes (``kept_prediction.py``), and the online budget's prediction from them is one graph
+replay of its own.
 
 Start-up timing: every captured ``(bs, width)`` verify graph and the drafter's graph per
 ``bs`` are replayed with CUDA events on the inputs capture left in their buffers, which fills
@@ -74,28 +75,6 @@ def verify_backends(runners: WidthRunners | None) -> list:
         for backend, graphs in runners.pairs.values()
         if getattr(getattr(graphs, "capture_forward_mode", None), "name", None) != "DECODE"
     ]
-
-
-class KeptLogProbs:
-    """A buffer the drafter's graph writes the step's top-k log-probs into (``[max_bs * depth,
-    k]``), for the width choice after a replay."""
-
-    def __init__(self, max_bs: int, depth: int, k: int, device):
-        self.depth = depth
-        self.buffer = torch.empty((max_bs * depth, k), dtype=torch.float32, device=device)
-
-    def keeping(self, propose):
-        """``propose`` that also copies its log-probs into the buffer (capturable)."""
-
-        def kept(hidden, k):
-            log_probs, token_ids = propose(hidden, k)
-            self.buffer[: log_probs.shape[0]].copy_(log_probs)
-            return log_probs, token_ids
-
-        return kept
-
-    def rows(self, bs: int) -> torch.Tensor:
-        return self.buffer[: bs * self.depth]
 
 
 # --- start-up ----------------------------------------------------------------------------------
@@ -342,6 +321,10 @@ def install(widths, target_runner, draft_runner, roots_append: bool = False) -> 
         return
     runners = build_width_runners(target_runner, widths.widths, roots_append)
     widths.runners = runners
+    if widths.kept is not None:
+        from .kept_prediction import PredictionGraph
+
+        widths.prediction = PredictionGraph(widths.kept, widths.widths)
     if widths.measured:
         for _, graphs in runners.pairs.values():
             spread_token_ids(graphs, target_runner.model_config.vocab_size)

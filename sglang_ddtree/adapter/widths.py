@@ -97,9 +97,10 @@ logger = logging.getLogger("sglang_ddtree")
 
 # Rows of the measured cost table: a batch costs what its row (the next power of two) cost.
 COST_BATCH_SIZES = tuple(1 << i for i in range(9))
-# Drafted steps per prediction: the prediction (about 40 small device operations, each a
-# kernel launch the host pays for) is made on one drafted step in this many; acceptance
-# moves slowly, and the batch size of each step is applied to the last prediction anyway.
+# Drafted steps per prediction: the prediction (about 40 small device operations: one graph
+# replay under CUDA graphs, else a launch each that the host pays for) is made on one drafted
+# step in this many; acceptance moves slowly, and the batch size of each step is applied to the
+# last prediction anyway.
 PREDICT_EVERY = 8
 # Steps between the online budget's own log lines (when no stats interval is set).
 LOG_EVERY = 1000
@@ -146,9 +147,10 @@ class StepWidths:
         self.refresh = Refresh(refresh_every, first_refresh)  # when a width-1 step drafts anyway
         self.pinned = pinned  # debugging: every step runs the widest tree, whatever was chosen
         # Under CUDA graphs (``width_graphs.py``): the target's pair per width, swapped per step,
-        # and the drafter graph's kept log-probs.
+        # the drafter graph's kept log-probs and the prediction's graph (``kept_prediction.py``).
         self.runners = None
         self.kept = None
+        self.prediction = None
         self._last: tuple[Observed, float] | None = None  # the last finished step, its start
         # The last finished step's (width, drafted); None after another batch (or none yet): the
         # next step is costed only when it ran as this says.
@@ -300,7 +302,7 @@ class StepWidths:
     def graph_proposal(self, proposal, max_bs: int, device):
         """``proposal`` (one batch's ``propose(hidden, k)`` maker) for the drafter's graph, which
         builds the widest tree: it also keeps the log-probs the choice reads in a buffer."""
-        from .width_graphs import KeptLogProbs
+        from .kept_prediction import KeptLogProbs
 
         self.kept = KeptLogProbs(max_bs, self.depth, self.heads[self.widths[-1]].k, device)
         return lambda *batch_rows: self.kept.keeping(proposal(*batch_rows))
@@ -341,12 +343,18 @@ class StepWidths:
             self._observe(Observed(bs, width, not self.skips_draft, None, None), started)
             return
         self._drafted_unpredicted = 0
-        log_probs = log_probs.view(bs, self.depth, -1)
         self._predicting, self.refresh.joined = True, 0
-        predicted = reach_totals_at_widths(log_probs, self.widths)  # [n_widths, depth]
+        predicted = self._predict(log_probs, bs)  # [n_widths, depth]
         measured = reach_counts(accept_lens, self.depth)  # [depth] (cat makes it float64)
         host, ready = self._copies.start(torch.cat([predicted, measured[None]]))
         self._observe(Observed(bs, width, True, host, ready), started)
+
+    def _predict(self, log_probs: torch.Tensor, bs: int) -> torch.Tensor:
+        """The step's reach per width and depth: a replay of the prediction's graph where the
+        drafter's graph kept the log-probs, else its operations one by one."""
+        if self.prediction is not None and self.kept.holds(log_probs):
+            return self.prediction.predict(bs)
+        return reach_totals_at_widths(log_probs.view(bs, self.depth, -1), self.widths)
 
     def _observe(self, observed: Observed, started: float) -> None:
         observed.verify, self._verify = self._verify, None

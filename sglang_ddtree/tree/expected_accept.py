@@ -22,7 +22,8 @@ tree, i.e. no speculation).
 The online budget predicts on one drafted step in 8 (``adapter/widths.py``), on the device,
 where each operation is a kernel launch the host pays for: :func:`reach_totals_at_widths` gives
 the batch's totals at its widths in a fixed number of operations (about 40 at depth 7), whatever
-the batch size and the number of widths, and nothing in it waits for the device.
+the batch size and the number of widths, and nothing in it waits for the device. Under CUDA
+graphs those operations are one graph replay (``adapter/kept_prediction.py``).
 """
 
 from __future__ import annotations
@@ -71,17 +72,24 @@ def reach_by_depth(log_probs: torch.Tensor | np.ndarray, max_budget: int) -> tor
     return torch.cat([torch.zeros_like(reach[:, :1]), reach], dim=1)
 
 
-def reach_totals_at_widths(log_probs: torch.Tensor, widths) -> torch.Tensor:
+def reach_totals_at_widths(log_probs: torch.Tensor, widths, rows: torch.Tensor | None = None) -> torch.Tensor:
     """``[n_widths, depth]`` float64: ``reach_at_widths(reach_by_depth(log_probs, B), widths)``
     with ``B = widths[-1] - 1``, in a fixed number of device operations (the per-step
     prediction): the batch is summed per rank before the budgets are, and each width's budget
     is a row of a 0/1 matrix made once, so neither the batch nor the widths add an operation.
-    The sums are the same up to the order of floating-point additions."""
+    The sums are the same up to the order of floating-point additions.
+
+    ``rows`` (a 0-d int64 tensor on the device): only the first ``rows`` requests count, and the
+    rest of ``log_probs`` may hold anything (a buffer sized for the largest batch, which one CUDA
+    graph serves at every batch size: ``adapter/kept_prediction.py``)."""
     lp = torch.as_tensor(log_probs).double()
     depth, max_budget = lp.shape[1], int(widths[-1]) - 1
     scores = _best_by_depth(lp, max_budget)
     order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max_budget]
     probs = scores.gather(1, order).exp()
+    if rows is not None:  # where(), not a product: a stale row's nan or inf adds nothing either
+        counted = torch.arange(lp.shape[0], device=lp.device)[:, None] < rows
+        probs = torch.where(counted, probs, 0.0)
     levels, below = _rank_constants(depth, max_budget, tuple(int(w) for w in widths), lp.device)
     at_depth = (order // max_budget)[..., None] == levels  # [bs, B, depth]: scores are depth-major
     by_rank = (probs[..., None] * at_depth).sum(0)  # [B, depth]: the batch's mass at each rank
