@@ -746,7 +746,7 @@ def test_install_times_every_width_on_spread_ids(monkeypatch):
 
     monkeypatch.setattr(width_graphs, "time_graph_replays", timed)
     widths = SimpleNamespace(
-        widths=(1, 9, 17), measured=True, use_cost_table=lambda table: None, cost_rows=dict
+        widths=(1, 9, 17), measured=True, use_cost_table=lambda table: None, cost_rows=dict, kept=None
     )
     width_graphs.install(widths, target, SimpleNamespace())
     assert len(seen) == 3 and all(distinct > 20 for distinct in seen)  # every width, spread
