@@ -9,3 +9,23 @@ bring_back_logs() {
     echo "logs over 16 MiB: not brought back"; rm -f "$OUT/${series}_logs.tar.gz"
   fi
 }
+
+# `write_diagnostics RAW SERIES`: the timers' lines and the profiles' tops (RAW/SERIES_*.pstats) in
+# one file, RAW/diagnostics.txt, beside the logs: a call brings back 8 files, and the logs'
+# tarball (which holds this file and the .pstats) is one of them.
+write_diagnostics() {
+  local raw=$1 series=$2 stats
+  [ -d "$raw" ] || return 0
+  {
+    grep -h "STEP TIMER us/step\|STEP TIMER syncs/step\|DDTREE phase host us/round" "$raw"/*/*.log "$raw"/*.log 2>/dev/null
+    for stats in "$raw/${series}"_*.pstats; do  # the functions that take a step's host time
+      [ -f "$stats" ] || continue
+      echo "== $stats"
+      python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$stats" 2>&1 \
+        | grep -v "^$" | cut -c1-160
+      echo "== $stats: by own time"
+      python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" "$stats" 2>&1 \
+        | grep -v "^$" | cut -c1-160
+    done
+  } > "$raw/diagnostics.txt"
+}

@@ -29,13 +29,18 @@
 #  - ARM+phases (e.g. ddtree@32+phases): the DDTREE worker's host time per round phase (docs/ab.md).
 #  - ARM+heapq (e.g. ddtree@32+heapq, a variant the tool knows): the same arm with its tree built
 #    by Python's heapq on the host, as SGLang's own DDTree builds it: today's service.
+#  - TIMED=ARM (e.g. TIMED=ddtree@auto64): a variant ARM+timed beside ARM with the scheduler's
+#    stages per decode step and their cProfile (lab/bench/step_timer.py: the launches and the
+#    scheduling of decode steps, where the online budget chooses), and the worker's phases; the
+#    timers' lines and the profile's top in diagnostics.txt inside the logs' tarball.
+#    Diagnostics only: compare the untimed arms.
 # Torch profiles of chosen arms at chosen levels: AB_ARGS="--profile dflash@1,ddtree@32@16"
 # (docs/ab.md; the traces stay out of the logs brought back, their summaries are in the series).
 set -o pipefail
 P=lab/models/pairs/pycode-4l
 SERIES="${SERIES:-pycode-4l_${DEVICE_NAME:-h200}_ab}"
 RAW=/tmp/ab_pair_raw
-rm -rf "$RAW"
+rm -rf "$RAW" && mkdir -p "$RAW"
 source "$(dirname "$0")/pair_server_args.sh"
 COMMON="$PAIR_SERVER_ARGS"
 ARMS="${ARMS:-plain,dflash,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,dflash+again}"
@@ -43,6 +48,11 @@ ARM_ENV=()
 case ",$ARMS," in *,ddtree@auto64+width1,*)
   ARM_ENV+=(--arm-env "ddtree@auto64+width1=SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto64.json");;
 esac
+if [ -n "${TIMED:-}" ]; then
+  ARMS="$ARMS,$TIMED+timed"
+  TIMER="SGLANG_DDTREE_TEST_PLUGIN=lab.gpu_compat,lab.bench.step_timer SGLANG_STEP_TIMER_EVERY=64"
+  ARM_ENV+=(--arm-env "$TIMED+timed=$TIMER SGLANG_STEP_TIMER_PROFILE=$RAW/${SERIES}_timed.pstats SGLANG_DDTREE_PHASE_TIMES=64")
+fi
 timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --model "$P/target" --drafter "$P/drafter" --server-args "$COMMON" --arms "$ARMS" "${ARM_ENV[@]}" \
   --schedule interleaved --concurrency "${CONC:-1,4,16,64}" --num-prompts "${PROMPTS:-8,16,48,128}" \
@@ -54,7 +64,9 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
 source "$(dirname "$0")/ab_logs.sh"
+write_diagnostics "$RAW" "$SERIES"
 bring_back_logs "$RAW" "$SERIES"
+[ -n "${TIMED:-}" ] && grep -h "STEP TIMER us/step\|DDTREE phase host us/round" "$RAW/diagnostics.txt" | tail -6
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 head -60 "$OUT/$SERIES.md" 2>/dev/null
 exit $rc

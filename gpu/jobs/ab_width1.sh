@@ -98,18 +98,8 @@ timeout -s TERM "${AB_S:-440}" python -m sglang_ddtree.ab \
   --label pycode-4l --device-name "${DEVICE_NAME:-h200}" --series "$SERIES" \
   --results-dir "$OUT" --raw-dir "$RAW" --no-index ${AB_ARGS:-}
 rc=$?
-# The timers' lines and the profiles' tops in one file beside the logs: a call brings back 8 files,
-# and the logs' tarball (which holds this file and the .pstats) is one of them.
-{
-  grep -h "STEP TIMER us/step\|STEP TIMER syncs/step\|DDTREE phase host us/round" "$RAW"/*/*.log "$RAW"/*.log 2>/dev/null
-  for stats in "$RAW/${SERIES}"_*.pstats; do  # STEP_PROFILE=1: the functions that take a step's host time
-    [ -f "$stats" ] || continue
-    echo "== $stats"
-    python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" "$stats" 2>&1 \
-      | grep -v "^$" | cut -c1-160
-  done
-} > "$RAW/diagnostics.txt"
 source "$(dirname "$0")/ab_logs.sh"
+write_diagnostics "$RAW" "$SERIES"
 bring_back_logs "$RAW" "$SERIES"
 grep -h "STEP TIMER us/step\|DDTREE phase host us/round" "$RAW/diagnostics.txt" | tail -12
 head -60 "$OUT/$SERIES.md" 2>/dev/null

@@ -26,7 +26,7 @@ for the device loses the overlap scheduler's head start, and its device time joi
 With the same period a second line, ``STEP TIMER syncs/step: {...}``, gives per source line (the
 Python frame that asked) the synchronisations a step; ``SGLANG_STEP_TIMER_SYNCS=0`` turns it off.
 
-With ``SGLANG_STEP_TIMER_PROFILE=<file>`` the launches of decode iterations run under cProfile,
+With ``SGLANG_STEP_TIMER_PROFILE=<file>`` the launches and the scheduling of iterations run under cProfile,
 its statistics written to ``<file>`` at every log line (``pstats.Stats(<file>)``: where a step's
 host time goes, function by function; the model runner's forward is one entry among them).
 
@@ -137,7 +137,7 @@ def _run_batch(original, scheduler, batch, *args, **kwargs):
 def _schedule(original, scheduler, *args, **kwargs):
     began = time.perf_counter()
     ops: Counter = Counter()
-    with _counting_ops(ops):
+    with _counting_ops(ops), _profiling():  # (the online budget chooses a step's width here)
         plan = original(scheduler, *args, **kwargs)
     if _is_decode(getattr(plan, "batch_to_run", None)):
         _totals["schedule"] += time.perf_counter() - began
