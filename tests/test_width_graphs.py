@@ -478,7 +478,9 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     monkeypatch.setattr(verify_clock, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probe_after=2, trust_after=2)
-    widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width)
+    # every round timed, so the rounds each share counts are the loop's own (settled rounds are
+    # timed one in a few by default: the next test)
+    widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width, time_every=1)
 
     def propose(hidden, k):  # a confident drafter: 0.9 per depth on its top-1
         log_probs = torch.full((hidden.shape[0], k), math.log(1e-6))
@@ -520,6 +522,72 @@ def test_the_step_loop_runs_the_width_one_probes_without_the_drafter(monkeypatch
     # rest: the probe's second step and the undrafted steps after the first refresh but one (the
     # refreshes and the step after each are another kind of round than the one before)
     assert table.cells.rounds[0].tolist() == [8, 0, 2] and table.rest.rounds[0].tolist() == [2, 4]
+
+
+def test_a_round_is_settled_once_its_row_its_cell_and_its_shares_are_trusted():
+    """A settled round only refines trusted medians (``StepWidths`` times one in a few): not
+    before the row's probes start, nor while its cell, its row's pooled excess or its rest of
+    its kind has fewer than ``trust_after`` rounds; an eager batch prices nothing anyway."""
+    table = TimedCostTable(
+        (1, 8), (1, 3, 5), [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], probe_after=3, trust_after=2
+    )
+    states = []
+    for _ in range(3):
+        states.append(table.settled(1, 5))
+        served(table, 1, 5, 11.0, rest=8.0)
+    assert states == [False, False, False]  # no rounds, one, then trusted but before the probes
+    assert table.settled(1, 5)
+    assert not table.settled(1, 3)  # its own cell has no rounds (the row's trees' shares do)
+    assert not table.settled(1, 1)  # width 1: its cell and its kind's shares unmeasured
+    assert not table.settled(8, 5)  # another row
+    assert table.settled(16, 5)  # past the largest graph: eager, priced by nothing
+    table.observe(1, 3, None, 3.0)  # width 3's verify, its period not its own
+    table.observe(1, 3, None, 3.0)
+    assert table.settled(1, 3)  # its cell trusted; the trees' shares were already
+    for _ in range(3):  # row 8: verifies whose periods are not their own, its rest borrowed
+        table.observe(8, 5, None, 9.0)
+    assert table.cells.rounds[1, 2] == 3 and not table.settled(8, 5)  # its own rest unmeasured
+
+
+def test_settled_steps_are_timed_one_in_time_every_and_every_other_step_always(monkeypatch):
+    """Through ``StepWidths``: every step whose round is not settled is timed (its verify reaches
+    the table), and one settled step in ``time_every``; the rest time nothing, so the table and
+    the choices it keeps do not move."""
+    import math
+
+    from sglang_ddtree.adapter import verify_clock
+    from sglang_ddtree.adapter import widths as widths_module
+    from sglang_ddtree.adapter.widths import StepWidths
+
+    clock = [1000.0]
+    monkeypatch.setattr(widths_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(verify_clock, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    table = TimedCostTable((8,), (1, 3, 5), [[0.2, 0.3, 0.4]], probe_after=2, trust_after=2)
+    widths = StepWidths((1, 3, 5), table, depth=4, make_head=lambda width: width, time_every=4)
+    observed = []
+    observe = table.observe
+    monkeypatch.setattr(table, "observe", lambda *args: (observed.append(args[1]), observe(*args)))
+
+    def propose(hidden, k):
+        log_probs = torch.full((hidden.shape[0], k), math.log(1e-6))
+        log_probs[:, 0] = math.log(0.9)
+        return log_probs, torch.arange(k).repeat(hidden.shape[0], 1)
+
+    settled = []
+    for _ in range(60):
+        width = widths.start(8)
+        settled.append(table.settled(8, width))
+        if not widths.skips_draft:
+            widths.watch(propose)(torch.zeros(8 * 4, 4), 4)
+        widths.verify_started()
+        clock[0] += 0.5e-3 if width == 1 else 3e-3
+        widths.verify_finished()
+        clock[0] += 1.5e-3 if width == 1 else 7e-3
+        widths.finish(torch.zeros(8, dtype=torch.int64))
+    widths.start(8)  # absorbs the last step
+    n_settled = sum(settled)
+    assert n_settled > 30  # most of the run: the test times settled steps
+    assert len(observed) == (len(settled) - n_settled) + n_settled // 4
 
 
 # --- the swap per step ------------------------------------------------------------------------

@@ -47,6 +47,8 @@ the two widths' costs together).
 Under CUDA graphs the table is timed (``budget/timed_costs.py``): the step also times its
 verify forward on the device (CUDA events around it, read once they have run), the share of
 the period that differs by width; the rest of the period every width of the row pays alike.
+A step whose cell and row are trusted already is timed one in ``TIME_EVERY``; every other step
+(probes, trust still building) is timed.
 Each batch-size row first runs every width a few times (:class:`ProbedCostTable`), then
 follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it with a fixed
 table (tests, debugging), which the measured rounds do not change.
@@ -102,6 +104,10 @@ COST_BATCH_SIZES = tuple(1 << i for i in range(9))
 # step in this many; acceptance moves slowly, and the batch size of each step is applied to the
 # last prediction anyway.
 PREDICT_EVERY = 8
+# Settled rounds timed: one in this many. Timing a round (two CUDA events, their read, the
+# medians' update, the kept choices it moves made again) is most of the budget's host work a
+# step; a trusted cell's median moves slowly. Rounds that probe or build trust are all timed.
+TIME_EVERY = 4
 # Steps between the online budget's own log lines (when no stats interval is set).
 LOG_EVERY = 1000
 
@@ -116,6 +122,7 @@ class StepWidths:
         refresh_every: int = REFRESH_EVERY,
         first_refresh: int = FIRST_REFRESH,
         predict_every: int = PREDICT_EVERY,
+        time_every: int = TIME_EVERY,
         log_every: int = 0,
         clock: Callable[[], float] | None = None,
         pinned: bool = False,
@@ -139,6 +146,8 @@ class StepWidths:
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
         self._log_probs: torch.Tensor | None = None
         self.predict_every = predict_every
+        self.time_every = time_every
+        self._settled_untimed = 0  # settled steps since the last timed one
         self.log_every = log_every  # 0: the stats line carries the summary, or nobody asked
         self._drafted_unpredicted = 0  # drafted steps since the last prediction
         self.skips_draft = False  # this step: width 1, no drafter forward, no tree step
@@ -278,8 +287,15 @@ class StepWidths:
     def verify_started(self) -> None:
         """Just before the step's verify forward: a timed table prices each width by its
         verify's device time (``budget/timed_costs.py``), so it is timed."""
-        if self._timed:
+        if self._timed and self._times_verify():
             self._verify = VerifyTime(self._spare_events, self._clock)
+
+    def _times_verify(self) -> bool:
+        """Whether this step's verify is timed: every unsettled one, one settled in ``time_every``."""
+        if not self._cost.settled(*self._step[:2]):
+            return True
+        self._settled_untimed = (self._settled_untimed + 1) % self.time_every
+        return self._settled_untimed == 0
 
     def verify_finished(self) -> None:
         if self._verify is not None:

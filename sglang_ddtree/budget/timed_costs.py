@@ -260,6 +260,22 @@ class TimedCostTable(RoundCostTable):
             self._open_count[row] += 1 if open_ else -1
             self._restructured()  # what a probe asks for changed
 
+    def settled(self, bs: int, width: int) -> bool:
+        """Whether a round of ``width`` at ``bs`` would only refine medians already trusted: the
+        row past the start of its probes, the round's cell and its row's own rest of its kind
+        trusted (the row's pooled excess of the kind holds every round the cell does), or an
+        eager batch, which prices nothing. Such rounds need not all be timed
+        (``StepWidths.time_every``); any other round is, so probes, trust and the borrowing
+        between rows come as when every round is."""
+        if bs > self.batch_sizes[-1]:
+            return True
+        row, column = self._row(bs), self._column(width)
+        return (
+            self._row_rounds[row] >= self.probe_after
+            and self.cells.rounds[row, column] >= self.trust_after
+            and self.rest.rounds[row, self._kind_of[column]] >= self.trust_after
+        )
+
     def observe(self, bs: int, width: int, ms: float | None, verify_ms: float) -> None:
         """One served round: its verify forward's device time ``verify_ms`` and its period
         ``ms`` (None where the period is not the round's own: it followed another width or
