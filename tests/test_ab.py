@@ -1364,10 +1364,13 @@ class _ProfiledServer:
     writes rank 0's and rank 1's traces once its steps are done), /stop_profile (an error when
     the profiler has stopped itself, as SGLang answers)."""
 
-    def __init__(self, stream=lambda body: (6, 0.0), still_profiling=lambda stops: False):
+    def __init__(
+        self, stream=lambda body: (6, 0.0), still_profiling=lambda stops: False, batch=lambda starts: 2
+    ):
         """``stream(body)`` -> (chunks of a /generate answer, seconds before its first);
         ``still_profiling(n)``: whether the profiler still runs at the ``n``-th /stop_profile
-        (the requests ended before its steps did: the stop succeeds)."""
+        (the requests ended before its steps did: the stop succeeds); ``batch(n)``: the batch
+        size of the rounds in the trace of the ``n``-th /start_profile."""
         import http.server
         import threading
 
@@ -1390,9 +1393,11 @@ class _ProfiledServer:
                     return
                 if self.path == "/start_profile":
                     out = Path(body["output_dir"])
+                    size = batch(sum(path == "/start_profile" for path, _ in calls))
+                    events = [{**e, "name": e["name"].replace("bs=2]", f"bs={size}]")} for e in _rounds()]
                     for rank in (1, 0):
                         with open(out / f"7.5-TP-{rank}.trace.json", "w") as f:
-                            json.dump({"traceEvents": _rounds()[: None if rank == 0 else 3]}, f)
+                            json.dump({"traceEvents": events[: None if rank == 0 else 3]}, f)
                     reply, code = b"Start profiling.\n", 200
                 elif still_profiling(sum(path == "/stop_profile" for path, _ in calls)):
                     reply, code = b"Stop profiling.\n", 200
@@ -1415,7 +1420,7 @@ class _ProfiledServer:
 def test_a_profile_starts_once_every_request_decodes_and_reads_rank_0s_trace(tmp_path):
     from sglang_ddtree.ab.profiling import profile_level
 
-    fake = _ProfiledServer()
+    fake = _ProfiledServer(batch=lambda starts: 3)
     try:
         s = profile_level(fake.url, [[1, 2], "text"], 3, tmp_path / "p", steps=7, max_new_tokens=33)
     finally:
@@ -1476,6 +1481,16 @@ def test_a_profile_whose_request_ended_first_is_tried_again_with_more_tokens(tmp
     finally:
         fake.server.shutdown()
     assert s["cut_short"] is True and s["max_new_tokens"] == 80 and s["rounds"] == 2
+    # a request ended while the profiler ran (its rounds show one request of two): once more
+    # with twice the tokens, the trace of that try
+    fake = _ProfiledServer(batch=lambda starts: 1 if starts == 1 else 2)
+    try:
+        s = profile_level(fake.url, [[1, 2]], 2, tmp_path / "t", steps=7, max_new_tokens=20)
+    finally:
+        fake.server.shutdown()
+    assert [path for path, _ in fake.calls].count("/start_profile") == 2, fake.calls
+    assert s["max_new_tokens"] == 40 and "cut_short" not in s
+    assert "step[VERIFY bs=2]" in s["forwards"] and "step[VERIFY bs=1]" not in s["forwards"]
 
 
 def test_profiles_go_into_the_series_after_their_levels_passes(tmp_path, monkeypatch):

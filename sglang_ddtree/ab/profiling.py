@@ -7,8 +7,8 @@ first token (all decoding together) asks the server to profile ``--profile-steps
 (``/start_profile`` with ``num_steps``, CPU and GPU activities, no Python stacks, no shapes). When
 the requests end it asks ``/stop_profile`` (harmless where the profiler already stopped itself),
 waits for the trace file (rank 0's), and summarises it (:func:`summarise_events`). Where a
-request ended before the profiler started or had its steps, the requests go again with twice
-the tokens (three tries in all).
+request ended before the profiler started or had its steps (its rounds show a smaller batch),
+the requests go again with twice the tokens (three tries in all).
 
 * the rounds profiled: SGLang names each forward in the trace (``step[VERIFY bs=8]`` a target
   verify, ``step[DECODE bs=8]`` a plain decode, ``step[DRAFT ...]`` a drafter forward,
@@ -129,7 +129,8 @@ def profile_level(
     the trace's summary, or ``{"error": ...}`` (a profile that failed does not fail the run).
 
     A request that ends before the profiler starts, or before it has profiled its steps (a fast
-    arm, a short ``--output-len``, a loaded client), leaves nothing or little to profile
+    arm, a short ``--output-len``, a loaded host: the profiler's start can take longer than a
+    short request's decode; its rounds then show a smaller batch), leaves nothing or little to profile
     together: the requests are sent again with twice the tokens (the next try's trace in a
     folder of its own), up to :data:`ATTEMPTS` times; a profile still cut short says so
     (``cut_short``)."""
@@ -140,23 +141,39 @@ def profile_level(
         started, cut_short, errors = _requests_under_profiler(
             url, prompts, concurrency, folder, steps, tokens, timeout
         )
-        if errors or (started and not cut_short):
+        if not started:
+            if errors:
+                break
+            continue
+        trace = finished_trace(folder, export_seconds)
+        if trace is None:
+            missing = {"error": f"no complete trace in {folder} after {export_seconds:.0f} s"}
+            return {**missing, "request_errors": errors} if errors else missing
+        summary = summarise_trace(trace, steps)
+        # a request that ended while the profiler ran (its start can take longer than a short
+        # request's decode) leaves rounds of a smaller batch: cut short too
+        cut_short = cut_short or _batch_shrank(summary, concurrency)
+        if errors or not cut_short:
             break
     if not started:
         ended = f"a request ended before the profiler started ({ATTEMPTS} tries, up to {tokens} tokens)"
         return {"error": "; ".join(errors) or ended}
-    trace = finished_trace(folder, export_seconds)
-    if trace is None:
-        missing = {"error": f"no complete trace in {folder} after {export_seconds:.0f} s"}
-        return {**missing, "request_errors": errors} if errors else missing
-    summary = summarise_trace(trace, steps)
     if attempt > 1:
         summary["max_new_tokens"] = tokens
     if cut_short:
-        summary["cut_short"] = True  # the requests ended before the profiler's steps did
+        summary["cut_short"] = True  # a request ended before the profiler's steps did
     if errors:
         summary["request_errors"] = errors
     return summary
+
+
+def _batch_shrank(summary: dict, concurrency: int) -> bool:
+    """Whether a profiled round ran fewer requests than ``concurrency`` (the forwards' names)."""
+    sizes = [int(size) for name in summary.get("forwards", {}) for size in _ROUND_BS.findall(name)]
+    return any(size < concurrency for size in sizes)
+
+
+_ROUND_BS = re.compile(r"^step\[(?:VERIFY|DECODE) bs=(\d+)\]")
 
 
 def _requests_under_profiler(
