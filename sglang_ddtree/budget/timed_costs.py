@@ -65,8 +65,9 @@ the row's rest), in width order, until it is: ``trust_after`` steps, the first i
 trained pair, whose rounds the host bounds, the rest floor keeps the narrow trees from being
 probed at all (``bench/online_budget_sim.py``: the modelled pair's probe steps fell by
 about a third). A probe not trusted after ``max_probe_steps`` steps is given up until the
-cell's next re-probe. A trusted cell not measured for ``reprobe_after`` of its row's rounds is
-cleared and probed again: costs move with the context length and the load, and a width
+cell's next re-probe. A trusted cell not measured for ``reprobe_after`` of its row's rounds (its
+timed ones: ``StepWidths`` times one :meth:`settled` round in a few) is cleared and probed
+again: costs move with the context length and the load, and a width
 priced out by rounds that were slow then is measured anew (at 0fc9c47, four stalled tree
 rounds priced every tree of bs 2 at 53-56 ms and the row ran width 1 for the rest of the call).
 """
