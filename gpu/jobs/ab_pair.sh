@@ -66,7 +66,9 @@ rc=$?
 source "$(dirname "$0")/ab_logs.sh"
 write_diagnostics "$RAW" "$SERIES"
 bring_back_logs "$RAW" "$SERIES"
-[ -n "${TIMED:-}" ] && grep -h "STEP TIMER us/step\|DDTREE phase host us/round" "$RAW/diagnostics.txt" | tail -6
+# the last timer lines of any +timed or +phases arm (the worker's phases: the online budget's own
+# host work is its `width choice` and `width record`)
+grep -h "STEP TIMER us/step\|DDTREE phase host us/round" "$RAW/diagnostics.txt" 2>/dev/null | tail -6
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
 head -60 "$OUT/$SERIES.md" 2>/dev/null
 exit $rc
