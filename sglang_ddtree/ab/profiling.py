@@ -69,6 +69,7 @@ GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
 SYNC = re.compile(r"^(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cuStreamSynchronize)")
 STEP = re.compile(r"^step\[")
 ROUND = re.compile(r"^step\[(VERIFY|DECODE)\b")
+ROUND_BS = re.compile(r"^step\[(?:VERIFY|DECODE) bs=(\d+)\]")  # a round's batch size
 
 
 # --------------------------------------------------------------------------- the option
@@ -169,11 +170,8 @@ def profile_level(
 
 def _batch_shrank(summary: dict, concurrency: int) -> bool:
     """Whether a profiled round ran fewer requests than ``concurrency`` (the forwards' names)."""
-    sizes = [int(size) for name in summary.get("forwards", {}) for size in _ROUND_BS.findall(name)]
+    sizes = [int(size) for name in summary.get("forwards", {}) for size in ROUND_BS.findall(name)]
     return any(size < concurrency for size in sizes)
-
-
-_ROUND_BS = re.compile(r"^step\[(?:VERIFY|DECODE) bs=(\d+)\]")
 
 
 def _requests_under_profiler(
