@@ -31,7 +31,9 @@ import argparse
 import ast
 import json
 import os
+import shlex
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -206,6 +208,8 @@ def markdown(data: dict) -> str:
         "",
         _stamp.stamp_markdown(data["stamp"]),
         "",
+        f"command: `{data.get('command', 'python -m lab.bench.width1_step')}`",
+        "",
         f"Per cell: the median over {data['repeats']} repeats of (wall time to {data['long']} tokens - "
         f"to {data['short']}) / {data['long'] - data['short']}: one decode step of the whole server, "
         "prefill left out. On a CPU the target's forward is inside every step: the ratios do not "
@@ -309,6 +313,7 @@ def main(argv=None) -> int:
             server.stop()
     data = {
         "stamp": _stamp.stamp(),
+        "command": "python -m lab.bench.width1_step " + shlex.join(sys.argv[1:] if argv is None else argv),
         "repeats": args.repeats,
         "short": args.short,
         "long": args.long,
