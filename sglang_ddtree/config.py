@@ -48,6 +48,9 @@ ENV_BUDGET_COST_TABLE = "SGLANG_DDTREE_BUDGET_COST_TABLE"  # tests/debugging: a 
 ENV_ONLINE_BUDGET_PIN_WIDEST = "SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST"
 # tests/debugging: "0" keeps the online budget's width-1 steps inside the speculative frame
 ENV_PLAIN_STEPS = "SGLANG_DDTREE_PLAIN_STEPS"
+# benchmarks/debugging: the longest run of width-1 steps without a draft; "0": no width-1 step
+# drafts once a prediction is made (what a width-1 step itself costs, apart from its refreshes)
+ENV_ONLINE_BUDGET_REFRESH_EVERY = "SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY"
 
 
 class DDTreeConfigError(ValueError):
@@ -135,6 +138,17 @@ def online_budget_pinned() -> bool:
     """Whether the online budget runs the widest tree whatever it chose (what its own work costs
     beside a fixed budget of that width, apart from what its choices cost)."""
     return os.environ.get(ENV_ONLINE_BUDGET_PIN_WIDEST, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def online_budget_refresh_every(default: int) -> int:
+    """The longest run of width-1 steps without a draft (``adapter/refresh.py``): ``default``
+    unless ``$SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY`` names another; 0: none drafts."""
+    raw = os.environ.get(ENV_ONLINE_BUDGET_REFRESH_EVERY, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise DDTreeConfigError(f"{ENV_ONLINE_BUDGET_REFRESH_EVERY}={raw!r}: expected a whole number >= 0")
+    return int(raw)
 
 
 def eager_draft_kv_requested() -> bool:

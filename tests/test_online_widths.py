@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_ddtree.adapter.refresh import FIRST_REFRESH
+from sglang_ddtree.adapter.refresh import FIRST_REFRESH, REFRESH_EVERY
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, TimedCostTable, candidate_widths
 from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
@@ -212,6 +212,32 @@ def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_predictio
     run_step(widths, bs=8, accept_len=0)
     widths._absorb_landed()
     assert widths._per_request[-1].sum() == pytest.approx(chain_expected(0.9, 5))  # refreshed, per request
+
+
+def test_refresh_every_zero_keeps_a_width_one_run_without_drafts(monkeypatch):
+    """``$SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0`` (the A/B's width-1-only arm, the step
+    alone): once a prediction is made no width-1 step drafts, neither after a run nor for a
+    batch of new requests; unset, the same steps refresh."""
+    from sglang_ddtree.adapter.draft_head import DraftTreeHead
+    from sglang_ddtree.config import DDTreeConfigError
+
+    table = RoundCostTable.from_function((1, 8), (1, 2, 3, 5), batch_heavy_cost)
+    for refresh_every, drafts in ((0, 1), (REFRESH_EVERY, 6)):
+        widths = step_widths(table, refresh_every=refresh_every)
+        drafted = 0
+        for step in range(40):
+            if step == 20:
+                widths.interrupt(joined=8)  # the whole batch new
+            assert run_step(widths, bs=8, accept_len=0) == 1
+            drafted += not widths.skips_draft
+        assert drafted == drafts  # the first step (nothing predicted yet) only, or its refreshes
+    head = DraftTreeHead(trees_backend=PythonBackend(), budget=4, width=5, block=5, k=4, last_position=63)
+    assert StepWidths.like(head, 4, DEPTH).refresh.refresh_every == REFRESH_EVERY
+    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY", "0")
+    assert StepWidths.like(head, 4, DEPTH).refresh.refresh_every == 0
+    monkeypatch.setenv("SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY", "-1")
+    with pytest.raises(DDTreeConfigError, match="REFRESH_EVERY"):
+        StepWidths.like(head, 4, DEPTH)
 
 
 def test_a_noisy_prediction_that_chose_width_one_is_checked_again_within_a_few_steps():

@@ -26,6 +26,10 @@
 #    `--arm-env ddtree@auto64+width1=SGLANG_DDTREE_BUDGET_COST_TABLE=gpu/jobs/width1_cost_table_auto64.json`,
 #    a fixed cost table in which width 1 is far cheaper than any tree at every batch size: every step
 #    verifies the root alone without the drafter; against plain, what falling back costs.
+#  - ddtree@auto64+step1: the same, with no width-1 step drafting once a prediction is made
+#    (SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0): the width-1 step alone, without the drafted
+#    steps that refresh the prediction (against plain: what a width-1 step costs; +width1 beside
+#    it: what its refreshes add).
 #  - ARM+phases (e.g. ddtree@32+phases): the DDTREE worker's host time per round phase (docs/ab.md).
 #  - ARM+heapq (e.g. ddtree@32+heapq, a variant the tool knows): the same arm with its tree built
 #    by Python's heapq on the host, as SGLang's own DDTree builds it: today's service.
@@ -45,8 +49,10 @@ source "$(dirname "$0")/pair_server_args.sh"
 COMMON="$PAIR_SERVER_ARGS"
 ARMS="${ARMS:-plain,dflash,chain,ddtree@16,ddtree@32,ddtree@64,ddtree@auto64,dflash+again}"
 ARM_ENV=()
-case ",$ARMS," in *,ddtree@auto64+width1,*)
-  ARM_ENV+=(--arm-env "ddtree@auto64+width1=SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto64.json");;
+WIDTH1_TABLE="SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto64.json"
+case ",$ARMS," in *,ddtree@auto64+width1,*) ARM_ENV+=(--arm-env "ddtree@auto64+width1=$WIDTH1_TABLE");; esac
+case ",$ARMS," in *,ddtree@auto64+step1,*)
+  ARM_ENV+=(--arm-env "ddtree@auto64+step1=$WIDTH1_TABLE SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0");;
 esac
 if [ -n "${TIMED:-}" ]; then
   ARMS="$ARMS,$TIMED+timed"

@@ -16,6 +16,9 @@ width-1 steps draft anyway, so that the kept prediction follows the requests tha
   served 1.4x its tokens a second); a batch that belongs at width 1 soon drafts only once in
   ``refresh_every``;
 * a cost probe's width 1 (no prediction chose it): one after ``refresh_every``.
+
+``refresh_every`` 0 (benchmarks: ``$SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY``): none drafts once a
+prediction is made, so a run at width 1 measures the width-1 step alone.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class Refresh:
 
     def due(self, bs: int, probed: bool) -> bool:
         """Whether a width-1 step of ``bs`` requests on the kept prediction drafts to predict anew."""
+        if not self.refresh_every:
+            return False
         return self.run >= (self.refresh_every if probed else self.after) or 2 * self.joined >= bs
 
     def step(self, width: int, skipped_draft: bool, probed: bool) -> None:

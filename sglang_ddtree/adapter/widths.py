@@ -87,7 +87,7 @@ from ..budget import (
     reach_counts,
 )
 from ..budget.slack import Kept, unwinnable_slack
-from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned
+from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned, online_budget_refresh_every
 from ..tree.expected_accept import reach_totals_at_widths
 from ..tree.types import Trees
 from . import width_summary
@@ -108,8 +108,7 @@ PREDICT_EVERY = 8
 # medians' update, the kept choices it moves made again) is most of the budget's host work a
 # step; a trusted cell's median moves slowly. Rounds that probe or build trust are all timed.
 TIME_EVERY = 4
-# Steps between the online budget's own log lines (when no stats interval is set).
-LOG_EVERY = 1000
+LOG_EVERY = 1000  # steps between the online budget's own log lines (when no stats interval is set)
 
 
 class StepWidths:
@@ -184,8 +183,8 @@ class StepWidths:
                 last_position=head.last_position,
             )
 
-        widths = candidate_widths(max_budget)
-        return cls(widths, cost_table(widths), depth, make_head, pinned=online_budget_pinned())
+        widths, refresh_every = candidate_widths(max_budget), online_budget_refresh_every(REFRESH_EVERY)
+        return cls(widths, cost_table(widths), depth, make_head, refresh_every, pinned=online_budget_pinned())
 
     @property
     def cost(self) -> RoundCostTable:
