@@ -143,12 +143,8 @@ def online_budget_pinned() -> bool:
 def online_budget_refresh_every(default: int) -> int:
     """The longest run of width-1 steps without a draft (``adapter/refresh.py``): ``default``
     unless ``$SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY`` names another; 0: none drafts."""
-    raw = os.environ.get(ENV_ONLINE_BUDGET_REFRESH_EVERY, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit():
-        raise DDTreeConfigError(f"{ENV_ONLINE_BUDGET_REFRESH_EVERY}={raw!r}: expected a whole number >= 0")
-    return int(raw)
+    count = _env_count(ENV_ONLINE_BUDGET_REFRESH_EVERY)
+    return default if count is None else count
 
 
 def eager_draft_kv_requested() -> bool:
