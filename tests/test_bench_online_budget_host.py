@@ -44,8 +44,9 @@ def test_the_benchmark_times_start_and_finish_and_counts_the_predicting_steps(tm
     assert results["command"].startswith("python -m lab.bench.online_budget_host --budgets 7")
     report = (tmp_path / "online_budget_host_cpu.md").read_text()
     assert (
-        "| budget | widths | bs | start | start (kept) | start (fold) |" in report
+        "| budget | widths | bs | start (mean) | start | start (kept) | start (fold) |" in report
         and "log line (its summary), every row" in report
+        and "steps back to back" in report
     )
     assert "command: `python -m lab.bench.online_budget_host --budgets 7" in report
 
@@ -59,3 +60,24 @@ def test_the_benchmark_writes_the_series_it_is_named(tmp_path):
         "online-budget_cpu_host_time.json",
         "online-budget_cpu_host_time.md",
     ]
+
+
+def test_served_rounds_spin_between_steps_and_are_left_out_of_the_times(tmp_path):
+    """``--round-us``: every step spins its round (the loop takes at least that long a step), and
+    none of it reaches the times reported; ``--jitter`` varies the rounds, and the report says both."""
+    import json
+    import time
+
+    argv = ["--budgets", "7", "--batch-sizes", "1", "--steps", "40", "--warmup", "20", "--cpu"]
+    began = time.perf_counter()
+    assert (
+        online_budget_host.main([*argv, "--round-us", "5000", "--jitter", "0.25", "--out", str(tmp_path)])
+        == 0
+    )
+    assert time.perf_counter() - began > 60 * 5000e-6 * 0.7  # 60 steps of ~5 ms (lognormal factors)
+    cell = json.loads((tmp_path / "online_budget_host_cpu.json").read_text())["cells"][0]
+    assert cell["verify_clock_us"] < 500  # a tenth of the round is spun inside the verify clock
+    assert cell["mean_us_per_step"] < 2500  # the spun rounds are not the budget's host work
+    assert cell["start_us_mean"] > 0 and cell["finish_us_mean"] > 0
+    report = (tmp_path / "online_budget_host_cpu.md").read_text()
+    assert "each step spun 5000 us of round time" in report and "sigma 0.25" in report

@@ -10,6 +10,13 @@ A ``start`` that also folds a landed prediction into the calibration is timed ap
 host-bound round pays this at every step (the trained pair on the H200 runs rounds of ~4.5 ms,
 docs/online-budget.md).
 
+``--round-us R --jitter S`` serves the loop as a server's rounds come: each step spins ``R``
+microseconds of host time (a tenth of it between the verify clock's events, the rest after
+``finish``: the verify and the rest of the round), each share times a lognormal factor of
+sigma ``S``. The table then moves as a served one does (a median window that the rounds' noise
+keeps shifting: kept choices re-made, probe checks re-run), which a loop with nothing in
+between never shows; the spins are not counted in the times reported.
+
 On a machine without a GPU the prediction's tensor operations run as CPU arithmetic, not as
 kernel launches: the `finish` columns there are the host's Python and dispatch plus that
 arithmetic, not what the same step costs beside a GPU. `start` is host work either way.
@@ -21,6 +28,8 @@ arithmetic, not what the same step costs beside a GPU. `start` is host work eith
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import shlex
 import statistics
 import sys
@@ -47,9 +56,21 @@ def served_steps(budget: int) -> StepWidths:
     return StepWidths(widths, table, DEPTH, make_head=lambda width: width)
 
 
-def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[dict]:
+def spin(us: float) -> None:
+    """Host time passing as a round's would (busy: a sleep this short overshoots)."""
+    end = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < end:
+        pass
+
+
+def run_steps(
+    steps: StepWidths, bs: int, n: int, device: torch.device, round_us: float = 0.0, jitter: float = 0.0
+) -> list[dict]:
     """``n`` steps at batch size ``bs``: per step the host microseconds of ``start`` and
-    ``finish`` and whether the step made the prediction."""
+    ``finish`` and whether the step made the prediction; ``round_us``: the round's own time
+    between them, spun (module docstring)."""
+    noise = random.Random(bs)
+    factor = (lambda: math.exp(noise.gauss(0.0, jitter))) if jitter else (lambda: 1.0)
     gen = torch.Generator(device=device).manual_seed(bs)
     # a confident drafter (its top token ~0.75 at every depth) and accept lengths like it: the
     # trees' expected tokens per round (~4.5) outweigh any host-time difference between a tree
@@ -72,15 +93,22 @@ def run_steps(steps: StepWidths, bs: int, n: int, device: torch.device) -> list[
             propose(None, TOP_K)
         t2 = time.perf_counter()
         steps.verify_started()  # the verify forward would run between these two
+        verify_clock = time.perf_counter() - t2
+        if round_us:
+            spin(0.1 * round_us * factor())
+        t2 = time.perf_counter()
         steps.verify_finished()
         t3 = time.perf_counter()
+        verify_clock += t3 - t2
         steps.finish(accept_lens)
         t4 = time.perf_counter()
+        if round_us:
+            spin(0.9 * round_us * factor())
         predicted = steps._pending[-1].values is not None if steps._pending else False
         out.append(
             {
                 "start_us": (t1 - t0) * 1e6,
-                "verify_clock_us": (t3 - t2) * 1e6,
+                "verify_clock_us": verify_clock * 1e6,
                 "finish_us": (t4 - t3) * 1e6,
                 "predicted": predicted,
                 "folded": folds[0] > folded,  # a landed prediction went into the calibration
@@ -124,6 +152,8 @@ def summarise(records: list[dict]) -> dict:
         "verify_clock_us": statistics.median(r["verify_clock_us"] for r in records),
         "finish_us_recording": _median(recording),
         "finish_us_predicting": _median(predicting),
+        "start_us_mean": statistics.fmean(r["start_us"] for r in records),
+        "finish_us_mean": statistics.fmean(r["finish_us"] for r in records),
         "mean_us_per_step": statistics.fmean(
             r["start_us"] + r["verify_clock_us"] + r["finish_us"] for r in records
         ),
@@ -153,8 +183,9 @@ def run(args) -> dict:
     for budget in args.budgets:
         for bs in args.batch_sizes:
             steps = served_steps(budget)
-            run_steps(steps, bs, args.warmup, device)  # prices the row's cells, fills the probes
-            cell = summarise(run_steps(steps, bs, args.steps, device))
+            served = {"round_us": args.round_us, "jitter": args.jitter}
+            run_steps(steps, bs, args.warmup, device, **served)  # prices the row's cells, fills the probes
+            cell = summarise(run_steps(steps, bs, args.steps, device, **served))
             priced = steps.summary()["own_cost_widths_by_bs"].get(bs, [])  # bs: a row of the table
             cell.update(budget=budget, bs=bs, widths=len(steps.widths), priced_widths=len(priced))
             results["cells"].append(cell)
@@ -167,12 +198,14 @@ def to_markdown(results: dict) -> str:
             c["budget"],
             c["widths"],
             c["bs"],
+            c.get("start_us_mean"),
             c["start_us"],
             c["start_us_kept"],
             c["start_us_folding"],
             c["verify_clock_us"],
             c["finish_us_recording"],
             c["finish_us_predicting"],
+            c.get("finish_us_mean"),
             c["mean_us_per_step"],
             f"{c['chosen_steps']} / {c['steps']}",
             f"{c['predicting_steps']} / {c['steps']}",
@@ -187,8 +220,9 @@ def to_markdown(results: dict) -> str:
             "",
             f"command: `{results.get('command', 'python -m lab.bench.online_budget_host')}`",
             "",
-            f"Tensors on `{results['device']}`; medians over {results['config']['steps']} steps after "
-            f"{results['config']['warmup']} warm-up steps per cell (us), wall time. `start`: the steps "
+            f"Tensors on `{results['device']}`; {_served(results['config'])}medians over "
+            f"{results['config']['steps']} steps after {results['config']['warmup']} warm-up steps per "
+            "cell (us), wall time, except the means (every step: what a round pays on average). `start`: the steps "
             "that fold no prediction; `start (kept)`: those of them that kept the last choice (the costs "
             "drifted less than could change it); `start (fold)`: the steps that also fold a landed "
             "prediction into the calibration (and so choose anew); `chosen anew`: the steps that asked "
@@ -200,12 +234,14 @@ def to_markdown(results: dict) -> str:
                     "budget",
                     "widths",
                     "bs",
+                    "start (mean)",
                     "start",
                     "start (kept)",
                     "start (fold)",
                     "verify clock",
                     "finish (record)",
                     "finish (predict)",
+                    "finish (mean)",
                     "mean per step",
                     "chosen anew",
                     "predicting steps",
@@ -220,6 +256,17 @@ def to_markdown(results: dict) -> str:
     )
 
 
+def _served(config: dict) -> str:
+    """How the loop served its steps (``--round-us``, ``--jitter``), for the report."""
+    round_us = config.get("round_us") or 0.0
+    if not round_us:
+        return "steps back to back (no round between them: the table barely moves); "
+    return (
+        f"each step spun {round_us:g} us of round time (a tenth inside the verify clock), each share "
+        f"times a lognormal factor of sigma {config.get('jitter') or 0.0:g}, not counted; "
+    )
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--budgets", type=int, nargs="+", default=[7, 15, 64, 256], help="4, 5, 8 and 10 widths")
@@ -227,6 +274,10 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=400)
     p.add_argument("--cpu", action="store_true", help="host tensors even where a GPU is present")
+    p.add_argument(
+        "--round-us", type=float, default=0.0, help="host time spun per step as a round's (0: none)"
+    )
+    p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each spun share (0: none)")
     p.add_argument("--out", default=None, help="results folder (default: results)")
     p.add_argument("--name", default=None, help="file name (default: online_budget_host_<device>)")
     args = p.parse_args(argv)

@@ -102,12 +102,18 @@ COST_BATCH_SIZES = tuple(1 << i for i in range(9))
 # Drafted steps per prediction: the prediction (about 40 small device operations: one graph
 # replay under CUDA graphs, else a launch each that the host pays for) is made on one drafted
 # step in this many; acceptance moves slowly, and the batch size of each step is applied to the
-# last prediction anyway.
-PREDICT_EVERY = 8
+# last prediction anyway. Each landed prediction is folded into the calibration and moves the
+# expected drafts, so the choice and the probe check are made again: at 8 that fold was the
+# largest share of ``start`` on a GPU host (180 us a fold). At 16 the policy serves as it did
+# at 8 (``lab/bench/online_budget_sim.py``, noisy rounds, the pair's real draws and the K2.6
+# rank's model: auto over the best fixed choice within 0.003 at every load).
+PREDICT_EVERY = 16
 # Settled rounds timed: one in this many. Timing a round (two CUDA events, their read, the
 # medians' update, the kept choices it moves made again) is most of the budget's host work a
 # step; a trusted cell's median moves slowly. Rounds that probe or build trust are all timed.
-TIME_EVERY = 4
+# 8 rather than 4: as neutral to the policy in the same simulations, and a served loop's
+# ``start`` (``lab/bench/online_budget_host.py --round-us --jitter``) pays it half as often.
+TIME_EVERY = 8
 LOG_EVERY = 1000  # steps between the online budget's own log lines (when no stats interval is set)
 
 
