@@ -104,9 +104,10 @@ COST_BATCH_SIZES = tuple(1 << i for i in range(9))
 # step in this many; acceptance moves slowly, and the batch size of each step is applied to the
 # last prediction anyway. Each landed prediction is folded into the calibration and moves the
 # expected drafts, so the choice and the probe check are made again: at 8 that fold was the
-# largest share of ``start`` on a GPU host (180 us a fold). At 16 the policy serves as it did
-# at 8 (``lab/bench/online_budget_sim.py``, noisy rounds, the pair's real draws and the K2.6
-# rank's model: auto over the best fixed choice within 0.003 at every load).
+# largest share of ``start`` on a GPU host (180 us a fold). At 16 (with ``TIME_EVERY`` 8) the
+# policy serves as it did at 8 (``lab/bench/online_budget_sim.py``: across its eight series,
+# the pair's and the K2.6 rank's, real draws, noisy rounds, c = 1-64, auto over the best fixed
+# choice moved by at most 0.01 either way).
 PREDICT_EVERY = 16
 # Settled rounds timed: one in this many. Timing a round (two CUDA events, their read, the
 # medians' update, the kept choices it moves made again) is most of the budget's host work a
