@@ -3,7 +3,7 @@
 # tensors on the GPU, served rounds spun between steps), this checkout's package against another
 # copy of it (BEFORE_DIR, carried: `mkdir -p .carry/before && git archive <commit> sglang_ddtree |
 # tar -x -C .carry/before`), REPEATS interleaved runs of each (the host's speed drifts):
-#   bash gpu/device.sh env BEFORE_DIR=.carry/before bash gpu/jobs/budget_host_ab.sh
+#   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse --short HEAD) BEFORE_DIR=.carry/before bash gpu/jobs/budget_host_ab.sh
 # Writes online-budget_<device>_host_time_served_{after,before}_<repeat>.{json,md} to $OUT and prints
 # each run's rows. Variables: ROUND_US (2000), JITTER (0.25), STEPS (1500), BATCH_SIZES ("1 8").
 set -o pipefail
