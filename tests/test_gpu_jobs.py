@@ -417,3 +417,38 @@ def test_a_run_of_part_of_the_suite_skips_the_arms_it_left_out(tmp_path):
     fleet.errors["ddtree_fp32_graphs"] = "out of memory"
     with pytest.raises(RuntimeError, match="did not start:\nout of memory"):
         fleet["ddtree_fp32_graphs"]
+
+
+def test_a_server_that_lost_a_memory_race_starts_again_alone(tmp_path, monkeypatch):
+    """Seven servers starting at once on an 80 GB card: one read the free memory while another
+    allocated and failed "no GPU memory for the KV cache". The fleet starts it again once the
+    wave is up; any other start failure stands."""
+    from tests.gpu_server import arms
+
+    tries = []
+
+    class FakeServer:
+        def __init__(self, args, env, log_path, start_timeout, name):
+            self.name = name
+
+        def start(self):
+            tries.append(self.name)
+            if self.name == "plain_fp32":
+                raise arms.ServerStartError("CUDA error: an illegal memory access")
+            if self.name == "ddtree_fp32_eager_auto" and tries.count(self.name) == 1:
+                raise arms.ServerStartError(
+                    "ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                    "--mem-fraction-static=0.05."
+                )
+            return self
+
+    monkeypatch.setattr(arms, "ServerProcess", FakeServer)
+    fleet = arms.Fleet(tmp_path)
+    for arm in ("ddtree_fp32_eager_auto", "plain_fp32", "ddtree_fp32_graphs"):
+        fleet.start(arm)
+    assert sorted(fleet.errors) == ["ddtree_fp32_eager_auto", "plain_fp32"]
+    assert fleet.restart_memory_races() == ["ddtree_fp32_eager_auto"]
+    assert fleet["ddtree_fp32_eager_auto"].name == "ddtree_fp32_eager_auto"
+    assert tries.count("ddtree_fp32_eager_auto") == 2 and tries.count("plain_fp32") == 1
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        fleet["plain_fp32"]

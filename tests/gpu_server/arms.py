@@ -200,6 +200,10 @@ def heldout_prompts(n: int) -> list[list[int]]:
     return [p["input_ids"] for p in prompts[:n]]
 
 
+# SGLang 0.5.23's start-up error when the free memory fell while the weights loaded
+MEMORY_RACE = "Loaded weights leave no GPU memory for the KV cache"
+
+
 class Fleet:
     """The suite's servers, started once per session; a server that failed to start
     keeps its error so that only the tests needing it fail."""
@@ -224,6 +228,17 @@ class Fleet:
         except ServerStartError as error:
             self.errors[arm] = str(error)
         self.start_seconds[arm] = round(time.monotonic() - began, 1)
+
+    def restart_memory_races(self) -> list[str]:
+        """Starts again, one at a time, every server that failed because servers starting beside
+        it took the memory it measured (SGLang reads the free memory before and after loading the
+        weights: another server's allocation between the two reads leaves this one "no memory for
+        the KV cache"); returns those arms. Any other failure stands."""
+        raced = [arm for arm, error in self.errors.items() if MEMORY_RACE in error]
+        for arm in raced:
+            del self.errors[arm]
+            self.start(arm)
+        return raced
 
     def __getitem__(self, arm: str) -> ServerProcess:
         self._require(arm)

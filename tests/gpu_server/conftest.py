@@ -68,6 +68,7 @@ def fleet(results):
         for wave in waves:
             with concurrent.futures.ThreadPoolExecutor(len(wave)) as pool:
                 list(pool.map(fleet.start, wave))
+        results["server_restarts"] = fleet.restart_memory_races()  # alone, after every wave
         results["server_start_s"] = fleet.start_seconds
         results["tp_size"] = tp_size()
         yield fleet
