@@ -427,6 +427,36 @@ def test_a_choice_stands_while_no_cost_moves_past_its_slack():
     assert flipped == binding > 100
 
 
+def test_a_choice_stands_across_new_expected_drafts_within_what_its_slack_leaves():
+    """New expected drafts (a landed prediction): every width's tokens moved by up to a relative
+    eps in the worst direction (the chosen width's down, the others' up), and every cost by the
+    drift the kept choice still allows (the chosen one dearer, the others cheaper): the chooser
+    keeps its width. Where the kept choice allows no drift it does not hold."""
+    from sglang_ddtree.budget.slack import Kept
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(3000):
+        n = int(rng.integers(2, 11))
+        costs, accepted, bs = rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
+        margin = float(rng.choice([0.0, 0.03, 0.1]))
+        width, chooser = chosen_at(
+            costs, bs, accepted, margin, None if rng.random() < 0.5 else int(rng.integers(1, n + 1))
+        )
+        kept = Kept(bs, chooser.cost, accepted, chooser.kept_slack, width, chooser.last_costs())
+        eps = float(rng.uniform(0.0, 0.04))
+        worst = np.where(np.arange(1, n + 1) == width, 1.0, -1.0)
+        moved = (accepted + bs) * (1.0 - eps * worst) - bs  # the chosen width's tokens down, the rest up
+        allowed = kept._slack_left(moved)
+        if allowed < 0:
+            assert not kept.holds(bs, chooser.cost, moved)
+            continue
+        assert kept.holds(bs, chooser.cost, moved)
+        checked += 1
+        assert chosen_at(costs + allowed * worst, bs, moved, margin, width)[0] == width
+    assert checked > 300
+
+
 def test_widths_that_cannot_win_stay_out_while_no_cost_moves_past_their_slack():
     from sglang_ddtree.budget.online import _could_win
     from sglang_ddtree.budget.slack import unwinnable_slack
@@ -450,3 +480,33 @@ def test_widths_that_cannot_win_stay_out_while_no_cost_moves_past_their_slack():
             again = _could_win(bs, accepted, costs + moved, np.where(priced, floors, floors - moved), priced)
             assert not again[out].any()
     assert kept > 300
+
+
+def test_widths_that_cannot_win_stay_out_across_new_expected_drafts_within_what_the_slack_leaves():
+    from sglang_ddtree.budget.online import _could_win
+    from sglang_ddtree.budget.slack import Kept, unwinnable_slack
+
+    rng = np.random.default_rng(8)
+    checked = 0
+    for _ in range(3000):
+        n = int(rng.integers(2, 11))
+        costs, accepted, bs = rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
+        priced = rng.random(n) < 0.5
+        priced[rng.integers(n)] = True
+        floors = np.where(priced, costs, rng.uniform(0.0, 5.0, n) * (rng.random(n) < 0.9))
+        could = _could_win(bs, accepted, costs, floors, priced)
+        if (priced | could).all():
+            continue
+        table = RoundCostTable((64,), tuple(range(1, n + 1)), [costs])
+        slack = unwinnable_slack(accepted + bs, costs, floors, priced, could)
+        kept = Kept(bs, table, accepted, slack, costs=(costs, floors))
+        out = ~(priced | could)
+        moved = (accepted + bs) * (1.0 + float(rng.uniform(0.0, 0.04)) * np.where(out, 1.0, -1.0)) - bs
+        allowed = kept._slack_left(moved)
+        if allowed < 0:
+            continue
+        checked += 1
+        assert kept.holds(bs, table, moved)
+        again = _could_win(bs, moved, costs + allowed, np.where(priced, floors, floors - allowed), priced)
+        assert not again[out].any()
+    assert checked > 300

@@ -58,12 +58,10 @@ pays them at every width (2% of the trained pair's ~4 ms H200 round is 80 us), a
 grows with the table's rows or the candidate widths (``tests/test_budget_host_work.py`` counts
 it). The batch's expected accepted drafts are kept per batch size until a prediction lands or
 the calibration moves. The chosen width, and a probe check that asked for none, are kept while
-the table's costs drift less than could change them (``budget/slack.py``: a measured table's
-costs move a little at almost every round) and nothing else they read moves (the batch size,
-the expected drafts, the table's structure); when they are made again, the table computes only
-the row asked for. The prediction is a fixed number of device operations, launched without a
-synchronisation and copied into reused pinned buffers (``observed.py``), and folded in once
-landed.
+the table's costs and the expected drafts move less than could change them (``budget/slack.py``)
+and the batch size and the table's structure stay; when they are made again, the table computes
+only the row asked for. The prediction is a fixed number of device operations, launched without
+a synchronisation and copied into reused pinned buffers (``observed.py``), folded in once landed.
 """
 
 from __future__ import annotations
@@ -99,21 +97,14 @@ logger = logging.getLogger("sglang_ddtree")
 
 # Rows of the measured cost table: a batch costs what its row (the next power of two) cost.
 COST_BATCH_SIZES = tuple(1 << i for i in range(9))
-# Drafted steps per prediction: the prediction (about 40 small device operations: one graph
-# replay under CUDA graphs, else a launch each that the host pays for) is made on one drafted
-# step in this many; acceptance moves slowly, and the batch size of each step is applied to the
-# last prediction anyway. Each landed prediction is folded into the calibration and moves the
-# expected drafts, so the choice and the probe check are made again: at 8 that fold was the
-# largest share of ``start`` on a GPU host (180 us a fold). At 16 (with ``TIME_EVERY`` 8) the
-# policy serves as it did at 8 (``lab/bench/online_budget_sim.py``: across its eight series,
-# the pair's and the K2.6 rank's, real draws, noisy rounds, c = 1-64, auto over the best fixed
-# choice moved by at most 0.01 either way).
+# Drafted steps per prediction (about 40 small device operations: one graph replay under CUDA
+# graphs, else a launch each); acceptance moves slowly, and each step's batch size scales the
+# last prediction anyway. A landed prediction is folded in and the choices are made again: the
+# largest share of ``start`` on a GPU host. Settled rounds timed: one in ``TIME_EVERY`` (two
+# events, their read, the medians' update, the choices it moves made again); rounds that probe or
+# build trust are all timed. 16 and 8 halve that work against 8 and 4, and move the simulated
+# policy by at most 0.01 of the best fixed choice (``lab/bench/online_budget_sim.py``).
 PREDICT_EVERY = 16
-# Settled rounds timed: one in this many. Timing a round (two CUDA events, their read, the
-# medians' update, the kept choices it moves made again) is most of the budget's host work a
-# step; a trusted cell's median moves slowly. Rounds that probe or build trust are all timed.
-# 8 rather than 4: as neutral to the policy in the same simulations, and a served loop's
-# ``start`` (``lab/bench/online_budget_host.py --round-us --jitter``) pays it half as often.
 TIME_EVERY = 8
 LOG_EVERY = 1000  # steps between the online budget's own log lines (when no stats interval is set)
 
@@ -244,13 +235,14 @@ class StepWidths:
         none is kept while the costs drift less than could make one worth it (``budget/slack.py``)."""
         if self._unprobed is None or self._holds(self._no_probe, bs, accepted):
             return None
+        checked = []  # what the check weighed, if it came to the costs
         if not self._timed:
             width, slack = self._unprobed(bs), math.inf  # probes until every cell is: structure
         else:
-            checked = []  # what the check weighed, if it came to the costs
             width = self._unprobed(bs, lambda *floors: self._could_win(bs, accepted, floors, checked))
             slack = unwinnable_slack(*checked[0]) if checked else math.inf
-        self._no_probe = None if width is not None else Kept(bs, self._cost, accepted, slack)
+        weighed = checked[0][1:3] if checked else ()  # the costs and floors the check read
+        self._no_probe = None if width is not None else Kept(bs, self._cost, accepted, slack, costs=weighed)
         return width
 
     def _could_win(self, bs: int, accepted: np.ndarray, floors: tuple, checked: list) -> np.ndarray:
@@ -261,15 +253,17 @@ class StepWidths:
         return could
 
     def _choose(self, bs: int, accepted: np.ndarray) -> int:
-        """The chooser's width, kept while the costs drift less than could change it
-        (``budget/slack.py``) and nothing else it reads moves (the batch size, the table's
-        structure, the expected drafts, its current width and margin): a kept choice is the one
-        it would make (``tests/test_budget_host_work.py`` runs both)."""
+        """The chooser's width, kept while the costs and expected drafts move less than could
+        change it (``budget/slack.py``) and nothing else it reads moves (the batch size, the
+        table's structure, its current width and margin): a kept choice is the one it would
+        make (``tests/test_budget_host_work.py`` runs both)."""
         kept, chooser = self._choice, self.chooser
         if self._holds(kept, bs, accepted) and kept.value == (chooser.current, chooser.switch_margin):
             return chooser.current
         width = chooser.choose(bs, accepted)
-        self._choice = Kept(bs, self._cost, accepted, chooser.slack(), (width, chooser.switch_margin))
+        self._choice = Kept(
+            bs, self._cost, accepted, chooser.slack(), (width, chooser.switch_margin), chooser.last_costs()
+        )
         return width
 
     def _holds(self, kept: Kept | None, bs: int, accepted: np.ndarray) -> bool:

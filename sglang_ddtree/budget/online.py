@@ -252,6 +252,10 @@ class WidthChooser:
         bs, accepted, round_ms = self._last
         return choice_slack(accepted + bs, round_ms, current, self.switch_margin)
 
+    def last_costs(self) -> tuple[np.ndarray, ...]:
+        """The costs the last choice read (its row's, ms), for how far it holds (``slack.py``)."""
+        return () if self._last is None else (self._last[2],)
+
     def could_win(
         self, bs: int, expected_accepted: Sequence[float], floors: np.ndarray, priced: np.ndarray
     ) -> np.ndarray:

@@ -18,9 +18,15 @@ made at costs ``c`` holds for every ``c'`` with ``|c' - c| <= d`` at every width
 
 Solving each for ``d`` gives the slack (in ms); a decision is kept while the table's drift
 since it stays within its slack, which is shrunk by a relative ``1e-6`` so that floating-point
-rounding cannot make a kept decision differ from a fresh one. Anything else a decision reads
-(the batch size, the expected drafts, which cells are priced, which are open to a probe,
-where a row reads its medians) is not bounded this way: its change moves the table's
+rounding cannot make a kept decision differ from a fresh one.
+
+The expected drafts move too (each landed prediction): a width's tokens ``T_w' = T_w (1 + e_w)``
+with ``|e_w| <= eps`` give it the rate ``T_w / (c_w' / (1 + e_w))``, the old tokens over a cost
+within ``(d + C eps) / (1 - eps)`` of ``c_w`` (``C``: the largest cost or floor the decision
+read). So a decision also holds across new expected drafts while ``d <= slack (1 - eps) - C eps``.
+
+Anything else a decision reads (the batch size, which cells are priced, which are open to a
+probe, where a row reads its medians) is not bounded this way: its change moves the table's
 ``structure`` and drops every kept decision.
 """
 
@@ -64,21 +70,32 @@ def _shrunk(slack: float) -> float:
 
 class Kept:
     """A decision of the online budget (``value``) and what it was made from: it holds for a
-    step of the same batch size and expected drafts (by identity: new ones are new arrays), on
-    the same table while that table's structure stays and its costs drift no further than the
-    decision's slack."""
+    step of the same batch size on the same table while that table's structure stays and its
+    costs, with the tokens the step expects (the expected drafts plus the batch), move no
+    further than the decision's slack allows (the module docstring). ``costs``: the arrays of
+    costs and floors the decision read (ms, as its row's costs are scaled)."""
 
-    def __init__(self, bs: int, table, accepted: np.ndarray, slack: float, value=None):
+    def __init__(self, bs: int, table, accepted: np.ndarray, slack: float, value=None, costs=()):
         self.bs, self.table, self.accepted, self.value = bs, table, accepted, value
         self.structure = table.structure
+        self.slack, self.drift, self.costs = slack, table.drift, costs
         # a batch past the table's largest size scales its row's costs, and their drift, by bs / largest
-        self.drift_limit = table.drift + slack / max(1.0, bs / table.batch_sizes[-1])
+        self.per_drift = max(1.0, bs / table.batch_sizes[-1])
+        self.drift_limit = table.drift + slack / self.per_drift
 
     def holds(self, bs: int, table, accepted: np.ndarray) -> bool:
-        return (
-            bs == self.bs
-            and table is self.table
-            and accepted is self.accepted
-            and table.structure == self.structure
-            and table.drift <= self.drift_limit
-        )
+        if not (bs == self.bs and table is self.table and table.structure == self.structure):
+            return False
+        if accepted is self.accepted:  # the same expected drafts (new ones are new arrays)
+            return table.drift <= self.drift_limit
+        return table.drift <= self.drift + self._slack_left(accepted) / self.per_drift
+
+    def _slack_left(self, accepted: np.ndarray) -> float:
+        """The slack left for the costs once the tokens moved from the decision's to ``accepted + bs``'s."""
+        if self.slack == math.inf:  # nothing the decision weighed can change it
+            return math.inf
+        eps = float(np.maximum.reduce(np.abs((accepted + self.bs) / (self.accepted + self.bs) - 1.0)))
+        largest = max((float(np.maximum.reduce(c)) for c in self.costs), default=0.0)
+        if not (eps < 1.0 and math.isfinite(largest)):
+            return -math.inf
+        return self.slack * (1.0 - eps) - largest * eps * (1.0 + SAFETY)
