@@ -82,13 +82,14 @@ class Kept:
         # a batch past the table's largest size scales its row's costs, and their drift, by bs / largest
         self.per_drift = max(1.0, bs / table.batch_sizes[-1])
         self.drift_limit = table.drift + slack / self.per_drift
+        self._moved = (accepted, self.drift_limit)  # the last expected drafts asked about, their limit
 
     def holds(self, bs: int, table, accepted: np.ndarray) -> bool:
         if not (bs == self.bs and table is self.table and table.structure == self.structure):
             return False
-        if accepted is self.accepted:  # the same expected drafts (new ones are new arrays)
-            return table.drift <= self.drift_limit
-        return table.drift <= self.drift + self._slack_left(accepted) / self.per_drift
+        if accepted is not self._moved[0]:  # new expected drafts (new ones are new arrays): once each
+            self._moved = (accepted, self.drift + self._slack_left(accepted) / self.per_drift)
+        return table.drift <= self._moved[1]
 
     def _slack_left(self, accepted: np.ndarray) -> float:
         """The slack left for the costs once the tokens moved from the decision's to ``accepted + bs``'s."""
