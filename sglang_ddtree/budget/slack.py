@@ -81,8 +81,8 @@ class Kept:
         self.slack, self.drift, self.costs = slack, table.drift, costs
         # a batch past the table's largest size scales its row's costs, and their drift, by bs / largest
         self.per_drift = max(1.0, bs / table.batch_sizes[-1])
-        self.drift_limit = table.drift + slack / self.per_drift
-        self._moved = (accepted, self.drift_limit)  # the last expected drafts asked about, their limit
+        # the last expected drafts asked about, and how far the table's drift may go with them
+        self._moved = (accepted, table.drift + slack / self.per_drift)
 
     def holds(self, bs: int, table, accepted: np.ndarray) -> bool:
         if not (bs == self.bs and table is self.table and table.structure == self.structure):
