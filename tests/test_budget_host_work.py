@@ -401,6 +401,32 @@ def chosen_at(costs: np.ndarray, bs: int, accepted: np.ndarray, margin: float, c
     return width, chooser
 
 
+def random_row(rng) -> tuple[np.ndarray, np.ndarray, int]:
+    """A random row of 2-10 widths' costs, their expected drafts and a batch size."""
+    n = int(rng.integers(2, 11))
+    return rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
+
+
+def random_choice(rng):
+    """A random row, a switch margin, and the chooser's width on it from a random current one."""
+    costs, accepted, bs = random_row(rng)
+    margin = float(rng.choice([0.0, 0.03, 0.1]))
+    current = None if rng.random() < 0.5 else int(rng.integers(1, len(costs) + 1))
+    return costs, accepted, bs, margin, *chosen_at(costs, bs, accepted, margin, current)
+
+
+def random_probe_check(rng):
+    """A random row with some widths priced, floors for the rest, and which could win."""
+    from sglang_ddtree.budget.online import _could_win
+
+    costs, accepted, bs = random_row(rng)
+    n = len(costs)
+    priced = rng.random(n) < 0.5
+    priced[rng.integers(n)] = True
+    floors = np.where(priced, costs, rng.uniform(0.0, 5.0, n) * (rng.random(n) < 0.9))
+    return costs, accepted, bs, priced, floors, _could_win(bs, accepted, costs, floors, priced)
+
+
 def test_a_choice_stands_while_no_cost_moves_past_its_slack():
     """Random rows of costs and expected drafts: with every cost moved by up to the choice's
     slack (the worst case: every other width cheaper by it, the chosen one dearer; and random
@@ -409,12 +435,8 @@ def test_a_choice_stands_while_no_cost_moves_past_its_slack():
     rng = np.random.default_rng(5)
     flipped = binding = 0
     for _ in range(1500):
-        n = int(rng.integers(2, 11))
-        costs, accepted, bs = rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
-        margin = float(rng.choice([0.0, 0.03, 0.1]))
-        width, chooser = chosen_at(
-            costs, bs, accepted, margin, None if rng.random() < 0.5 else int(rng.integers(1, n + 1))
-        )
+        costs, accepted, bs, margin, width, chooser = random_choice(rng)
+        n = len(costs)
         slack = chooser.kept_slack
         assert slack >= 0.0
         worst = np.where(np.arange(1, n + 1) == width, 1.0, -1.0)
@@ -437,12 +459,8 @@ def test_a_choice_stands_across_new_expected_drafts_within_what_its_slack_leaves
     rng = np.random.default_rng(7)
     checked = 0
     for _ in range(3000):
-        n = int(rng.integers(2, 11))
-        costs, accepted, bs = rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
-        margin = float(rng.choice([0.0, 0.03, 0.1]))
-        width, chooser = chosen_at(
-            costs, bs, accepted, margin, None if rng.random() < 0.5 else int(rng.integers(1, n + 1))
-        )
+        costs, accepted, bs, margin, width, chooser = random_choice(rng)
+        n = len(costs)
         kept = Kept(bs, chooser.cost, accepted, chooser.kept_slack, width, chooser.last_costs())
         eps = float(rng.uniform(0.0, 0.04))
         worst = np.where(np.arange(1, n + 1) == width, 1.0, -1.0)
@@ -464,12 +482,7 @@ def test_widths_that_cannot_win_stay_out_while_no_cost_moves_past_their_slack():
     rng = np.random.default_rng(6)
     kept = 0
     for _ in range(1500):
-        n = int(rng.integers(2, 11))
-        costs, accepted, bs = rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
-        priced = rng.random(n) < 0.5
-        priced[rng.integers(n)] = True
-        floors = np.where(priced, costs, rng.uniform(0.0, 5.0, n) * (rng.random(n) < 0.9))
-        could = _could_win(bs, accepted, costs, floors, priced)
+        costs, accepted, bs, priced, floors, could = random_probe_check(rng)
         slack = unwinnable_slack(accepted + bs, costs, floors, priced, could)
         if (priced | could).all():
             assert slack == math.inf
@@ -489,12 +502,8 @@ def test_widths_that_cannot_win_stay_out_across_new_expected_drafts_within_what_
     rng = np.random.default_rng(8)
     checked = 0
     for _ in range(3000):
-        n = int(rng.integers(2, 11))
-        costs, accepted, bs = rng.uniform(1.0, 5.0, n), rng.uniform(0.0, 12.0, n), int(rng.integers(1, 9))
-        priced = rng.random(n) < 0.5
-        priced[rng.integers(n)] = True
-        floors = np.where(priced, costs, rng.uniform(0.0, 5.0, n) * (rng.random(n) < 0.9))
-        could = _could_win(bs, accepted, costs, floors, priced)
+        costs, accepted, bs, priced, floors, could = random_probe_check(rng)
+        n = len(costs)
         if (priced | could).all():
             continue
         table = RoundCostTable((64,), tuple(range(1, n + 1)), [costs])
