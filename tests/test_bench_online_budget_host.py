@@ -1,6 +1,8 @@
 """The online budget's host-time benchmark on the CPU: it runs the served step loop, one
 drafted step in PREDICT_EVERY makes the prediction, and the report says so."""
 
+import torch
+
 from lab.bench import online_budget_host
 from sglang_ddtree.adapter.widths import PREDICT_EVERY
 
@@ -81,3 +83,27 @@ def test_served_rounds_spin_between_steps_and_are_left_out_of_the_times(tmp_path
     assert cell["start_us_mean"] > 0 and cell["finish_us_mean"] > 0
     report = (tmp_path / "online_budget_host_cpu.md").read_text()
     assert "each step spun 5000 us of round time" in report and "sigma 0.25" in report
+
+
+def test_churn_changes_the_batch_size_as_load_does():
+    """``--churn``: at that share of the steps the batch loses a request or gets it back (a
+    prefill, an interrupt between the steps); without it every step runs the batch size asked."""
+    from sglang_ddtree.adapter.widths import StepWidths
+
+    seen = []
+    start = StepWidths.start
+
+    def recording(steps, bs):
+        seen.append(bs)
+        return start(steps, bs)
+
+    StepWidths.start = recording
+    try:
+        steps = online_budget_host.served_steps(7)
+        online_budget_host.run_steps(steps, 8, 200, torch.device("cpu"), churn=0.5)
+        assert set(seen) == {7, 8} and 60 < sum(a != b for a, b in zip(seen, seen[1:])) < 140
+        seen.clear()
+        online_budget_host.run_steps(steps, 8, 50, torch.device("cpu"))
+        assert set(seen) == {8}
+    finally:
+        StepWidths.start = start

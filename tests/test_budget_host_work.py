@@ -182,10 +182,11 @@ def test_the_prediction_is_a_fixed_number_of_device_operations():
 # --- what is kept between steps changes no decision ----------------------------------------------
 
 
-def run_widths(table_kind: str, keep: bool, seed: int = 1) -> list[tuple[int, int, bool]]:
+def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -> list[tuple[int, int, bool]]:
     """Every step's (bs, width, skips the drafter) over a mixed run: batch sizes that change,
-    prefills between steps, noisy rounds, probes. ``keep=False`` asks the chooser and the table
-    at every step, as before anything was kept."""
+    prefills between steps, noisy rounds, probes; with ``churn``, the share of the other steps at
+    which a request ends or a prefill brings the batch back (its size one less, then back).
+    ``keep=False`` asks the chooser and the table at every step, as before anything was kept."""
     clock, rng = Clock(), random.Random(seed)
     widths = candidate_widths(15)
     sizes = (1, 2, 4, 8, 16)
@@ -199,22 +200,28 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1) -> list[tuple[int, in
     steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
     if not keep:
         steps._holds = lambda kept, bs, accepted: False
-    ran, bs = [], 2
+    ran, bs, full, churner = [], 2, 2, random.Random(seed + 1)
     for _ in range(1500):
         if rng.random() < 0.05:
-            bs = rng.choice([1, 2, 3, 5, 8, 12, 16])
+            bs = full = rng.choice([1, 2, 3, 5, 8, 12, 16])
             steps.interrupt(joined=1)
             clock.s += 0.008
+        elif churn and churner.random() < churn:
+            if bs < full:  # a prefill joined
+                bs = full
+                steps.interrupt(joined=1)
+            else:  # a request ended
+                bs = max(1, full - 1)
         width = step(steps, bs, clock, rng, accept=rng.randint(0, DEPTH))
         ran.append((bs, width, steps.skips_draft))
     return ran
 
 
 @pytest.mark.parametrize("table_kind", ["timed", "probed", "fixed"])
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind, seed):
-    kept = run_widths(table_kind, keep=True, seed=seed)
-    asked = run_widths(table_kind, keep=False, seed=seed)
+@pytest.mark.parametrize("seed,churn", [(1, 0.0), (2, 0.0), (3, 0.5)])
+def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind, seed, churn):
+    kept = run_widths(table_kind, keep=True, seed=seed, churn=churn)
+    asked = run_widths(table_kind, keep=False, seed=seed, churn=churn)
     assert len({w for _, w, _ in kept}) > 1  # the run chose among widths
     assert kept == asked
 
@@ -233,6 +240,25 @@ def test_most_steps_of_a_served_row_keep_their_choice_through_drifting_costs():
         step(steps, 4, clock, rng)
     assert steps.cost.drift > drift and steps.cost.structure == structure  # costs moved, nothing else
     assert len(asked) < 100, len(asked)
+
+
+def test_a_batch_size_that_comes_back_finds_its_decisions_kept():
+    """Under load the batch's size changes at most steps (a request ends, a prefill brings it
+    back): each size keeps its own choice, probe check and expected drafts, so neither the
+    chooser nor the calibration is asked again at every change."""
+    clock, rng = Clock(), random.Random(0)
+    steps = served(rows=8, budget=15, clock=clock)
+    for bs in [4, 3] * 300:
+        step(steps, bs, clock, rng)
+    asked, calibrated = [], []
+    choose, calibrate = steps.chooser.choose, steps.calibration.calibrated
+    steps.chooser.choose = lambda bs, accepted: asked.append(bs) or choose(bs, accepted)
+    steps.calibration.calibrated = lambda reach: calibrated.append(1) or calibrate(reach)
+    for bs in [4, 3] * 100:
+        step(steps, bs, clock, rng)
+    folds = 200 // steps.predict_every + 1
+    assert len(calibrated) <= 2 * folds, len(calibrated)  # once per size and prediction
+    assert len(asked) < 60, len(asked)  # against 200 sizes asked
 
 
 def test_a_fixed_table_is_asked_again_only_when_the_prediction_or_the_batch_changes(monkeypatch):

@@ -15,7 +15,9 @@ microseconds of host time (a tenth of it between the verify clock's events, the 
 ``finish``: the verify and the rest of the round), each share times a lognormal factor of
 sigma ``S``. The table then moves as a served one does (a median window that the rounds' noise
 keeps shifting: kept choices re-made, probe checks re-run), which a loop with nothing in
-between never shows; the spins are not counted in the times reported.
+between never shows; the spins are not counted in the times reported. ``--churn P`` changes the
+batch's size as load does: at a share ``P`` of the steps a request ends (the size one less) or,
+where one had, a prefill brings the batch back (an interrupt between the steps, as a prefill is).
 
 On a machine without a GPU the prediction's tensor operations run as CPU arithmetic, not as
 kernel launches: the `finish` columns there are the host's Python and dispatch plus that
@@ -64,12 +66,19 @@ def spin(us: float) -> None:
 
 
 def run_steps(
-    steps: StepWidths, bs: int, n: int, device: torch.device, round_us: float = 0.0, jitter: float = 0.0
+    steps: StepWidths,
+    bs: int,
+    n: int,
+    device: torch.device,
+    round_us: float = 0.0,
+    jitter: float = 0.0,
+    churn: float = 0.0,
 ) -> list[dict]:
     """``n`` steps at batch size ``bs``: per step the host microseconds of ``start`` and
     ``finish`` and whether the step made the prediction; ``round_us``: the round's own time
-    between them, spun (module docstring)."""
-    noise = random.Random(bs)
+    between them, spun; ``churn``: the share of steps whose batch is one request smaller or
+    back to ``bs`` (module docstring)."""
+    noise, churner = random.Random(bs), random.Random(-bs)
     factor = (lambda: math.exp(noise.gauss(0.0, jitter))) if jitter else (lambda: 1.0)
     gen = torch.Generator(device=device).manual_seed(bs)
     # a confident drafter (its top token ~0.75 at every depth) and accept lengths like it: the
@@ -80,17 +89,22 @@ def run_steps(
     logits[:, 0] += CONFIDENT_LOGIT
     log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
     accept_lens = torch.randint(DEPTH // 2, DEPTH + 1, (bs,), generator=gen, device=device)
-    # the drafter's proposals as the worker hands them over (``watch``)
-    propose = steps.watch(lambda hidden, k: (log_probs, None))
     folds, choices = _calls(steps, "_fold"), _calls(steps.chooser, "choose")
-    out = []
+    out, size = [], bs
     for _ in range(n):
+        if churn and bs > 1 and churner.random() < churn:
+            if size < bs:  # a prefill brought the batch back
+                size = bs
+                steps.interrupt(joined=1)
+            else:  # a request ended
+                size = bs - 1
         folded, chosen = folds[0], choices[0]
         t0 = time.perf_counter()
-        steps.start(bs)
+        steps.start(size)
         t1 = time.perf_counter()
-        if not steps.skips_draft:
-            propose(None, TOP_K)
+        if not steps.skips_draft:  # the drafter's proposals as the worker hands them over (``watch``)
+            rows = log_probs[: size * DEPTH]
+            steps.watch(lambda hidden, k, rows=rows: (rows, None))(None, TOP_K)
         t2 = time.perf_counter()
         steps.verify_started()  # the verify forward would run between these two
         verify_clock = time.perf_counter() - t2
@@ -100,7 +114,7 @@ def run_steps(
         steps.verify_finished()
         t3 = time.perf_counter()
         verify_clock += t3 - t2
-        steps.finish(accept_lens)
+        steps.finish(accept_lens[:size])
         t4 = time.perf_counter()
         if round_us:
             spin(0.9 * round_us * factor())
@@ -183,7 +197,7 @@ def run(args) -> dict:
     for budget in args.budgets:
         for bs in args.batch_sizes:
             steps = served_steps(budget)
-            served = {"round_us": args.round_us, "jitter": args.jitter}
+            served = {"round_us": args.round_us, "jitter": args.jitter, "churn": args.churn}
             run_steps(steps, bs, args.warmup, device, **served)  # prices the row's cells, fills the probes
             cell = summarise(run_steps(steps, bs, args.steps, device, **served))
             priced = steps.summary()["own_cost_widths_by_bs"].get(bs, [])  # bs: a row of the table
@@ -264,6 +278,11 @@ def _served(config: dict) -> str:
     return (
         f"each step spun {round_us:g} us of round time (a tenth inside the verify clock), each share "
         f"times a lognormal factor of sigma {config.get('jitter') or 0.0:g}, not counted; "
+        + (
+            f"at {config['churn']:g} of the steps the batch lost a request or got it back; "
+            if config.get("churn")
+            else ""
+        )
     )
 
 
@@ -278,6 +297,9 @@ def main(argv=None) -> int:
         "--round-us", type=float, default=0.0, help="host time spun per step as a round's (0: none)"
     )
     p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each spun share (0: none)")
+    p.add_argument(
+        "--churn", type=float, default=0.0, help="share of steps whose batch loses a request or gets it back"
+    )
     p.add_argument("--out", default=None, help="results folder (default: results)")
     p.add_argument("--name", default=None, help="file name (default: online_budget_host_<device>)")
     args = p.parse_args(argv)

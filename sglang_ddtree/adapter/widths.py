@@ -56,12 +56,12 @@ table (tests, debugging), which the measured rounds do not change.
 Host work. ``start`` and ``finish`` run at every decode step, on the host, so a host-bound round
 pays them at every width (2% of the trained pair's ~4 ms H200 round is 80 us), and none of it
 grows with the table's rows or the candidate widths (``tests/test_budget_host_work.py`` counts
-it). The batch's expected accepted drafts are kept per batch size until a prediction lands or
-the calibration moves. The chosen width, and a probe check that asked for none, are kept while
-the table's costs and the expected drafts move less than could change them (``budget/slack.py``)
-and the batch size and the table's structure stay; when they are made again, the table computes
-only the row asked for. The prediction is a fixed number of device operations, launched without
-a synchronisation and copied into reused pinned buffers (``observed.py``), folded in once landed.
+it). Kept per batch size (under load it changes at most steps, and comes back): the expected
+accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
+probe check that asked for none, while the table's costs and the expected drafts move less
+than could change them (``budget/slack.py``) and its structure stays. When they are made
+again, the table computes only the row asked for. The prediction is a fixed number of device operations, launched without a synchronisation and
+copied into reused pinned buffers (``observed.py``), folded in once landed.
 """
 
 from __future__ import annotations
@@ -135,9 +135,9 @@ class StepWidths:
         self.history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
         self.steps = 0
         self._per_request: np.ndarray | None = None  # [n_widths, depth] reach per request
-        # The batch's expected accepted drafts per width, kept for its batch size until the
-        # prediction or the calibration changes: (bs, per request, scale, accepted).
-        self._accepted: tuple | None = None
+        # Per batch size, its expected accepted drafts per width, made from (prediction, scale).
+        self._accepted: dict[int, np.ndarray] = {}
+        self._accepted_from: tuple = (None, None)
         self._pending: deque[Observed] = deque()
         self._copies = HostCopies()  # the predictions' pinned host buffers, reused
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
@@ -197,8 +197,9 @@ class StepWidths:
         self.measured = isinstance(table, (ProbedCostTable, TimedCostTable))  # not injected
         self._timed = isinstance(table, TimedCostTable)
         self._unprobed = getattr(table, "unprobed", None)
-        self._choice: Kept | None = None  # the last choice, and what it was made from
-        self._no_probe: Kept | None = None  # the last probe check that asked for none
+        self._choice: dict[int, Kept] = {}  # per batch size: its last choice, and what it was made from
+        # per batch size: its last probe check that asked for none
+        self._no_probe: dict[int, Kept | None] = {}
 
     def use_cost_table(self, table: RoundCostTable) -> None:
         self.cost = self.chooser.cost = table
@@ -233,7 +234,7 @@ class StepWidths:
         """The width a measured table asks for first (None: the chooser decides); a timed
         table only for widths that could win at their least possible cost. A check that found
         none is kept while the costs drift less than could make one worth it (``budget/slack.py``)."""
-        if self._unprobed is None or self._holds(self._no_probe, bs, accepted):
+        if self._unprobed is None or self._holds(self._no_probe.get(bs), bs, accepted):
             return None
         checked = []  # what the check weighed, if it came to the costs
         if not self._timed:
@@ -242,7 +243,7 @@ class StepWidths:
             width = self._unprobed(bs, lambda *floors: self._could_win(bs, accepted, floors, checked))
             slack = unwinnable_slack(*checked[0]) if checked else math.inf
         weighed = checked[0][1:3] if checked else ()  # the costs and floors the check read
-        self._no_probe = None if width is not None else Kept(bs, self._cost, accepted, slack, costs=weighed)
+        self._no_probe[bs] = Kept(bs, self._cost, accepted, slack, costs=weighed) if width is None else None
         return width
 
     def _could_win(self, bs: int, accepted: np.ndarray, floors: tuple, checked: list) -> np.ndarray:
@@ -257,11 +258,11 @@ class StepWidths:
         change it (``budget/slack.py``) and nothing else it reads moves (the batch size, the
         table's structure, its current width and margin): a kept choice is the one it would
         make (``tests/test_budget_host_work.py`` runs both)."""
-        kept, chooser = self._choice, self.chooser
+        kept, chooser = self._choice.get(bs), self.chooser
         if self._holds(kept, bs, accepted) and kept.value == (chooser.current, chooser.switch_margin):
             return chooser.current
         width = chooser.choose(bs, accepted)
-        self._choice = Kept(
+        self._choice[bs] = Kept(
             bs, self._cost, accepted, chooser.slack(), (width, chooser.switch_margin), chooser.last_costs()
         )
         return width
@@ -389,18 +390,17 @@ class StepWidths:
 
     def _expected_accepted(self, bs: int) -> np.ndarray:
         """``[n_widths]``: the batch's calibrated expected accepted drafts per width (read only),
-        kept until the batch size, the prediction or the calibration changes. Before any step
+        kept per batch size until the prediction or the calibration changes. Before any step
         has landed there is no prediction: nothing is expected (the smallest wins)."""
         per_request, scale = self._per_request, self.calibration.scale
-        kept = self._accepted
-        if kept is not None and kept[0] == bs and kept[1] is per_request and kept[2] is scale:
-            return kept[3]
-        if per_request is None:
-            accepted = np.zeros(len(self.widths))
-        else:
-            accepted = self.calibration.calibrated(per_request * bs)
-        accepted.flags.writeable = False
-        self._accepted = (bs, per_request, scale, accepted)
+        if self._accepted_from[0] is not per_request or self._accepted_from[1] is not scale:
+            self._accepted_from, self._accepted = (per_request, scale), {}
+        accepted = self._accepted.get(bs)
+        if accepted is None:
+            calibrated = self.calibration.calibrated
+            accepted = np.zeros(len(self.widths)) if per_request is None else calibrated(per_request * bs)
+            accepted.flags.writeable = False
+            self._accepted[bs] = accepted
         return accepted
 
     def _absorb_landed(self) -> None:
