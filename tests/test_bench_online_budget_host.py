@@ -107,3 +107,32 @@ def test_churn_changes_the_batch_size_as_load_does():
         assert set(seen) == {8}
     finally:
         StepWidths.start = start
+
+
+def test_interleaved_runs_fold_into_one_series(tmp_path):
+    """``gpu/jobs/budget_host_ab.sh``'s runs (NAME_before_N, NAME_after_N) become one series: a
+    row per run and batch size in the order run, every report kept, the per-run files gone."""
+    import json
+
+    from lab.bench import online_budget_host_ab
+
+    argv = ["--budgets", "7", "--batch-sizes", "1", "2", "--steps", "20", "--warmup", "10", "--cpu"]
+    for name in ("x_before_1", "x_after_1", "x_before_2", "x_after_2"):
+        assert online_budget_host.main([*argv, "--out", str(tmp_path), "--name", name]) == 0
+    (tmp_path / "y_after_1.json").write_text("{}")  # another series' run: left alone
+    assert (
+        online_budget_host_ab.main([str(tmp_path), "x", "--before", "b0", "--after", "a1", "--command", "c"])
+        == 0
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.md", "y_after_1.json"]
+    data = json.loads((tmp_path / "x.json").read_text())
+    assert list(data["runs"]) == ["before_1", "after_1", "before_2", "after_2"]
+    rows = [
+        line
+        for line in (tmp_path / "x.md").read_text().splitlines()
+        if line.startswith(("| before", "| after"))
+    ]
+    assert [row.split(" | ")[:3] for row in rows] == [
+        ["| before", "1", "1"], ["| before", "1", "2"], ["| after", "1", "1"], ["| after", "1", "2"],
+        ["| before", "2", "1"], ["| before", "2", "2"], ["| after", "2", "1"], ["| after", "2", "2"],
+    ]  # fmt: skip
