@@ -3,7 +3,7 @@ as one CUDA graph replay.
 
 Under CUDA graphs the drafter's graph builds the widest tree and copies its top-k log-probs into
 a buffer sized for its largest batch (:class:`KeptLogProbs`). A predicting step (one drafted
-step in 16, ``widths.py``) turns them into the batch's expected reach per width and depth
+step in 32, ``widths.py``) turns them into the batch's expected reach per width and depth
 (``reach_totals_at_widths``): about 40 small device operations, each a launch the host pays
 for, ~0.5 ms of host time a prediction. :class:`PredictionGraph` captures that computation once
 over the whole buffer, the batch size an input of the graph, so a prediction costs the host a

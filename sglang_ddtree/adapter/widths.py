@@ -99,12 +99,12 @@ logger = logging.getLogger("sglang_ddtree")
 COST_BATCH_SIZES = tuple(1 << i for i in range(9))
 # Drafted steps per prediction (about 40 small device operations: one graph replay under CUDA
 # graphs, else a launch each); acceptance moves slowly, and each step's batch size scales the
-# last prediction anyway. A landed prediction is folded in and the choices are made again: the
-# largest share of ``start`` on a GPU host. Settled rounds timed: one in ``TIME_EVERY`` (two
-# events, their read, the medians' update, the choices it moves made again); rounds that probe or
-# build trust are all timed. 16 and 8 halve that work against 8 and 4, and move the simulated
-# policy by at most 0.01 of the best fixed choice (``lab/bench/online_budget_sim.py``).
-PREDICT_EVERY = 16
+# last prediction anyway. A landed prediction is folded in (the calibration, the expected drafts,
+# the kept decisions checked): over half of ``start`` at a steady batch size. Settled rounds
+# timed: one in ``TIME_EVERY`` (two events, their read, the medians' update, the choices it moves
+# made again); rounds that probe or build trust are all timed. 32 and 8 against 16 and 8 moved
+# the simulated policy by at most 0.02 of the best fixed choice (``online_budget_sim.py``).
+PREDICT_EVERY = 32
 TIME_EVERY = 8
 LOG_EVERY = 1000  # steps between the online budget's own log lines (when no stats interval is set)
 

@@ -317,7 +317,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
 
     @timed("width record")
     def _record_width(self, acceptance):
-        """What the width policy keeps of the step (the online budget: one drafted step in 16
+        """What the width policy keeps of the step (the online budget: one drafted step in 32
         also predicts; a decoding step, ``acceptance`` None, only its cost)."""
         self.widths.finish(None if acceptance is None else acceptance.accept_lens)
 

@@ -19,7 +19,7 @@ Shapes: ``log_probs`` ``[bs, depth, k]`` per-depth top-k log-probs, descending (
 input); results ``[bs, B + 1, depth]`` (row ``b`` = the tree of budget ``b``; row 0 is the empty
 tree, i.e. no speculation).
 
-The online budget predicts on one drafted step in 16 (``adapter/widths.py``), on the device,
+The online budget predicts on one drafted step in 32 (``adapter/widths.py``), on the device,
 where each operation is a kernel launch the host pays for: :func:`reach_totals_at_widths` gives
 the batch's totals at its widths in a fixed number of operations (about 40 at depth 7), whatever
 the batch size and the number of widths, and nothing in it waits for the device. Under CUDA
