@@ -199,7 +199,7 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
         table = RoundCostTable.from_function(sizes, widths, lambda bs, w: 4.0 + 0.02 * bs * w)
     steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
     if not keep:
-        steps._holds = lambda kept, bs, accepted: False
+        steps.decisions.holds = lambda kept, bs, accepted: False
     ran, bs, full, churner = [], 2, 2, random.Random(seed + 1)
     for _ in range(1500):
         if rng.random() < 0.05:

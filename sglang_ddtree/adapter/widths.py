@@ -58,16 +58,15 @@ pays them at every width (2% of the trained pair's ~4 ms H200 round is 80 us), a
 grows with the table's rows or the candidate widths (``tests/test_budget_host_work.py`` counts
 it). Kept per batch size (under load it changes at most steps, and comes back): the expected
 accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
-probe check that asked for none, while the table's costs and the expected drafts move less
-than could change them (``budget/slack.py``) and its structure stays. When they are made
-again, the table computes only the row asked for. The prediction is a fixed number of device operations, launched without a synchronisation and
+probe check that asked for none, while nothing they read moves enough to change them
+(``budget/decisions.py``). When they are made again, the table computes only the row asked
+for. The prediction is a fixed number of device operations, launched without a synchronisation and
 copied into reused pinned buffers (``observed.py``), folded in once landed.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -84,7 +83,7 @@ from ..budget import (
     candidate_widths,
     reach_counts,
 )
-from ..budget.slack import Kept, unwinnable_slack
+from ..budget.decisions import KeptDecisions
 from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned, online_budget_refresh_every
 from ..tree.expected_accept import reach_totals_at_widths
 from ..tree.types import Trees
@@ -196,10 +195,7 @@ class StepWidths:
         self._cost = table
         self.measured = isinstance(table, (ProbedCostTable, TimedCostTable))  # not injected
         self._timed = isinstance(table, TimedCostTable)
-        self._unprobed = getattr(table, "unprobed", None)
-        self._choice: dict[int, Kept] = {}  # per batch size: its last choice, and what it was made from
-        # per batch size: its last probe check that asked for none
-        self._no_probe: dict[int, Kept | None] = {}
+        self.decisions = KeptDecisions(self.chooser, table)  # the probe and the width, kept
 
     def use_cost_table(self, table: RoundCostTable) -> None:
         self.cost = self.chooser.cost = table
@@ -213,8 +209,8 @@ class StepWidths:
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
         accepted = self._expected_accepted(bs)
-        probed = self._probe(bs, accepted)
-        width = self._choose(bs, accepted) if probed is None else probed
+        probed = self.decisions.probe(bs, accepted)
+        width = self.decisions.choose(bs, accepted) if probed is None else probed
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
         self.history[bs, width] += 1
@@ -229,46 +225,6 @@ class StepWidths:
         if self.runners is not None:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
         return width
-
-    def _probe(self, bs: int, accepted: np.ndarray) -> int | None:
-        """The width a measured table asks for first (None: the chooser decides); a timed
-        table only for widths that could win at their least possible cost. A check that found
-        none is kept while the costs drift less than could make one worth it (``budget/slack.py``)."""
-        if self._unprobed is None or self._holds(self._no_probe.get(bs), bs, accepted):
-            return None
-        checked = []  # what the check weighed, if it came to the costs
-        if not self._timed:
-            width, slack = self._unprobed(bs), math.inf  # probes until every cell is: structure
-        else:
-            width = self._unprobed(bs, lambda *floors: self._could_win(bs, accepted, floors, checked))
-            slack = unwinnable_slack(*checked[0]) if checked else math.inf
-        weighed = checked[0][1:3] if checked else ()  # the costs and floors the check read
-        self._no_probe[bs] = Kept(bs, self._cost, accepted, slack, costs=weighed) if width is None else None
-        return width
-
-    def _could_win(self, bs: int, accepted: np.ndarray, floors: tuple, checked: list) -> np.ndarray:
-        """The chooser's check of a probe's widths; what it weighed goes to ``checked`` (the
-        slack of a check that found none)."""
-        could = self.chooser.could_win(bs, accepted, *floors)
-        checked.append((accepted + bs, self._cost.row_costs(bs), *floors, could))
-        return could
-
-    def _choose(self, bs: int, accepted: np.ndarray) -> int:
-        """The chooser's width, kept while the costs and expected drafts move less than could
-        change it (``budget/slack.py``) and nothing else it reads moves (the batch size, the
-        table's structure, its current width and margin): a kept choice is the one it would
-        make (``tests/test_budget_host_work.py`` runs both)."""
-        kept, chooser = self._choice.get(bs), self.chooser
-        if self._holds(kept, bs, accepted) and kept.value == (chooser.current, chooser.switch_margin):
-            return chooser.current
-        width = chooser.choose(bs, accepted)
-        self._choice[bs] = Kept(
-            bs, self._cost, accepted, chooser.slack(), (width, chooser.switch_margin), chooser.last_costs()
-        )
-        return width
-
-    def _holds(self, kept: Kept | None, bs: int, accepted: np.ndarray) -> bool:
-        return kept is not None and kept.holds(bs, self._cost, accepted)
 
     def interrupt(self, joined: int = 0) -> None:
         """Another batch (a prefill of ``joined`` requests, an idle pass) runs between two

@@ -7,7 +7,8 @@
 * ``timed_costs.py`` - the table under CUDA graphs: timed replays, then each width's own
   rounds (probed where the chooser does not run them);
 * ``slack.py`` - how far the costs may drift before a choice (or a probe check) could change,
-  so that a step keeps the last one until then.
+  so that a step keeps the last one until then;
+* ``decisions.py`` - a step's probe and width, kept per batch size while that holds.
 
 Pure Python / numpy / torch on the host; ``adapter/widths.py`` drives them per decode step
 (choosing from the previous step's prediction, so that no step waits for the device).
