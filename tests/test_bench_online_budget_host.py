@@ -120,11 +120,17 @@ def test_interleaved_runs_fold_into_one_series(tmp_path):
     for name in ("x_before_1", "x_after_1", "x_before_2", "x_after_2"):
         assert online_budget_host.main([*argv, "--out", str(tmp_path), "--name", name]) == 0
     (tmp_path / "y_after_1.json").write_text("{}")  # another series' run: left alone
+    (tmp_path / "x_z_after_1.json").write_text("{}")  # and one whose name starts with this one's
     assert (
         online_budget_host_ab.main([str(tmp_path), "x", "--before", "b0", "--after", "a1", "--command", "c"])
         == 0
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.md", "y_after_1.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "x.json",
+        "x.md",
+        "x_z_after_1.json",
+        "y_after_1.json",
+    ]
     data = json.loads((tmp_path / "x.json").read_text())
     assert list(data["runs"]) == ["before_1", "after_1", "before_2", "after_2"]
     rows = [

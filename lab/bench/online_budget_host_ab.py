@@ -86,10 +86,9 @@ def main(argv=None) -> int:
     markdown = to_markdown(args.name, args.command, args.before, args.after, reports)
     for path in _stamp.write_outputs(args.out, args.name, data, markdown):
         print(path)
-    for path in args.out.glob(f"{args.name}_*_*.json"):
-        path.unlink()
-    for path in args.out.glob(f"{args.name}_*_*.md"):
-        path.unlink()
+    for run in reports:  # exactly the runs folded in: another series may share the name's prefix
+        for suffix in (".json", ".md"):
+            (args.out / f"{args.name}_{run}{suffix}").unlink(missing_ok=True)
     return 0
 
 
