@@ -60,8 +60,8 @@ it). Kept per batch size (under load it changes at most steps, and comes back): 
 accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
 probe check that asked for none, while nothing they read moves enough to change them
 (``budget/decisions.py``). When they are made again, the table computes only the row asked
-for. The prediction is a fixed number of device operations, launched without a synchronisation and
-copied into reused pinned buffers (``observed.py``), folded in once landed.
+for. The prediction is a fixed number of device operations, launched without a synchronisation
+and copied into reused pinned buffers (``observed.py``), folded in once landed.
 """
 
 from __future__ import annotations
