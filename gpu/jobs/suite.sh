@@ -19,6 +19,12 @@ ALL_ARMS=$(python -c "from tests.gpu_server.arms import ARMS; print(','.join(ARM
 # K26_WARM=0 leaves the short K2.6 rank out (after a first call's `topk.sh PRECOMPILE_K26=1` the
 # Marlin kernels are cached, and the suite's servers then have the machine to themselves).
 [ "${K26_WARM:-1}" != 0 ] && bash gpu/jobs/k26_warm.sh > /tmp/k26_warm.log 2>&1 &
+# K26_WARM=0 PRECOMPILE_K26=1: only the Marlin kernels beside the suite (~6 minutes of nvcc on the
+# idle cores), no short rank: the K2.6 calls that follow then start from a cached build.
+if [ "${K26_WARM:-1}" = 0 ] && [ "${PRECOMPILE_K26:-0}" = 1 ]; then
+  source gpu/jobs/precompile_k26.sh
+  precompile_k26 "${PRECOMPILE_S:-420}"
+fi
 source gpu/jobs/kernel_tests.sh
 if [ "${KERNEL_TESTS_S:-270}" != 0 ]; then  # 0: they ran in this session's first call (topk.sh KERNEL_TESTS=1)
   kernel_tests "${KERNEL_TESTS_S:-270}" "$OUT/gpu_tests.log"
@@ -33,4 +39,5 @@ timed_tests "${SUITE_S:-$(( left > 60 ? left : 60 ))}" "$OUT/gpu_tests.log" "${S
 grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|^(suite complete|SUITE INCOMPLETE)|^  tests/" "$OUT/gpu_tests.log"
 wait
 tail -5 /tmp/k26_warm.log 2>/dev/null
+[ "${PRECOMPILE_K26:-0}" = 1 ] && tail -3 /tmp/precompile_k26.log
 exit 0
