@@ -4,6 +4,7 @@ of a run its time limit cut."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -452,3 +453,34 @@ def test_a_server_that_lost_a_memory_race_starts_again_alone(tmp_path, monkeypat
     assert tries.count("ddtree_fp32_eager_auto") == 2 and tries.count("plain_fp32") == 1
     with pytest.raises(RuntimeError, match="illegal memory access"):
         fleet["plain_fp32"]
+
+
+@pytest.mark.parametrize("has_xz", [True, False], ids=["xz", "python-lzma"])
+def test_an_a_b_run_s_logs_come_back_as_one_xz_tarball_without_the_torch_traces(tmp_path, has_xz):
+    raw = tmp_path / "ab_pair_raw"
+    raw.mkdir()
+    (raw / "server_plain.log").write_text("plain ready\n" * 200)
+    (raw / "bench_plain_c1_r0.log").write_text("pass 1\n")
+    (raw / "plain_c1.trace.json.gz").write_bytes(b"a torch trace")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out)}
+    if not has_xz:  # the device image may lack xz: only what the function needs besides it
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for tool in ("tar", "stat", "dirname", "basename", "rm"):
+            (bin_dir / tool).symlink_to(shutil.which(tool))
+        (bin_dir / "python3").symlink_to(sys.executable)
+        env["PATH"] = str(bin_dir)
+    script = f'source "{ROOT}/gpu/jobs/ab_logs.sh" && bring_back_logs "{raw}" pycode-4l_cpu_ab'
+    bash = shutil.which("bash")
+    done = subprocess.run([bash, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in out.iterdir()] == ["pycode-4l_cpu_ab_logs.tar.xz"]
+    with tarfile.open(out / "pycode-4l_cpu_ab_logs.tar.xz", "r:xz") as tar:
+        assert sorted(tar.getnames()) == [
+            "ab_pair_raw",
+            "ab_pair_raw/bench_plain_c1_r0.log",
+            "ab_pair_raw/server_plain.log",
+        ]
+        assert tar.extractfile("ab_pair_raw/server_plain.log").read() == b"plain ready\n" * 200

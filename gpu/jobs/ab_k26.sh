@@ -23,7 +23,7 @@
 # to predict, against plain): ARMS=plain,ddtree@auto7,plain+again
 #   AB_ARGS="--recording ... --arm-env ddtree@auto7=SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_auto7.json"
 # Carry the bundle and the caches, Marlin's included (docs/gpu.md, "What a call carries").
-# Writes k26-rank_<device>_<WHAT>.{json,md,png} and its logs (_logs.tar.gz) to $OUT. No pass or server
+# Writes k26-rank_<device>_<WHAT>.{json,md,png} and its logs (_logs.tar.xz) to $OUT. No pass or server
 # starts after TIME_LIMIT_S from the tool's start; the tool is stopped at AB_S. Both default to what
 # is left of the call (JOB_S, 560 s from the call's start, less the Marlin build under PRECOMPILE=1),
 # so that the report and the caches always come back: AB_S = what is left, TIME_LIMIT_S = AB_S - 150

@@ -1,12 +1,22 @@
 # Sourced by the A/B GPU jobs. `bring_back_logs RAW SERIES`: the run's server and load logs
-# (the tool's --raw-dir) as $OUT/SERIES_logs.tar.gz, unless over the 16 MiB a call brings back.
-# The torch traces of --profile stay behind (their summaries are in the series; too big).
+# (the tool's --raw-dir) as $OUT/SERIES_logs.tar.xz, unless over the 16 MiB a call brings back.
+# xz, not gzip: the servers' logs repeat one another beyond gzip's 32 KiB window, and the
+# committed series' logs took a quarter of gzip's bytes (4.1 MB -> 1.0), room a call's carry
+# needs. The torch traces of --profile stay behind (their summaries are in the series; too big).
 bring_back_logs() {
   local raw=$1 series=$2
+  local packed="$OUT/${series}_logs.tar.xz"
   [ -d "$raw" ] || return 0
-  tar czf "$OUT/${series}_logs.tar.gz" --exclude='*.trace.json*' -C "$(dirname "$raw")" "$(basename "$raw")"
-  if [ "$(stat -c %s "$OUT/${series}_logs.tar.gz")" -gt $((16 * 1024 * 1024)) ]; then
-    echo "logs over 16 MiB: not brought back"; rm -f "$OUT/${series}_logs.tar.gz"
+  tar cf - --exclude='*.trace.json*' -C "$(dirname "$raw")" "$(basename "$raw")" | xz_pipe > "$packed"
+  if [ "$(stat -c %s "$packed")" -gt $((16 * 1024 * 1024)) ]; then
+    echo "logs over 16 MiB: not brought back"; rm -f "$packed"
+  fi
+}
+
+# `xz_pipe`: stdin to stdout through xz, or Python's lzma where the image has no xz.
+xz_pipe() {
+  if command -v xz > /dev/null; then xz -T0 -6
+  else python3 -c $'import lzma, shutil, sys\nwith lzma.open(sys.stdout.buffer, "wb") as out: shutil.copyfileobj(sys.stdin.buffer, out)'
   fi
 }
 

@@ -8,7 +8,7 @@
 # Load: the held-out Python prompts (token ids) through sglang.bench_serving, output lengths drawn
 # from [OUTPUT_LEN/2, OUTPUT_LEN] (the same for every arm).
 # Writes the series pycode-4l_<device>_ab.{json,md,png} (<device>: the GPU the call got, e.g. h200) and its server/bench logs
-# (pycode-4l_<device>_ab_logs.tar.gz) to $OUT. Run through the device command, carrying the bundle
+# (pycode-4l_<device>_ab_logs.tar.xz) to $OUT. Run through the device command, carrying the bundle
 # and the compile caches (docs/gpu.md, "What a call carries"):
 #   bash gpu/device.sh env BENCH_COMMIT=$(git rev-parse HEAD) bash gpu/jobs/ab_pair.sh
 # Time: the servers start together (~1-2 min with the caches carried; the online budget's arm

@@ -20,5 +20,5 @@ LAYERS="${K26_WARM_LAYERS:-3}" MODEL_DIR=/tmp/k26-warm WHAT=warm MEM=0.12 MAX_TO
 tail -3 /tmp/precompile_k26.log
 # One file back, not four: beside the suite's files and the caches a call brings back at most 8, and
 # the Marlin cache this job built must be one of them.
-W=(k26-rank_h200_warm.json k26-rank_h200_warm.md k26-rank_h200_warm.png k26-rank_h200_warm_logs.tar.gz)
+W=(k26-rank_h200_warm.json k26-rank_h200_warm.md k26-rank_h200_warm.png k26-rank_h200_warm_logs.tar.xz)
 ( cd "$OUT" && tar czf k26-rank_h200_warm.tar.gz --ignore-failed-read "${W[@]}" 2>/dev/null; rm -f "${W[@]}" )

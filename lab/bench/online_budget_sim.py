@@ -119,7 +119,7 @@ def replay_ms(replays: dict, bs: int, width: int) -> float:
 rank_verify_ms = functools.partial(replay_ms, RANK_REPLAYS)
 
 
-# The same rank's start-up replays in K2.6 call 7 (ddtree@auto7's log, results/k26-rank_h200_ab_logs.tar.gz),
+# The same rank's start-up replays in K2.6 call 7 (ddtree@auto7's log, results/k26-rank_h200_ab_logs.tar.xz),
 # up to bs 64: the call whose online budget lost 6% to the chain at c=32.
 CALL7_REPLAYS = {
     1: (6.731, 8.194, 8.413, 8.855), 2: (6.833, 8.394, 8.772, 10.091), 3: (6.949, 8.719, 9.717, 11.07),
