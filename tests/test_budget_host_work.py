@@ -401,7 +401,7 @@ def test_a_step_the_drafter_graph_ran_predicts_from_its_kept_log_probs_as_an_eag
             steps.start(bs)
         kept_proposal(None, TOP_K)
         roots = Trees.root_only(torch.zeros(bs, dtype=torch.int64), torch.zeros(bs, dtype=torch.int64))
-        graphed.from_graph((roots, None), 1)
+        graphed.from_graph((roots, None))
         eager.watch(propose)(None, TOP_K)
         for steps in (graphed, eager):
             steps.finish(accept)

@@ -66,7 +66,11 @@ def test_capture_hook_writes_the_eager_trees_per_batch_size():
         got_roots, got_lens, got_rows = seen.pop()
         assert torch.equal(got_roots, roots) and torch.equal(got_lens, prefix_lens)
         assert torch.equal(got_rows, pool_rows[:bs])
-        replayed, top1 = head.replayed(bs)
+        replayed, top1 = head.replayed(bs, WIDTH)
+        for width in (1, 4, WIDTH - 1):  # a narrower step's cut (the online budget's)
+            narrowed, _ = head.replayed(bs, width)
+            for field in ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words"):
+                assert torch.equal(getattr(narrowed, field), getattr(replayed.narrowed(width), field))
         eager, eager_top1 = head.run(hidden, roots, prefix_lens.to(torch.int64), _propose(weight))
         for field in ("tokens", "depths", "parents", "positions", "tree_sizes", "mask_words"):
             assert torch.equal(getattr(replayed, field), getattr(eager, field)), (bs, field)

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import torch
 from kernel_cases import TIES, compile_emulator, random_topk
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_ddtree.budget import TimedCostTable, WidthChooser, candidate_widths
 from sglang_ddtree.kernels import cpp
 from sglang_ddtree.kernels.backend import CppBackend, PythonBackend
 from sglang_ddtree.kernels.gpu import build_kernel_name, build_smem_bytes
-from sglang_ddtree.tree.types import Trees
+from sglang_ddtree.tree.types import Trees, TreeSlots
 
 
 def served(table: TimedCostTable, bs: int, width: int, ms: float, rest: float = 0.0) -> None:
@@ -124,6 +125,46 @@ def test_a_narrower_tree_is_the_first_slots_of_the_widest_cuda_kernel(emu, ties)
     for case in CASES:
         for seed in range(3):
             _check_prefix(_emulated_build(emu), 200 + seed, *case, ties)
+
+
+class _Copies(TorchDispatchMode):
+    """Counts the dispatched operations whose result is new memory (a launch beside a GPU),
+    not a view of an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        self.count += any(
+            isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs for o in outputs
+        )
+        return out
+
+
+@pytest.mark.parametrize("bs", [1, 3, 8])
+def test_the_graph_s_tree_slots_narrow_as_the_reference_in_at_most_three_copies(bs):
+    budget, depth, k = 64, 6, 8
+    lp, ids, roots, prefix = _inputs(7, 8, depth, 50, budget, k, "dup")
+    slots = TreeSlots(8, budget + 1, "cpu")
+    t = torch.as_tensor
+    PythonBackend().build(t(lp), t(ids), t(roots), t(prefix), budget, budget + 1, out=slots.rows(8))
+    widest = _backend_build(PythonBackend())(lp, ids, roots, prefix, budget, budget + 1)
+    _assert_same_trees(slots.rows(8), widest, "the slots' rows")
+    for width in candidate_widths(budget):
+        with _Copies() as copies:
+            got = slots.narrowed(bs, width)
+        _assert_same_trees(got, widest.rows(bs).narrowed(width), f"bs {bs} width {width}")
+        with _Copies() as reference:  # separate arrays: one copy each where a row is cut
+            widest.rows(bs).narrowed(width)
+        assert copies.count <= reference.count, (width, copies.count, reference.count)
+        if bs > 1 and width < budget + 1:
+            assert (copies.count, reference.count) == (3, 6), width
+    with pytest.raises(ValueError):
+        slots.narrowed(bs, budget + 2)
 
 
 def test_narrowing_refuses_a_wider_tree():
@@ -689,7 +730,7 @@ def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
             trees, _ = steps.root_only(torch.as_tensor(roots[:bs]), torch.as_tensor(prefix[:bs]), 10**6)
         else:
             kept(torch.zeros(bs * depth, 16), k)  # the graph's replay writes the kept log-probs
-            trees, _ = steps.from_graph((widest.rows(bs), None), width)
+            trees, _ = steps.from_graph((widest.rows(bs).narrowed(width), None))
         assert trees.width == width and trees.tokens.shape[0] == bs
         steps.finish(torch.zeros(bs, dtype=torch.int64))
         assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == startup

@@ -11,7 +11,7 @@ import logging
 import torch
 
 from ..tree.topk import full_vocab_topk, merge_shards, shard_topk
-from ..tree.types import Trees
+from ..tree.types import Trees, TreeSlots
 
 logger = logging.getLogger("sglang_ddtree")
 
@@ -100,7 +100,7 @@ class DraftTreeHead:
         capture). ``proposal(roots, prefix_lens, req_pool_indices)`` gives the captured batch's
         ``propose(hidden, k)`` from its graph buffers; it must be capturable: device work only,
         no host reads."""
-        self._static = Trees.allocate(max_bs, self.width, device)
+        self._static = TreeSlots(max_bs, self.width, device)
         self._static_top1 = torch.empty((max_bs, self.block - 1), dtype=torch.int64, device=device)
 
         def capture_tail(runner, out, forward_batch, num_tokens):
@@ -118,6 +118,7 @@ class DraftTreeHead:
         draft_model_runner.capture_tail_hooks.append(capture_tail)
         logger.info("DDTREE tree step folded into the drafter's CUDA graphs (batch sizes up to %d)", max_bs)
 
-    def replayed(self, bs: int):
-        """The trees and top-1 ids the last graph replay wrote for the first ``bs`` requests."""
-        return self._static.rows(bs), self._static_top1[:bs]
+    def replayed(self, bs: int, width: int):
+        """The trees and top-1 ids the last graph replay wrote for the first ``bs`` requests,
+        the trees cut to a step's ``width`` (exact: ``Trees.narrowed``)."""
+        return self._static.narrowed(bs, width), self._static_top1[:bs]

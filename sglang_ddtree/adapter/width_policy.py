@@ -41,7 +41,7 @@ class FixedWidth:
     def graph_proposal(self, proposal, max_bs: int, device):
         return proposal
 
-    def from_graph(self, replayed, width: int):
+    def from_graph(self, replayed):
         return replayed
 
     def verify_started(self) -> None:

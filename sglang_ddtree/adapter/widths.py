@@ -290,12 +290,12 @@ class StepWidths:
         install(self, target_runner, draft_runner, roots_append)
         return verify_backends(self.runners)
 
-    def from_graph(self, replayed, width: int):
-        """The drafter graph's widest trees (and top-1 ids) cut to this step's ``width``; the
+    def from_graph(self, replayed):
+        """The drafter graph's trees (and top-1 ids), cut to this step's width by the head; the
         step's log-probs are the ones the graph kept."""
-        trees, top1 = replayed
+        trees, _ = replayed
         self._log_probs = self.kept.rows(trees.tokens.shape[0])
-        return trees.narrowed(width), top1
+        return replayed
 
     def root_only(self, roots: torch.Tensor, prefix_lens: torch.Tensor, last_position: int):
         """A step that skips the drafter: (the root-only :class:`Trees`, a top-1 per depth that

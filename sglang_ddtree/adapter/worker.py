@@ -331,7 +331,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
         with self.phase("tree step"):
             if out.can_run_graph and self.head.in_graph:
-                return self.widths.from_graph(self.head.replayed(len(prefix_lens)), width)
+                return self.widths.from_graph(self.head.replayed(len(prefix_lens), width))
             if DDTreeWorker._propose is _PROPOSE_THROUGH_LM_HEAD:
                 propose = self._device_proposal(roots, prefix_lens, batch.req_pool_indices)
             else:  # a scripted test drafter

@@ -97,6 +97,43 @@ class Trees:
         return unpacked.reshape(*self.mask_words.shape[:2], -1)[..., : self.width].bool()
 
 
+class TreeSlots:
+    """Trees of up to ``max_bs`` requests at ``width``, written in place (the drafter graph's
+    output). The four per-slot arrays share one buffer, so a step at a narrower width copies
+    their first columns out in one operation: with the masks and the sizes, three launches a
+    step where :meth:`Trees.narrowed` of separate arrays makes six (the online budget's graph
+    steps run below the widest width most of the time, and each launch is host time)."""
+
+    def __init__(self, max_bs: int, width: int, device):
+        self.width = width
+        self._slots = torch.empty((4, max_bs, width), dtype=torch.int64, device=device)  # tokens..positions
+        self.tree_sizes = torch.empty(max_bs, dtype=torch.int64, device=device)
+        self.mask_words = torch.empty((max_bs, width, (width + 31) // 32), dtype=torch.int32, device=device)
+
+    def rows(self, bs: int) -> Trees:
+        """The first ``bs`` requests' trees (views: writes reach the slots)."""
+        return self._trees(self._slots[:, :bs], self.tree_sizes[:bs], self.mask_words[:bs])
+
+    def narrowed(self, bs: int, width: int) -> Trees:
+        """``self.rows(bs).narrowed(width)``, copied out in three operations (two for one
+        request, whose first columns are contiguous rows as they are)."""
+        if width == self.width:
+            return self.rows(bs)
+        if not 1 <= width < self.width:
+            raise ValueError(f"cannot narrow trees of width {self.width} to {width}")
+        slots = self._slots[:, :bs, :width]
+        return self._trees(
+            slots if bs == 1 else slots.contiguous(),
+            self.tree_sizes[:bs].clamp(max=width),
+            self.mask_words[:bs, :width, : (width + 31) // 32].contiguous(),
+        )
+
+    @staticmethod
+    def _trees(slots: torch.Tensor, tree_sizes: torch.Tensor, mask_words: torch.Tensor) -> Trees:
+        tokens, depths, parents, positions = slots.unbind(0)
+        return Trees(tokens, depths, parents, positions, tree_sizes, mask_words)
+
+
 @dataclass
 class Acceptance:
     """The walk of every tree along the target's posterior."""
