@@ -30,6 +30,9 @@
 #    (SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0): the width-1 step alone, without the drafted
 #    steps that refresh the prediction (against plain: what a width-1 step costs; +width1 beside
 #    it: what its refreshes add).
+#  - ddtree@auto64+step1phases: +step1 with the phase timer and a stats line every 2,000 rounds
+#    (its `plain_steps`: the width-1 steps SGLang ran as its own decode steps): where a width-1
+#    step's time goes. Diagnostics only: compare +step1 (untimed) with plain.
 #  - ARM+phases (e.g. ddtree@32+phases): the DDTREE worker's host time per round phase (docs/ab.md).
 #  - ARM+heapq (e.g. ddtree@32+heapq, a variant the tool knows): the same arm with its tree built
 #    by Python's heapq on the host, as SGLang's own DDTree builds it: today's service.
@@ -53,6 +56,10 @@ WIDTH1_TABLE="SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_au
 case ",$ARMS," in *,ddtree@auto64+width1,*) ARM_ENV+=(--arm-env "ddtree@auto64+width1=$WIDTH1_TABLE");; esac
 case ",$ARMS," in *,ddtree@auto64+step1,*)
   ARM_ENV+=(--arm-env "ddtree@auto64+step1=$WIDTH1_TABLE SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0");;
+esac
+case ",$ARMS," in *,ddtree@auto64+step1phases,*)
+  ARM_ENV+=(--arm-env "ddtree@auto64+step1phases=$WIDTH1_TABLE SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0 SGLANG_DDTREE_PHASE_TIMES=64"
+            --arm-args "ddtree@auto64+step1phases=--speculative-ddtree-stats-interval 2000");;
 esac
 if [ -n "${TIMED:-}" ]; then
   ARMS="$ARMS,$TIMED+timed"
