@@ -33,6 +33,11 @@
 #  - ddtree@auto64+step1phases: +step1 with the phase timer and a stats line every 2,000 rounds
 #    (its `plain_steps`: the width-1 steps SGLang ran as its own decode steps): where a width-1
 #    step's time goes. Diagnostics only: compare +step1 (untimed) with plain.
+#  - ddtree@auto64+pinned: the online budget choosing and recording as ever, every step run at the
+#    widest tree (SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST=1): against DDTREE@64, what its own work
+#    costs; against ddtree@auto64, what its choices gain or lose (at bs 1 on the trained pair it
+#    chooses width 64 over the graph's 65 by the verify's device time, which a host-bound round
+#    may hide, and pays the cut of the tree on the host).
 #  - ARM+phases (e.g. ddtree@32+phases): the DDTREE worker's host time per round phase (docs/ab.md).
 #  - ARM+heapq (e.g. ddtree@32+heapq, a variant the tool knows): the same arm with its tree built
 #    by Python's heapq on the host, as SGLang's own DDTree builds it: today's service.
@@ -56,6 +61,9 @@ WIDTH1_TABLE="SGLANG_DDTREE_BUDGET_COST_TABLE=$PWD/gpu/jobs/width1_cost_table_au
 case ",$ARMS," in *,ddtree@auto64+width1,*) ARM_ENV+=(--arm-env "ddtree@auto64+width1=$WIDTH1_TABLE");; esac
 case ",$ARMS," in *,ddtree@auto64+step1,*)
   ARM_ENV+=(--arm-env "ddtree@auto64+step1=$WIDTH1_TABLE SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0");;
+esac
+case ",$ARMS," in *,ddtree@auto64+pinned,*)
+  ARM_ENV+=(--arm-env "ddtree@auto64+pinned=SGLANG_DDTREE_ONLINE_BUDGET_PIN_WIDEST=1");;
 esac
 case ",$ARMS," in *,ddtree@auto64+step1phases,*)
   ARM_ENV+=(--arm-env "ddtree@auto64+step1phases=$WIDTH1_TABLE SGLANG_DDTREE_ONLINE_BUDGET_REFRESH_EVERY=0 SGLANG_DDTREE_PHASE_TIMES=64"
