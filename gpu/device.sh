@@ -59,9 +59,7 @@ export DEVICE_NAME="${DEVICE_NAME:-$(python -c 'from sglang_ddtree.ab.stamp impo
 "$@"
 rc=$?
 say "job exited with $rc"
-xz_to() {  # xz_to FILE: stdin compressed into FILE
-  { xz -T0 -6 2>/dev/null || python3 -c "import lzma, sys; sys.stdout.buffer.write(lzma.compress(sys.stdin.buffer.read()))"; } > "$1"
-}
+source "$ROOT/gpu/xz.sh" || exit 3  # xz_pipe: the caches compressed for the way back
 # A call brings back at most 8 files of at most 16 MiB each. The JIT's and CuPy's caches (the
 # Marlin kernels: minutes of nvcc) go into cache-$V.tar.xz; Triton's (on the K2.6 rank about
 # 20 s of an online-budget server's start went to widths whose graphs the carried Triton cache
@@ -69,14 +67,14 @@ xz_to() {  # xz_to FILE: stdin compressed into FILE
 # 16 MiB and a file to spare among the 8.
 MAX_BYTES=$(( 16 * 1024 * 1024 ))
 MARLIN='./jit/*/sgl_kernel_jit_moe_wna16_marlin_*'
-( cd "$CACHE" && tar cf - --exclude='.restored*' --exclude=./triton --exclude="$MARLIN" . | xz_to "$OUT/cache-$V.tar.xz" )
+( cd "$CACHE" && tar cf - --exclude='.restored*' --exclude=./triton --exclude="$MARLIN" . | xz_pipe > "$OUT/cache-$V.tar.xz" )
 say "caches saved: $(du -h "$OUT/cache-$V.tar.xz" | cut -f1)"
 marlin=$(cd "$CACHE" && compgen -G "$MARLIN" || true)
 if [ -n "$marlin" ] && [ ! -f "$B/marlin-$V.tar.xz" ]; then  # built here: the kernels never change
   if [ "$(find "$OUT" -type f | wc -l)" -ge 8 ]; then
     say "Marlin's kernels not saved: the job's files and the JIT cache fill the 8 a call brings back"
   else
-    ( cd "$CACHE" && tar cf - $marlin | xz_to "$OUT/marlin-$V.tar.xz" )
+    ( cd "$CACHE" && tar cf - $marlin | xz_pipe > "$OUT/marlin-$V.tar.xz" )
     say "Marlin's kernels saved: $(du -h "$OUT/marlin-$V.tar.xz" | cut -f1)"
   fi
 fi
@@ -84,7 +82,7 @@ if [ -d "$CACHE/triton" ]; then
   if [ "$(find "$OUT" -type f | wc -l)" -ge 8 ]; then
     say "Triton's cache not saved: the job's files and the caches fill the 8 a call brings back"
   else
-    ( cd "$CACHE" && tar cf - ./triton | xz_to "$OUT/triton-$V.tar.xz" )
+    ( cd "$CACHE" && tar cf - ./triton | xz_pipe > "$OUT/triton-$V.tar.xz" )
     if [ "$(stat -c %s "$OUT/triton-$V.tar.xz")" -gt "$MAX_BYTES" ]; then
       say "Triton's cache not saved: over 16 MiB ($(du -h "$OUT/triton-$V.tar.xz" | cut -f1))"
       rm -f "$OUT/triton-$V.tar.xz"

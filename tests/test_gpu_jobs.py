@@ -99,7 +99,8 @@ def _device_sh(tmp_path: Path, out: Path, job: str) -> subprocess.CompletedProce
     repo = tmp_path / "repo"
     if not repo.exists():
         (repo / "gpu").mkdir(parents=True)
-        (repo / "gpu" / "device.sh").write_text((ROOT / "gpu" / "device.sh").read_text())
+        for script in ("device.sh", "xz.sh"):  # device.sh and the helper it sources
+            (repo / "gpu" / script).write_text((ROOT / "gpu" / script).read_text())
         carry = repo / ".carry" / "gpu"
         carry.mkdir(parents=True)
         _tar_xz(carry / "site-fake.tar.xz", {"marker.py": ""})

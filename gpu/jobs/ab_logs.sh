@@ -13,12 +13,7 @@ bring_back_logs() {
   fi
 }
 
-# `xz_pipe`: stdin to stdout through xz, or Python's lzma where the image has no xz.
-xz_pipe() {
-  if command -v xz > /dev/null; then xz -T0 -6
-  else python3 -c $'import lzma, shutil, sys\nwith lzma.open(sys.stdout.buffer, "wb") as out: shutil.copyfileobj(sys.stdin.buffer, out)'
-  fi
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../xz.sh"  # xz_pipe
 
 # `write_diagnostics RAW SERIES`: the timers' lines and the profiles' tops (RAW/SERIES_*.pstats) in
 # one file, RAW/diagnostics.txt, beside the logs: a call brings back 8 files, and the logs'
