@@ -75,7 +75,8 @@ class Trees:
         pop order with a budget-independent order of ties: a budget-``b`` tree is the first
         ``b`` pops of any larger one (``tests/test_width_graphs.py`` checks every builder).
         A node's ancestors come before it, so its mask bits all lie in the first ``width``
-        columns; padding slots repeat the root either way."""
+        columns; padding slots repeat the root either way. The readable form of the cut the
+        drafter graph's :class:`TreeSlots` makes in fewer copies (tested against it)."""
         if not 1 <= width <= self.width:
             raise ValueError(f"cannot narrow trees of width {self.width} to {width}")
         if width == self.width:
