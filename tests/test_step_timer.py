@@ -100,3 +100,29 @@ def test_the_profile_of_decode_launches_is_written_at_every_log_line(timer, tmp_
         outside_the_launch()
     names = {name for (_, _, name) in pstats.Stats(str(out)).stats}
     assert "inside_the_launch" in names and "outside_the_launch" not in names
+
+
+def test_the_worker_s_forward_and_sampler_are_timed_inside_decode_launches_only(timer, monkeypatch):
+    """``forward`` and ``sample``: the model runners' forwards and plain decoding's sampler,
+    timed inside a decode launch (a prefill's are not a step's); the op counter's mode replaces
+    the forward's timer with its own hook (SGLang runs one AROUND hook a target)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    registered = {}
+    monkeypatch.setattr(
+        HookRegistry, "register", lambda target, hook, kind: registered.__setitem__(target, hook)
+    )
+    monkeypatch.setenv("SGLANG_STEP_TIMER_SYNCS", "0")
+    monkeypatch.delenv("SGLANG_STEP_TIMER_OPS", raising=False)
+    timer.install()
+    runner = "sglang.srt.model_executor.model_runner.ModelRunner"
+    forward, sample = registered[f"{runner}.forward"], registered[f"{runner}.sample"]
+    forward(lambda: None)  # outside a decode launch
+    assert "forward" not in timer._totals
+    timer._state["in_decode_launch"] = True
+    forward(lambda: None)
+    sample(lambda: None)
+    assert timer._totals["forward"] > 0 and timer._totals["sample"] > 0
+    monkeypatch.setenv("SGLANG_STEP_TIMER_OPS", "1")
+    timer.install()
+    assert registered[f"{runner}.forward"] is timer._graphed

@@ -11,6 +11,11 @@ Per decode iteration of the scheduler's loop it adds up (microseconds, host cloc
   asynchronous; on a CPU it runs inside), of which ``worker``: the model worker's
   ``forward_batch_generation`` (the plain worker's, or the speculative worker's whole step),
   and ``resolve_seq_lens``: the spec-v2 relay's wait for and copy of the previous step's lengths;
+* ``forward`` and ``sample``: inside the worker, the model runners' forwards (the target's graph
+  replay or eager forward, its input copies included; a drafted step's drafter forward too) and
+  plain decoding's sampler (``ModelRunner.sample``; a DDTREE step takes the target's token
+  itself). ``worker - forward - sample`` is the worker's own host work around them: plain's
+  forward batch, DDTREE's decoding step's preparation, features, posterior and bookkeeping;
 * ``relay_payload`` and ``copy_to_cpu``: after the worker, inside ``run_batch``: the next
   step's inputs stashed in the relay, the result's copy to the host started;
 * ``process_result``: ``Scheduler.process_batch_result`` of a decode batch (the tokens to the
@@ -259,6 +264,7 @@ def install() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     scheduler = "sglang.srt.managers.scheduler.Scheduler"
+    runner = "sglang.srt.model_executor.model_runner.ModelRunner"
     hooks = {
         f"{scheduler}.run_batch": _run_batch,
         f"{scheduler}.get_next_batch_to_run": _schedule,
@@ -273,6 +279,8 @@ def install() -> None:
         "sglang_ddtree.adapter.worker.DDTreeWorker.forward_batch_generation": _timed(
             "worker", 1, outermost=True
         ),
+        f"{runner}.forward": _timed("forward", in_launch=True),
+        f"{runner}.sample": _timed("sample", in_launch=True),
     }
     if os.environ.get("SGLANG_STEP_TIMER_PROFILE"):
         import cProfile
@@ -281,7 +289,7 @@ def install() -> None:
         _state["profile_path"] = os.environ["SGLANG_STEP_TIMER_PROFILE"]
     if os.environ.get("SGLANG_STEP_TIMER_OPS", "0") == "1":
         _state["ops_mode"] = _OpSites()
-        hooks.update({target: _graphed for target in GRAPHED})
+        hooks.update({target: _graphed for target in GRAPHED})  # (replaces the forward's timer)
     for target, hook in hooks.items():
         HookRegistry.register(target, hook, HookType.AROUND)
     _install_sync_counter()
