@@ -102,10 +102,13 @@ def test_the_profile_of_decode_launches_is_written_at_every_log_line(timer, tmp_
     assert "inside_the_launch" in names and "outside_the_launch" not in names
 
 
-def test_the_worker_s_forward_and_sampler_are_timed_inside_decode_launches_only(timer, monkeypatch):
-    """``forward`` and ``sample``: the model runners' forwards and plain decoding's sampler,
-    timed inside a decode launch (a prefill's are not a step's); the op counter's mode replaces
-    the forward's timer with its own hook (SGLang runs one AROUND hook a target)."""
+def test_the_worker_s_forward_sampler_and_forward_batch_are_timed_inside_decode_launches_only(
+    timer, monkeypatch
+):
+    """``forward``, ``sample``, ``init_new``: the model runners' forwards, plain decoding's sampler
+    and the forward batches made, timed inside a decode launch (a prefill's are not a step's);
+    ``convert`` (a width-1 step made SGLang's own decode step) in the scheduling. The op counter's
+    mode replaces the forward's timer with its own hook (SGLang runs one AROUND hook a target)."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     registered = {}
@@ -117,12 +120,17 @@ def test_the_worker_s_forward_and_sampler_are_timed_inside_decode_launches_only(
     timer.install()
     runner = "sglang.srt.model_executor.model_runner.ModelRunner"
     forward, sample = registered[f"{runner}.forward"], registered[f"{runner}.sample"]
+    init_new = registered["sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"]
     forward(lambda: None)  # outside a decode launch
-    assert "forward" not in timer._totals
+    init_new(lambda: None)
+    assert "forward" not in timer._totals and "init_new" not in timer._totals
     timer._state["in_decode_launch"] = True
     forward(lambda: None)
     sample(lambda: None)
-    assert timer._totals["forward"] > 0 and timer._totals["sample"] > 0
+    init_new(lambda: None)
+    assert timer._totals["forward"] > 0 and timer._totals["sample"] > 0 and timer._totals["init_new"] > 0
+    registered["sglang_ddtree.adapter.plain_steps.PlainSteps.convert"](lambda: None)  # in the scheduling
+    assert timer._totals["convert"] > 0
     monkeypatch.setenv("SGLANG_STEP_TIMER_OPS", "1")
     timer.install()
     assert registered[f"{runner}.forward"] is timer._graphed

@@ -11,11 +11,14 @@ Per decode iteration of the scheduler's loop it adds up (microseconds, host cloc
   asynchronous; on a CPU it runs inside), of which ``worker``: the model worker's
   ``forward_batch_generation`` (the plain worker's, or the speculative worker's whole step),
   and ``resolve_seq_lens``: the spec-v2 relay's wait for and copy of the previous step's lengths;
-* ``forward`` and ``sample``: inside the worker, the model runners' forwards (the target's graph
-  replay or eager forward, its input copies included; a drafted step's drafter forward too) and
-  plain decoding's sampler (``ModelRunner.sample``; a DDTREE step takes the target's token
-  itself). ``worker - forward - sample`` is the worker's own host work around them: plain's
-  forward batch, DDTREE's decoding step's preparation, features, posterior and bookkeeping;
+* ``forward``, ``sample`` and ``init_new``: inside the worker, the model runners' forwards (the
+  target's graph replay or eager forward, its input copies included; a drafted step's drafter
+  forward too), plain decoding's sampler (``ModelRunner.sample``; a DDTREE step takes the
+  target's token itself) and the forward batches made (``ForwardBatch.init_new``, in both).
+  ``worker - forward - sample`` is the worker's own host work around them: plain's forward
+  batch, DDTREE's decoding step's preparation, features, posterior and bookkeeping;
+* ``convert``: in ``schedule``, the DDTREE worker's conversion of a width-1 step into SGLang's
+  own decode step (``adapter/plain_steps.py``; its width choice is the phase timer's);
 * ``relay_payload`` and ``copy_to_cpu``: after the worker, inside ``run_batch``: the next
   step's inputs stashed in the relay, the result's copy to the host started;
 * ``process_result``: ``Scheduler.process_batch_result`` of a decode batch (the tokens to the
@@ -281,6 +284,10 @@ def install() -> None:
         ),
         f"{runner}.forward": _timed("forward", in_launch=True),
         f"{runner}.sample": _timed("sample", in_launch=True),
+        "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new": _timed(
+            "init_new", in_launch=True
+        ),
+        "sglang_ddtree.adapter.plain_steps.PlainSteps.convert": _timed("convert"),
     }
     if os.environ.get("SGLANG_STEP_TIMER_PROFILE"):
         import cProfile

@@ -220,12 +220,13 @@ def markdown(data: dict) -> str:
         "Host time per decode step of the scheduler's stages (us, `lab/bench/step_timer.py`): "
         "`iteration` from one decode launch to the next; `run_batch` the launch, of which "
         "`worker` is the model worker's step (on a CPU with its forward), of which `forward` the model "
-        "runners' forwards and `sample` plain decoding's sampler:",
+        "runners' forwards, `sample` plain decoding's sampler and `init_new` the forward batches made; "
+        "`convert` (in `schedule`) a width-1 step's conversion into SGLang's own decode step:",
         "",
     ]
     staged = [c for c in cells if c["scheduler_us"]]
-    stages = ["iteration", "schedule", "prepare_for_decode", "run_batch", "worker", "forward", "sample"]
-    stages += ["resolve_seq_lens"]
+    stages = ["iteration", "schedule", "prepare_for_decode", "convert", "run_batch", "worker", "forward"]
+    stages += ["sample", "init_new", "resolve_seq_lens"]
     stages += ["relay_payload", "copy_to_cpu"]
     out += [
         _stamp.md_table(
