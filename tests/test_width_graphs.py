@@ -698,8 +698,8 @@ def test_a_decode_backend_shares_the_kv_indices_but_not_the_split_scratch():
 
 def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
     """Per step: ``start`` points the target at the chosen width's pair before the verify,
-    the drafter graph's widest tree is cut to that width with the log-probs the graph kept,
-    and ``finish`` points the target back at the start-up pair."""
+    the drafter graph's trees come cut to that width (as the head's replay cuts its slots) with
+    the log-probs the graph kept, and ``finish`` points the target back at the start-up pair."""
     import math
 
     from sglang_ddtree.adapter.width_graphs import WidthRunners
@@ -721,7 +721,9 @@ def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
 
     kept = steps.graph_proposal(lambda: propose, max_bs=8, device="cpu")()  # what the drafter's graph runs
     lp, ids, roots, prefix = _inputs(0, 8, depth, 50, 4, k, "none")
-    widest = _backend_build(PythonBackend())(lp, ids, roots, prefix, 4, 5)
+    slots = TreeSlots(8, 5, "cpu")  # the drafter graph's output, the widest trees
+    t = torch.as_tensor
+    PythonBackend().build(t(lp), t(ids), t(roots), t(prefix), 4, 5, out=slots.rows(8))
     seen = []
     for bs in (1, 1, 8, 8, 1):
         width = steps.start(bs)
@@ -730,7 +732,7 @@ def test_the_step_loop_swaps_in_its_width_and_cuts_the_graphs_tree_to_it():
             trees, _ = steps.root_only(torch.as_tensor(roots[:bs]), torch.as_tensor(prefix[:bs]), 10**6)
         else:
             kept(torch.zeros(bs * depth, 16), k)  # the graph's replay writes the kept log-probs
-            trees, _ = steps.from_graph((widest.rows(bs).narrowed(width), None))
+            trees, _ = steps.from_graph((slots.narrowed(bs, width), None))
         assert trees.width == width and trees.tokens.shape[0] == bs
         steps.finish(torch.zeros(bs, dtype=torch.int64))
         assert (model_runner.attn_backend, model_runner.decode_cuda_graph_runner) == startup
