@@ -29,6 +29,7 @@ def batch_of(reqs, **features):
         nxt_kv_lens_cpu=torch.tensor([9] * len(reqs)), nxt_kv_lens_sum=9 * len(reqs)
     )
     fields = {"has_grammar": False, "return_logprob": False, "return_hidden_states": False}
+    fields["sampling_info"] = SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False))
     return SimpleNamespace(
         reqs=list(reqs),
         device="cpu",
@@ -43,7 +44,9 @@ def batch_of(reqs, **features):
 
 @pytest.fixture
 def plain():
-    return PlainSteps(enabled=False)  # the bookkeeping alone: no scheduler hooks installed
+    return PlainSteps(
+        enabled=False, last_position=1000
+    )  # the bookkeeping alone: no scheduler hooks installed
 
 
 def test_the_first_width_1_step_after_a_round_or_prefill_stays_in_the_frame(plain):
@@ -65,6 +68,14 @@ def test_only_the_requests_of_the_last_step_and_no_feature_whose_result_path_dif
     for feature in ("has_grammar", "return_logprob", "return_hidden_states"):
         assert not plain.allows(batch_of(old, **{feature: True})), feature
     assert not plain.allows(batch_of(old, hisparse_coordinator=object()))
+    # penalties are the worker's own, per path: plain decoding's sampler would apply SGLang's
+    penalised = batch_of(old)
+    penalised.sampling_info.penalizer_orchestrator.is_required = True
+    for req in old:
+        req.sampling_params = SimpleNamespace(
+            frequency_penalty=0.5, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0
+        )
+    assert not plain.allows(penalised)
 
 
 @pytest.mark.parametrize("queued", [True, False])
@@ -83,6 +94,9 @@ def test_each_root_sits_past_the_committed_length_and_its_in_frame_step(plain, q
     plain.convert(batch, future_map="map", queued_results=[frame_result] if queued else [])
     assert batch.seq_lens_cpu.tolist() == [11, 21] and batch.seq_lens.tolist() == [11, 21]
     assert batch.seq_lens_sum == 32
+    # the forward's lengths count the root, as plain decoding's after its prepare
+    forward = plain.forward_lens
+    assert forward.host.tolist() == [12, 22] and forward.device.tolist() == [12, 22] and forward.total == 34
     assert batch.spec_info is None and batch.spec_algorithm.is_none() and plain.is_plain(batch)
     # the root counted now; the in-frame step's +1 lands with its result (or landed): 12 and 22
     final = [req.kv.kv_committed_len + (1 if queued else 0) for req in reqs]
@@ -104,3 +118,18 @@ def test_a_plain_step_after_a_plain_step_starts_at_the_committed_length(plain):
     second = batch_of(reqs)
     plain.convert(second, future_map="map", queued_results=[object()])
     assert second.seq_lens_cpu.tolist() == [11] and reqs[0].kv.kv_committed_len == 12
+
+
+def test_a_root_past_the_last_position_stays_in_the_frame(plain):
+    """The frame's decoding step clamps such a root's position; a plain step would not."""
+    plain.enabled, plain.last_position = True, 20
+    reqs = [request(10), request(20)]
+    plain.ran(batch_of(reqs), in_frame_result=object())
+    batch = batch_of(reqs)
+    assert plain.convert(batch, future_map="map", queued_results=[]) is True  # roots at 10 and 20
+    plain.restore()
+    plain.ran(batch)
+    later = batch_of(reqs)  # now at 11 and 21
+    assert plain.convert(later, future_map="map", queued_results=[]) is False
+    assert later.spec_info is not None and later.seq_lens is None and not plain.is_plain(later)
+    assert [req.kv.kv_committed_len for req in reqs] == [11, 21]  # untouched

@@ -84,6 +84,8 @@ TEST_OF = {
 # Phases only a round (a tree, or width 1 with the drafter) has; a decoding step has none.
 ROUND_PHASES = {"window", "mask", "verify prepare", "verify forward", "accept", "target kv commit"}
 DECODE_PHASES = {"decode prepare", "decode forward", "posterior", "draft kv commit"}
+# A plain step (adapter/plain_steps.py): plain decoding's forward and sampler, the drafter's KV.
+PLAIN_PHASES = {"plain step", "draft kv commit"}
 
 
 @functools.cache
@@ -163,8 +165,16 @@ def check_decoding_steps(log, stats) -> None:
     rounds = phase_rounds(log)
     decoding = [phases for phases in rounds if "draft forward" not in phases]
     assert len(decoding) == stats["decode_steps"] == stats["width1_steps_without_draft"], stats
+    plain = [phases for phases in decoding if "plain step" in phases]
+    assert len(plain) == stats["plain_steps"], stats
     for phases in decoding:
-        assert DECODE_PHASES <= set(phases) and not ROUND_PHASES & set(phases), phases
+        assert not ROUND_PHASES & set(phases), phases
+        if "plain step" in phases:  # plain decoding's own step, none of the decoding step's
+            assert PLAIN_PHASES <= set(phases) and not (DECODE_PHASES | {"features"}) - PLAIN_PHASES & set(
+                phases
+            ), phases
+        else:
+            assert DECODE_PHASES <= set(phases) and "plain step" not in phases, phases
     for phases in rounds:
         if "draft forward" in phases:
             # a drafted round of width 1 verifies its one-node tree by the decode forward: no mask

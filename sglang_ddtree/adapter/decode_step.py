@@ -24,6 +24,11 @@ what the next drafting round reads:
   where the attention backend needs host lengths, need not wait for this forward), the bonus
   as the next draft input.
 
+Where the scheduler runs the step as its own non-speculative decode step (``plain_steps.py``),
+the worker's ``_plain_step`` is plain decoding's step itself: the target worker's forward batch,
+forward and sampler on the batch lent plain decoding's lengths and the roots' reserved slots,
+and the drafter's KV of the roots (inside width 1's decode graphs where they hold it).
+
 Stop strings and the request's end are SGLang's one-token check (``stops.py`` only changes
 rounds of more than one token). Greedy output is the plain server's; sampled output draws what
 the round at width 1 draws.
@@ -76,23 +81,38 @@ class DecodeStep:
         return result
 
     def _plain_step(self, batch):
-        """Width 1 without the drafter as SGLang's own decode step (``plain_steps.py``): the
-        decoding step's work on a non-speculative batch, whose lengths the host knows. The
-        roots are the last step's tokens in the scheduler's relay buffer; the result is plain
-        decoding's (the tokens); the scheduler publishes the lengths and relays the tokens."""
+        """Width 1 without the drafter as SGLang's own decode step (``plain_steps.py``): plain
+        decoding's forward and sampler through the target worker, on a non-speculative batch
+        whose lengths the host knows, and the drafter's KV of the roots. The roots are the last
+        step's tokens in the scheduler's relay buffer, each written at its first reserved slot;
+        the result is plain decoding's (the tokens); the scheduler publishes the lengths and
+        relays the tokens."""
+        bs, prefix_lens = len(batch.seq_lens), batch.seq_lens
         roots = self.plain.future_map.output_tokens_buf[batch.req_pool_indices]
-        # the lengths came from the host on the scheduler's stream; the forward (overlap) runs on
-        # the model runner's
-        batch.seq_lens.record_stream(self.model_runner.forward_stream)
-        with borrowed(batch, spec_algorithm=self.plain.algorithm):
-            logits_output, next_ids, can_run_graph = self._decode_roots(
-                batch, roots, batch.seq_lens_cpu, batch.seq_lens + 1, None, None, None
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        slots = req_to_token[batch.req_pool_indices, prefix_lens].to(torch.int64)
+        lens = self.plain.forward_lens
+        step = {"spec_algorithm": self.plain.algorithm, "forward_mode": ForwardMode.DECODE}
+        step.update(input_ids=roots, out_cache_loc=slots)
+        with (
+            self.phase("plain step"),
+            borrowed(batch, seq_lens=lens.device, seq_lens_cpu=lens.host, seq_lens_sum=lens.total, **step),
+        ):
+            self.widths.verify_started()  # the online budget prices a width by its forward's time
+            result = self.target_worker.forward_batch_generation(
+                batch, capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True
             )
-        self.plain.ran(batch)
-        self.plain.steps += 1
-        return GenerationBatchResult(
-            logits_output=logits_output, next_token_ids=next_ids, can_run_cuda_graph=can_run_graph
+            self.widths.verify_finished()
+        plan, result.kv_loc_plan = result.kv_loc_plan, None
+        self._commit_root_draft_kv(
+            plan, result.logits_output, prefix_lens, self._roots_appended_in_graph(result.can_run_cuda_graph)
         )
+        result.logits_output.hidden_states = None
+        self.plain.ran(batch)
+        self.plain.steps += 1  # before the stats line this step may log
+        self.stats.record_decode_step(bs)
+        self._record_width(None)
+        return result
 
     def _decode_roots(self, batch, roots, host_lens, new_seq_lens, draft_input, on_publish, grammar_barrier):
         """The decoding step's work (module docstring): ``(logits output, next tokens
@@ -129,7 +149,7 @@ class DecodeStep:
         bs = batch.batch_size()
         self._scheduled_width = (bs, self._choose_width(bs))
         if self.widths.skips_draft and self.plain.allows(batch):
-            self.plain.convert(batch, future_map, queued_results)
+            self.plain.convert(batch, future_map, queued_results)  # (False: it stays in the frame)
 
     def _step_width(self, bs: int) -> int:
         """This step's verify width: chosen when the scheduler prepared it, else now."""

@@ -32,27 +32,48 @@ plus the in-frame step still in flight):
   the batch again (``Scheduler.get_next_batch_to_run``, the second hook) both are put back, so
   every filter, merge, memory check and retraction sees a speculative batch.
 
+The worker runs the step as plain decoding's own (``DecodeStep._plain_step``): the target
+worker's forward batch, forward and sampler, on the batch lent plain decoding's lengths (the
+root counted: :attr:`PlainSteps.forward_lens`, copied with the prefix lengths) and each root's
+reserved slot, in width 1's decode graphs, which also append the roots' drafter KV. So the
+step's host work is plain decoding's, and its token is plain decoding's sampler's.
+
 Plain steps are taken only where plain decoding's result path serves the batch as the frame
 would: no grammar (its FSM advances in a different place), no log-probs or hidden states (the
-result formats differ), no HiSparse; SGLang's overlap scheduler, tensor-parallel size 1 (the
-online budget's own condition), no disaggregated serving. Everything else runs in the frame as
-before.
+result formats differ), no penalties (the worker keeps them per path, ``penalties.py``; SGLang's
+sampler would apply its own, which a speculative batch does not keep), no HiSparse; SGLang's
+overlap scheduler, tensor-parallel size 1 (the online budget's own condition), no disaggregated
+serving; every root within the RoPE tables. Everything else runs in the frame as before.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils.common import is_pin_memory_available
 
+from .request_features import penalised_rows
+
+
+class ForwardLens(NamedTuple):
+    """A plain step's lengths as plain decoding's forward takes them: each request's prefix
+    and its root, on the device and the host, and their sum."""
+
+    device: torch.Tensor
+    host: torch.Tensor
+    total: int
+
 
 class PlainSteps:
     """Which width-1 steps leave the speculative frame, and the batch that left it (one per
     worker)."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, last_position: int):
         self.enabled = enabled  # the online budget serves, and the environment did not turn them off
+        self.last_position = last_position  # the last position the target's RoPE tables hold
         if enabled:
             _serving[0] = True
         self.rows: set | None = None  # the last step's requests, where it emitted one token each
@@ -61,6 +82,7 @@ class PlainSteps:
         # step is prepared (an iteration that launches nothing processes it early).
         self.in_frame_result = None
         self.parked = None  # (batch, draft input, algorithm) of a batch running a plain step
+        self.forward_lens: ForwardLens | None = None  # that step's lengths, its root counted
         self.future_map = None  # the scheduler's: a plain step's roots are in its token buffer
         self.steps = 0  # plain steps run
 
@@ -80,28 +102,35 @@ class PlainSteps:
         rows = self.rows
         if rows is None or batch.has_grammar or batch.return_logprob or batch.return_hidden_states:
             return False
-        if getattr(batch, "hisparse_coordinator", None) is not None:
+        if getattr(batch, "hisparse_coordinator", None) is not None or penalised_rows(batch):
             return False
         return all(req in rows for req in batch.reqs)
 
-    def convert(self, batch, future_map, queued_results) -> None:
-        """Make ``batch``, prepared as a speculative step, this step's plain one.
-        ``queued_results``: the results the scheduler has not processed yet."""
+    def convert(self, batch, future_map, queued_results) -> bool:
+        """Make ``batch``, prepared as a speculative step, this step's plain one; False (the
+        batch untouched) where a root would sit past the last position (the step stays in the
+        frame, whose decoding step clamps it). ``queued_results``: the results the scheduler
+        has not processed yet."""
         frame = self.in_frame_result
         pending = 1 if frame is not None and any(result is frame for result in queued_results) else 0
-        lens = []
+        lens = [int(req.kv.kv_committed_len) + pending for req in batch.reqs]
+        if max(lens) > self.last_position:
+            return False
         for req in batch.reqs:
-            kv = req.kv
-            lens.append(int(kv.kv_committed_len) + pending)
-            kv.kv_committed_len += 1  # the root, whose KV this step writes
-        # pinned: the copy to the device (on the scheduler's stream) leaves the host at once
-        host = torch.tensor(lens, dtype=torch.int64, pin_memory=is_pin_memory_available(batch.device))
-        batch.seq_lens_cpu, batch.seq_lens_sum = host, sum(lens)
-        batch.seq_lens = host.to(batch.device, non_blocking=True)
+            req.kv.kv_committed_len += 1  # the root, whose KV this step writes
+        # The prefix lengths and the forward's (the root counted), in one copy; pinned, so the
+        # copy to the device (on the scheduler's stream) leaves the host at once.
+        pin = is_pin_memory_available(batch.device)
+        host = torch.tensor([lens, [n + 1 for n in lens]], dtype=torch.int64, pin_memory=pin)
+        device = host.to(batch.device, non_blocking=True)
+        total = sum(lens)
+        batch.seq_lens_cpu, batch.seq_lens, batch.seq_lens_sum = host[0], device[0], total
+        self.forward_lens = ForwardLens(device[1], host[1], total + len(lens))
         self.parked = (batch, batch.spec_info, batch.spec_algorithm)
         batch.spec_info = None
         batch.spec_algorithm = SpeculativeAlgorithm.NONE
         self.future_map = future_map
+        return True
 
     def is_plain(self, batch) -> bool:
         """Whether ``batch`` is the one converted for this step."""

@@ -59,7 +59,7 @@ class RequestFeatures:
         ``trees`` is the round's :class:`Trees`, or a function that makes them (a decoding
         step makes its root-only trees only where a feature reads them)."""
         features = RoundFeatures()
-        rows = _penalised_rows(batch)
+        rows = penalised_rows(batch)
         penalised = bool(rows) and self.penalty_table.counts is not None
         if penalised or batch.has_grammar:
             features.trees = trees = trees() if callable(trees) else trees
@@ -144,7 +144,7 @@ class RequestFeatures:
             logger.info("DDTREE request features: %s.", message)
 
 
-def _penalised_rows(batch) -> list[int]:
+def penalised_rows(batch) -> list[int]:
     """The batch's rows whose requests have a penalty; SGLang's own orchestrator first, which
     knows when none has (checking every request costs the host per step at large batches)."""
     orchestrator = getattr(batch.sampling_info, "penalizer_orchestrator", None)

@@ -114,7 +114,7 @@ class DDTreeWorker(DecodeStep, KVCommitSteps, NextDraftInputs, DFlashWorkerV2):
         # The width policy each round asks (width_policy.py): fixed, or the online budget's.
         self.widths = self._online_widths() if settings.online_budget else FixedWidth(self.head)
         # Its width-1 steps as SGLang's own decode steps, where the scheduler allows (plain_steps.py).
-        self.plain = PlainSteps(enabled=settings.online_budget and plain_steps_enabled())
+        self.plain = PlainSteps(settings.online_budget and plain_steps_enabled(), self._last_position)
         # The decode KV reservation, topped up in chunks (reservation.py): the draft input's.
         self.reservation = Reservation(spec.speculative_num_draft_tokens)
         parts = (self.widths, self.reservation, self.plain)
