@@ -122,10 +122,10 @@ class PlainSteps:
         # copy to the device (on the scheduler's stream) leaves the host at once.
         pin = is_pin_memory_available(batch.device)
         host = torch.tensor([lens, [n + 1 for n in lens]], dtype=torch.int64, pin_memory=pin)
-        device = host.to(batch.device, non_blocking=True)
+        (prefix, forward), (prefix_cpu, forward_cpu) = host.to(batch.device, non_blocking=True), host
         total = sum(lens)
-        batch.seq_lens_cpu, batch.seq_lens, batch.seq_lens_sum = host[0], device[0], total
-        self.forward_lens = ForwardLens(device[1], host[1], total + len(lens))
+        batch.seq_lens_cpu, batch.seq_lens, batch.seq_lens_sum = prefix_cpu, prefix, total
+        self.forward_lens = ForwardLens(forward, forward_cpu, total + len(lens))
         self.parked = (batch, batch.spec_info, batch.spec_algorithm)
         batch.spec_info = None
         batch.spec_algorithm = SpeculativeAlgorithm.NONE
