@@ -88,16 +88,7 @@ class DecodeStep:
         the result is plain decoding's (the tokens); the scheduler publishes the lengths and
         relays the tokens."""
         bs, prefix_lens = len(batch.seq_lens), batch.seq_lens
-        roots = self.plain.future_map.output_tokens_buf[batch.req_pool_indices]
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        slots = req_to_token[batch.req_pool_indices, prefix_lens].to(torch.int64)
-        lens = self.plain.forward_lens
-        step = {"spec_algorithm": self.plain.algorithm, "forward_mode": ForwardMode.DECODE}
-        step.update(input_ids=roots, out_cache_loc=slots)
-        with (
-            self.phase("plain step"),
-            borrowed(batch, seq_lens=lens.device, seq_lens_cpu=lens.host, seq_lens_sum=lens.total, **step),
-        ):
+        with self.phase("plain step"), borrowed(batch, **self._plain_decoding_fields(batch)):
             self.widths.verify_started()  # the online budget prices a width by its forward's time
             result = self.target_worker.forward_batch_generation(
                 batch, capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True
@@ -113,6 +104,22 @@ class DecodeStep:
         self.stats.record_decode_step(bs)
         self._record_width(None)
         return result
+
+    def _plain_decoding_fields(self, batch) -> dict:
+        """What a plain step lends its batch so that the target worker decodes it as plain
+        decoding would: the roots (the last step's tokens, in the scheduler's relay buffer), each
+        written at its first reserved KV slot, and the lengths counting them."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        lens = self.plain.forward_lens
+        return {
+            "spec_algorithm": self.plain.algorithm,  # its forward runs as the frame's would
+            "forward_mode": ForwardMode.DECODE,
+            "input_ids": self.plain.future_map.output_tokens_buf[batch.req_pool_indices],
+            "out_cache_loc": req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64),
+            "seq_lens": lens.device,
+            "seq_lens_cpu": lens.host,
+            "seq_lens_sum": lens.total,
+        }
 
     def _decode_roots(self, batch, roots, host_lens, new_seq_lens, draft_input, on_publish, grammar_barrier):
         """The decoding step's work (module docstring): ``(logits output, next tokens
