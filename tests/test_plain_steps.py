@@ -44,9 +44,8 @@ def batch_of(reqs, **features):
 
 @pytest.fixture
 def plain():
-    return PlainSteps(
-        enabled=False, last_position=1000
-    )  # the bookkeeping alone: no scheduler hooks installed
+    # the bookkeeping alone: no scheduler hooks installed
+    return PlainSteps(enabled=False, last_position=1000)
 
 
 def test_the_first_width_1_step_after_a_round_or_prefill_stays_in_the_frame(plain):

@@ -86,6 +86,7 @@ ROUND_PHASES = {"window", "mask", "verify prepare", "verify forward", "accept", 
 DECODE_PHASES = {"decode prepare", "decode forward", "posterior", "draft kv commit"}
 # A plain step (adapter/plain_steps.py): plain decoding's forward and sampler, the drafter's KV.
 PLAIN_PHASES = {"plain step", "draft kv commit"}
+DECODING_STEP_ONLY = (DECODE_PHASES | {"features"}) - PLAIN_PHASES  # none of them in a plain step
 
 
 @functools.cache
@@ -170,9 +171,7 @@ def check_decoding_steps(log, stats) -> None:
     for phases in decoding:
         assert not ROUND_PHASES & set(phases), phases
         if "plain step" in phases:  # plain decoding's own step, none of the decoding step's
-            assert PLAIN_PHASES <= set(phases) and not (DECODE_PHASES | {"features"}) - PLAIN_PHASES & set(
-                phases
-            ), phases
+            assert PLAIN_PHASES <= set(phases) and not DECODING_STEP_ONLY & set(phases), phases
         else:
             assert DECODE_PHASES <= set(phases) and "plain step" not in phases, phases
     for phases in rounds:

@@ -95,14 +95,9 @@ class DecodeStep:
             )
             self.widths.verify_finished()
         plan, result.kv_loc_plan = result.kv_loc_plan, None
-        self._commit_root_draft_kv(
-            plan, result.logits_output, prefix_lens, self._roots_appended_in_graph(result.can_run_cuda_graph)
-        )
-        result.logits_output.hidden_states = None
         self.plain.ran(batch)
         self.plain.steps += 1  # before the stats line this step may log
-        self.stats.record_decode_step(bs)
-        self._record_width(None)
+        self._end_root_step(plan, result.logits_output, prefix_lens, result.can_run_cuda_graph, bs)
         return result
 
     def _plain_decoding_fields(self, batch) -> dict:
@@ -141,13 +136,19 @@ class DecodeStep:
         self._finish_features(batch, features)
         if batch.return_logprob:
             self._spec_logprobs(batch, logits_output, posterior, torch.zeros_like(posterior))
+        self._end_root_step(plan, logits_output, positions, can_run_graph, bs)
+        return logits_output, next_ids, can_run_graph
+
+    def _end_root_step(self, plan, logits_output, positions, can_run_graph: bool, bs: int) -> None:
+        """The end of a decoding or plain step: the drafter's context KV of every root (nothing
+        more where width 1's decode graphs appended it), the hidden states let go, the step
+        counted and its width recorded."""
         self._commit_root_draft_kv(
             plan, logits_output, positions, self._roots_appended_in_graph(can_run_graph)
         )
         logits_output.hidden_states = None
         self.stats.record_decode_step(bs)
         self._record_width(None)
-        return logits_output, next_ids, can_run_graph
 
     def schedule_decode(self, batch, future_map, queued_results) -> None:
         """The scheduler has prepared a decode step of ``batch`` (overlap; ``plain_steps.py``'s
