@@ -24,13 +24,19 @@ import torch
 logger = logging.getLogger("sglang_ddtree")
 
 
+# What a verify's preparation (``_prepare_verify``, SGLang's ``prepare_for_verify``) sets on the
+# batch: left there, a plain step would hand SGLang's decode forward a verify's ``spec_info``
+# (its decode graphs refuse one).
+VERIFY_SETS = ("input_ids", "spec_info", "forward_mode", "out_cache_loc")
+
+
 def reference_hidden(worker, batch, draft_input, roots) -> torch.Tensor:
     """The target's hidden states of a width-1 verify of the step's ``roots`` (one slot a
     request, seeing its prefix and itself), as the round at width 1 runs it. ``draft_input``:
     None for a plain step (``adapter/plain_steps.py``), whose lengths the host knows."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
-    from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput
+    from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput, borrowed
 
     positions = batch.seq_lens.clamp(max=worker._last_position)  # each root at its prefix length
     slot = worker.model_runner.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].to(
@@ -52,8 +58,10 @@ def reference_hidden(worker, batch, draft_input, roots) -> torch.Tensor:
     model_runner = worker.model_runner
     graphs, model_runner.decode_cuda_graph_runner = model_runner.decode_cuda_graph_runner, None
     try:
-        forward_batch = worker._prepare_verify(batch, draft_input, verify_input, slot)
-        logits_output, _ = worker._target_forward(forward_batch)
+        # the verify's preparation sets these on the batch; the step it checks gets them back
+        with borrowed(batch, **{name: getattr(batch, name) for name in VERIFY_SETS}):
+            forward_batch = worker._prepare_verify(batch, draft_input, verify_input, slot)
+            logits_output, _ = worker._target_forward(forward_batch)
     finally:
         model_runner.decode_cuda_graph_runner = graphs
     return logits_output.hidden_states.detach().clone()
@@ -75,6 +83,8 @@ def install() -> None:
         roots = self.plain.future_map.output_tokens_buf[batch.req_pool_indices]
         with borrowed(batch, spec_algorithm=self.plain.algorithm):
             self._decode_check_reference = reference_hidden(self, batch, None, roots)
+        if batch.spec_info is not None:  # the plain step must get the batch as the server made it
+            raise AssertionError(f"decode check: a plain step's batch holds {type(batch.spec_info).__name__}")
         return own_plain_step(self, batch)
 
     def commit_root_draft_kv(self, plan, logits_output, positions, appended):
