@@ -39,9 +39,7 @@ def reference_hidden(worker, batch, draft_input, roots) -> torch.Tensor:
     from sglang_ddtree.adapter.verify_input import DDTreeVerifyInput, borrowed
 
     positions = batch.seq_lens.clamp(max=worker._last_position)  # each root at its prefix length
-    slot = worker.model_runner.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].to(
-        torch.int64
-    )
+    slot = worker._root_slots(batch)
     mask = None
     if worker._uses_custom_mask:  # the GPU backends' flat mask: one slot sees its prefix and itself
         numel = int(batch.seq_lens.sum()) + len(roots)

@@ -103,14 +103,15 @@ class DecodeStep:
     def _plain_decoding_fields(self, batch) -> dict:
         """What a plain step lends its batch so that the target worker decodes it as plain
         decoding would: the roots (the last step's tokens, in the scheduler's relay buffer), each
-        written at its first reserved KV slot, and the lengths counting them."""
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        written at its first reserved KV slot, and the lengths counting them; no speculative
+        input (the conversion parked it: lent here too, as a decoding step's forward batch does)."""
         lens = self.plain.forward_lens
         return {
             "spec_algorithm": self.plain.algorithm,  # its forward runs as the frame's would
             "forward_mode": ForwardMode.DECODE,
+            "spec_info": None,
             "input_ids": self.plain.future_map.output_tokens_buf[batch.req_pool_indices],
-            "out_cache_loc": req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64),
+            "out_cache_loc": self._root_slots(batch),
             "seq_lens": lens.device,
             "seq_lens_cpu": lens.host,
             "seq_lens_sum": lens.total,
@@ -185,12 +186,17 @@ class DecodeStep:
         return batch.seq_lens.clamp(max=self._last_position)
 
     def _decode_plan(self, batch, draft_input):
-        """A decoding step's KV location plan: its window is each request's first reserved KV
-        slot (the root's final place), read from ``req_to_token``."""
+        """A decoding step's KV location plan: its window is each request's root slot."""
+        return self._kv_plan(
+            batch, draft_input, self._root_slots(batch), 1
+        )  # (draft_input: read only without host lengths)
+
+    def _root_slots(self, batch) -> torch.Tensor:
+        """Each request's first reserved KV slot (its root's final place), read from
+        ``req_to_token``."""
         # one slot a request: a gather (two launches) costs the host less than the window kernel
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        slot = req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
-        return self._kv_plan(batch, draft_input, slot, 1)  # (draft_input: read only without host lengths)
+        return req_to_token[batch.req_pool_indices, batch.seq_lens].to(torch.int64)
 
     def _verify_root(self, batch, draft_input, trees, plan):
         """A drafted round's verify of one-node trees (width 1, drafted to predict): the roots'
