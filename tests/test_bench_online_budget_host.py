@@ -142,3 +142,33 @@ def test_interleaved_runs_fold_into_one_series(tmp_path):
         ["| before", "1", "1"], ["| before", "1", "2"], ["| after", "1", "1"], ["| after", "1", "2"],
         ["| before", "2", "1"], ["| before", "2", "2"], ["| after", "2", "1"], ["| after", "2", "2"],
     ]  # fmt: skip
+
+
+def test_the_cadences_asked_for_reach_the_served_steps(tmp_path):
+    """``--predict-every``, ``--time-every``: the served loop predicts and times at the cadences
+    asked (fewer predictions and fewer verify timings at longer ones), and the report says which."""
+    import json
+
+    from sglang_ddtree.budget import TimedCostTable
+
+    def run(predict_every, time_every):
+        steps = online_budget_host.served_steps(7, predict_every, time_every)
+        online_budget_host.run_steps(steps, 1, 200, torch.device("cpu"))  # settles the row
+        timed = online_budget_host._calls(steps._cost, "observe")
+        before = timed[0]
+        records = online_budget_host.run_steps(steps, 1, 400, torch.device("cpu"))
+        return sum(r["predicted"] for r in records), timed[0] - before
+
+    assert isinstance(online_budget_host.served_steps(7).cost, TimedCostTable)
+    short, long = run(8, 2), run(64, 16)
+    assert short[0] > 3 * long[0] and short[1] > 3 * long[1]
+    argv = ["--budgets", "7", "--batch-sizes", "1", "--steps", "16", "--warmup", "8", "--cpu"]
+    assert (
+        online_budget_host.main(
+            [*argv, "--predict-every", "64", "--time-every", "16", "--out", str(tmp_path)]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "online_budget_host_cpu.json").read_text())["config"]["time_every"] == 16
+    report = (tmp_path / "online_budget_host_cpu.md").read_text()
+    assert "one drafted step in 64, a settled step's verify timed one in 16" in report

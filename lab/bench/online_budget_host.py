@@ -40,7 +40,7 @@ import time
 import torch
 
 from lab.bench import _stamp
-from sglang_ddtree.adapter.widths import PREDICT_EVERY, StepWidths
+from sglang_ddtree.adapter.widths import PREDICT_EVERY, TIME_EVERY, StepWidths
 from sglang_ddtree.budget import TimedCostTable, candidate_widths
 
 # SGLang's captured decode batch sizes up to 64 (the online budget's timed rows)
@@ -49,13 +49,21 @@ DEPTH, TOP_K = 7, 64
 CONFIDENT_LOGIT = 6.0  # over 63 standard-normal logits: the top token's share ~0.75
 
 
-def served_steps(budget: int) -> StepWidths:
+def served_steps(budget: int, predict_every: int = PREDICT_EVERY, time_every: int = TIME_EVERY) -> StepWidths:
     """A ``StepWidths`` whose timed table has a replay time for every cell (growing with the
-    batch size and the width), as the start-up leaves it."""
+    batch size and the width), as the start-up leaves it; ``predict_every``, ``time_every``: its
+    cadences (the serving defaults, or others to weigh)."""
     widths = candidate_widths(budget)
     startup = [[0.3 + 0.004 * bs + 0.002 * w for w in widths] for bs in GRAPH_BATCH_SIZES]
     table = TimedCostTable(GRAPH_BATCH_SIZES, widths, startup)
-    return StepWidths(widths, table, DEPTH, make_head=lambda width: width)
+    return StepWidths(
+        widths,
+        table,
+        DEPTH,
+        make_head=lambda width: width,
+        predict_every=predict_every,
+        time_every=time_every,
+    )
 
 
 def spin(us: float) -> None:
@@ -196,7 +204,7 @@ def run(args) -> dict:
     results["log_line"] = [log_line_us(budget, device) for budget in args.budgets]
     for budget in args.budgets:
         for bs in args.batch_sizes:
-            steps = served_steps(budget)
+            steps = served_steps(budget, args.predict_every, args.time_every)
             served = {"round_us": args.round_us, "jitter": args.jitter, "churn": args.churn}
             run_steps(steps, bs, args.warmup, device, **served)  # prices the row's cells, fills the probes
             cell = summarise(run_steps(steps, bs, args.steps, device, **served))
@@ -207,6 +215,7 @@ def run(args) -> dict:
 
 
 def to_markdown(results: dict) -> str:
+    cfg = results["config"]
     rows = [
         [
             c["budget"],
@@ -240,7 +249,8 @@ def to_markdown(results: dict) -> str:
             "that fold no prediction; `start (kept)`: those of them that kept the last choice (the costs "
             "drifted less than could change it); `start (fold)`: the steps that also fold a landed "
             "prediction into the calibration (and so choose anew); `chosen anew`: the steps that asked "
-            f"the chooser. The prediction is made on one drafted step in {PREDICT_EVERY}. On a CPU the "
+            f"the chooser. The prediction is made on one drafted step in {cfg.get('predict_every', PREDICT_EVERY)}, "
+            f"a settled step's verify timed one in {cfg.get('time_every', TIME_EVERY)}. On a CPU the "
             "prediction's tensor operations are CPU arithmetic, not kernel launches (the module docstring).",
             "",
             _stamp.md_table(
@@ -299,6 +309,18 @@ def main(argv=None) -> int:
     p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each spun share (0: none)")
     p.add_argument(
         "--churn", type=float, default=0.0, help="share of steps whose batch loses a request or gets it back"
+    )
+    p.add_argument(
+        "--predict-every",
+        type=int,
+        default=PREDICT_EVERY,
+        help="drafted steps per prediction (the serving default)",
+    )
+    p.add_argument(
+        "--time-every",
+        type=int,
+        default=TIME_EVERY,
+        help="settled steps per timed verify (the serving default)",
     )
     p.add_argument("--out", default=None, help="results folder (default: results)")
     p.add_argument("--name", default=None, help="file name (default: online_budget_host_<device>)")
