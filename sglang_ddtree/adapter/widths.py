@@ -102,9 +102,12 @@ COST_BATCH_SIZES = tuple(1 << i for i in range(9))
 # the kept decisions checked): over half of ``start`` at a steady batch size. Settled rounds
 # timed: one in ``TIME_EVERY`` (two events, their read, the medians' update, the choices it moves
 # made again); rounds that probe or build trust are all timed. 32 and 8 against 16 and 8 moved
-# the simulated policy by at most 0.02 of the best fixed choice (``online_budget_sim.py``).
+# the simulated policy by at most 0.02 of the best fixed choice (``online_budget_sim.py``). A
+# settled cell's median moves slowly (the context grows by a few tokens a round), and timing it
+# one round in 16 rather than 8 cuts a third of ``start``'s mean on the host (the medians'
+# updates and the choices they make again: results/online-budget_cpu_host_time_p32_t*.md).
 PREDICT_EVERY = 32
-TIME_EVERY = 8
+TIME_EVERY = 16
 LOG_EVERY = 1000  # steps between the online budget's own log lines (when no stats interval is set)
 
 
