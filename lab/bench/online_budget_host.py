@@ -249,8 +249,8 @@ def to_markdown(results: dict) -> str:
             "that fold no prediction; `start (kept)`: those of them that kept the last choice (the costs "
             "drifted less than could change it); `start (fold)`: the steps that also fold a landed "
             "prediction into the calibration (and so choose anew); `chosen anew`: the steps that asked "
-            f"the chooser. The prediction is made on one drafted step in {cfg.get('predict_every', PREDICT_EVERY)}, "
-            f"a settled step's verify timed one in {cfg.get('time_every', TIME_EVERY)}. On a CPU the "
+            f"the chooser. The prediction is made on one drafted step in {cfg['predict_every']}, "
+            f"a settled step's verify timed one in {cfg['time_every']}. On a CPU the "
             "prediction's tensor operations are CPU arithmetic, not kernel launches (the module docstring).",
             "",
             _stamp.md_table(

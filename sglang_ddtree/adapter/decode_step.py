@@ -186,10 +186,9 @@ class DecodeStep:
         return batch.seq_lens.clamp(max=self._last_position)
 
     def _decode_plan(self, batch, draft_input):
-        """A decoding step's KV location plan: its window is each request's root slot."""
-        return self._kv_plan(
-            batch, draft_input, self._root_slots(batch), 1
-        )  # (draft_input: read only without host lengths)
+        """A decoding step's KV location plan: its window is each request's root slot
+        (``draft_input``: read only without host lengths)."""
+        return self._kv_plan(batch, draft_input, self._root_slots(batch), 1)
 
     def _root_slots(self, batch) -> torch.Tensor:
         """Each request's first reserved KV slot (its root's final place), read from
