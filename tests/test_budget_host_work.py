@@ -200,6 +200,7 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
     steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
     if not keep:
         steps.decisions.holds = lambda kept, bs, accepted: False
+        steps.decisions.repeats = lambda bs, accepted: False
     ran, bs, full, churner = [], 2, 2, random.Random(seed + 1)
     for _ in range(1500):
         if rng.random() < 0.05:

@@ -19,6 +19,10 @@ between never shows; the spins are not counted in the times reported. ``--churn 
 batch's size as load does: at a share ``P`` of the steps a request ends (the size one less) or,
 where one had, a prefill brings the batch back (an interrupt between the steps, as a prefill is).
 
+``--cold`` also leaves the host's caches between steps as a served round's own host work does
+(:class:`Evictor`): a server's ``start`` runs from cold caches, where it costs ten times what a
+loop with warm caches reads, and what it costs there grows with every call and object it touches.
+
 On a machine without a GPU the prediction's tensor operations run as CPU arithmetic, not as
 kernel launches: the `finish` columns there are the host's Python and dispatch plus that
 arithmetic, not what the same step costs beside a GPU. `start` is host work either way.
@@ -37,6 +41,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 import torch
 
 from lab.bench import _stamp
@@ -66,11 +71,34 @@ def served_steps(budget: int, predict_every: int = PREDICT_EVERY, time_every: in
     )
 
 
-def spin(us: float) -> None:
-    """Host time passing as a round's would (busy: a sleep this short overshoots)."""
+def spin(us: float, caches: Evictor | None = None) -> None:
+    """Host time passing as a round's would (busy: a sleep this short overshoots); with
+    ``caches``, the round's own host work first leaves them as a served round does."""
     end = time.perf_counter() + us * 1e-6
+    if caches is not None:
+        caches.evict()
     while time.perf_counter() < end:
         pass
+
+
+class Evictor:
+    """A served round's host work, as the caches see it: the scheduler's and the forward's Python
+    (thousands of calls over their own objects) and the kernels' launches leave the host's caches
+    holding none of the online budget's code and data by the next step. A loop of steps with
+    nothing between them runs every ``start`` from warm caches, ten times faster than a server
+    does (``--cold``: ``start`` of a kept choice 2 us warm, ~20 us cold on this benchmark's CPU,
+    where the CPU server's phases read 55 us). This reads ``mb`` megabytes (past the last-level
+    cache) and walks ``objects`` Python objects."""
+
+    def __init__(self, mb: int = 64, objects: int = 20000):
+        self._bytes = np.ones(mb << 17)  # float64: 8 bytes each
+        self._objects = [{"value": i} for i in range(objects)]
+
+    def evict(self) -> None:
+        self._bytes.sum()
+        total = 0
+        for entry in self._objects:
+            total += entry["value"]
 
 
 def run_steps(
@@ -81,11 +109,13 @@ def run_steps(
     round_us: float = 0.0,
     jitter: float = 0.0,
     churn: float = 0.0,
+    cold: bool = False,
 ) -> list[dict]:
     """``n`` steps at batch size ``bs``: per step the host microseconds of ``start`` and
     ``finish`` and whether the step made the prediction; ``round_us``: the round's own time
     between them, spun; ``churn``: the share of steps whose batch is one request smaller or
-    back to ``bs`` (module docstring)."""
+    back to ``bs`` (module docstring); ``cold``: each spin first evicts the caches (:class:`Evictor`)."""
+    caches = Evictor() if cold and round_us else None
     noise, churner = random.Random(bs), random.Random(-bs)
     factor = (lambda: math.exp(noise.gauss(0.0, jitter))) if jitter else (lambda: 1.0)
     gen = torch.Generator(device=device).manual_seed(bs)
@@ -97,7 +127,11 @@ def run_steps(
     logits[:, 0] += CONFIDENT_LOGIT
     log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
     accept_lens = torch.randint(DEPTH // 2, DEPTH + 1, (bs,), generator=gen, device=device)
-    folds, choices = _calls(steps, "_fold"), _calls(steps.chooser, "choose")
+    folds, choices, predictions = (
+        _calls(steps, "_fold"),
+        _calls(steps.chooser, "choose"),
+        _calls(steps, "_predict"),
+    )
     out, size = [], bs
     for _ in range(n):
         if churn and bs > 1 and churner.random() < churn:
@@ -106,7 +140,7 @@ def run_steps(
                 steps.interrupt(joined=1)
             else:  # a request ended
                 size = bs - 1
-        folded, chosen = folds[0], choices[0]
+        folded, chosen, predicted = folds[0], choices[0], predictions[0]
         t0 = time.perf_counter()
         steps.start(size)
         t1 = time.perf_counter()
@@ -117,22 +151,22 @@ def run_steps(
         steps.verify_started()  # the verify forward would run between these two
         verify_clock = time.perf_counter() - t2
         if round_us:
-            spin(0.1 * round_us * factor())
+            spin(0.1 * round_us * factor(), caches)
+        accepted = accept_lens[:size]  # (the worker hands ``finish`` its accept lengths as they are)
         t2 = time.perf_counter()
         steps.verify_finished()
         t3 = time.perf_counter()
         verify_clock += t3 - t2
-        steps.finish(accept_lens[:size])
+        steps.finish(accepted)
         t4 = time.perf_counter()
         if round_us:
-            spin(0.9 * round_us * factor())
-        predicted = steps._pending[-1].values is not None if steps._pending else False
+            spin(0.9 * round_us * factor(), caches)
         out.append(
             {
                 "start_us": (t1 - t0) * 1e6,
                 "verify_clock_us": verify_clock * 1e6,
                 "finish_us": (t4 - t3) * 1e6,
-                "predicted": predicted,
+                "predicted": predictions[0] > predicted,
                 "folded": folds[0] > folded,  # a landed prediction went into the calibration
                 "chose": choices[0] > chosen,  # the chooser was asked (not the kept choice)
             }
@@ -205,7 +239,12 @@ def run(args) -> dict:
     for budget in args.budgets:
         for bs in args.batch_sizes:
             steps = served_steps(budget, args.predict_every, args.time_every)
-            served = {"round_us": args.round_us, "jitter": args.jitter, "churn": args.churn}
+            served = {
+                "round_us": args.round_us,
+                "jitter": args.jitter,
+                "churn": args.churn,
+                "cold": args.cold,
+            }
             run_steps(steps, bs, args.warmup, device, **served)  # prices the row's cells, fills the probes
             cell = summarise(run_steps(steps, bs, args.steps, device, **served))
             priced = steps.summary()["own_cost_widths_by_bs"].get(bs, [])  # bs: a row of the table
@@ -293,6 +332,11 @@ def _served(config: dict) -> str:
             if config.get("churn")
             else ""
         )
+        + (
+            "each spin first evicted the host's caches (`Evictor`: a served round's host work); "
+            if config.get("cold")
+            else ""
+        )
     )
 
 
@@ -309,6 +353,11 @@ def main(argv=None) -> int:
     p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each spun share (0: none)")
     p.add_argument(
         "--churn", type=float, default=0.0, help="share of steps whose batch loses a request or gets it back"
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="each round's spin first evicts the host's caches, as a served round's host work does",
     )
     p.add_argument(
         "--predict-every",

@@ -59,8 +59,12 @@ grows with the table's rows or the candidate widths (``tests/test_budget_host_wo
 it). Kept per batch size (under load it changes at most steps, and comes back): the expected
 accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
 probe check that asked for none, while nothing they read moves enough to change them
-(``budget/decisions.py``). When they are made again, the table computes only the row asked
-for. The prediction is a fixed number of device operations, launched without a synchronisation
+(``budget/decisions.py``); a step that repeats the last one (its batch size, nothing moved past
+what both decisions allow) takes the last width in a few comparisons. Under a timed table a step
+neither timed nor predicting leaves nothing behind to fold. Between a server's rounds the host's
+caches go cold, so each call a step makes costs a microsecond or more
+(``lab/bench/online_budget_host.py --cold``). When they are made again, the table computes only
+the row asked for. The prediction is a fixed number of device operations, launched without a synchronisation
 and copied into reused pinned buffers (``observed.py``), folded in once landed.
 """
 
@@ -167,6 +171,7 @@ class StepWidths:
         # (A simulation's clock times its verify on that clock.)
         self._spare_events: list | None = [] if torch.cuda.is_available() and clock is None else None
         self._verify: VerifyTime | None = None
+        self._times = False  # this step's verify is timed
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -208,12 +213,11 @@ class StepWidths:
     def start(self, bs: int) -> int:
         """The verify width of this step for a batch of ``bs`` requests."""
         now = (self._clock or time.perf_counter)()
-        self._end_period(now)
+        if self._last is not None:
+            self._end_period(now)
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
-        accepted = self._expected_accepted(bs)
-        probed = self.decisions.probe(bs, accepted)
-        width = self.decisions.choose(bs, accepted) if probed is None else probed
+        width, probed = self.decisions.decide(bs, self._expected_accepted(bs))
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
         self.history[bs, width] += 1
@@ -221,8 +225,9 @@ class StepWidths:
         if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
         self._verify = None
-        self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed is not None)
-        self.refresh.step(width, self.skips_draft, probed is not None)
+        self._times = self._timed and self._times_verify(bs, width)
+        self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed)
+        self.refresh.step(width, self.skips_draft, probed)
         self.steps_without_draft += self.skips_draft
         self._step = (bs, width, now)
         if self.runners is not None:
@@ -247,12 +252,13 @@ class StepWidths:
     def verify_started(self) -> None:
         """Just before the step's verify forward: a timed table prices each width by its
         verify's device time (``budget/timed_costs.py``), so it is timed."""
-        if self._timed and self._times_verify():
+        if self._times:
             self._verify = VerifyTime(self._spare_events, self._clock)
 
-    def _times_verify(self) -> bool:
-        """Whether this step's verify is timed: every unsettled one, one settled in ``time_every``."""
-        if not self._cost.settled(*self._step[:2]):
+    def _times_verify(self, bs: int, width: int) -> bool:
+        """Whether this step's verify is timed: every unsettled one, one settled in ``time_every``
+        (decided in ``start``, whose host time a server pays anyway, rather than beside the verify)."""
+        if not self._cost.settled(bs, width):
             return True
         self._settled_untimed = (self._settled_untimed + 1) % self.time_every
         return self._settled_untimed == 0
@@ -316,6 +322,11 @@ class StepWidths:
         if self.runners is not None:
             self.runners.restore()  # prefill and the rest run with the start-up pair
         if not self._predicts(width):  # only the step's cost to record (its period)
+            if (
+                self._timed and self._verify is None
+            ):  # a timed table reads a period only with its verify's time
+                self._last_kind = (width, not self.skips_draft)
+                return
             self._observe(Observed(bs, width, not self.skips_draft, None, None), started)
             return
         self._drafted_unpredicted = 0

@@ -91,6 +91,11 @@ class Kept:
             self._moved = (accepted, self.drift + self._slack_left(accepted) / self.per_drift)
         return table.drift <= self._moved[1]
 
+    @property
+    def drift_bound(self) -> float:
+        """The table's drift up to which this decision holds with the last expected drafts asked about."""
+        return self._moved[1]
+
     def _slack_left(self, accepted: np.ndarray) -> float:
         """The slack left for the costs once the tokens moved from the decision's to ``accepted + bs``'s."""
         if self.slack == math.inf:  # nothing the decision weighed can change it
