@@ -9,3 +9,7 @@ for cadence in "32 8" "32 16" "64 8" "64 16"; do
   python -m lab.bench.online_budget_host --cpu --budgets 64 --batch-sizes 1 8 --round-us 2500 --jitter 0.2 \
     --predict-every "$1" --time-every "$2" --name "online-budget_cpu_host_time_p$1_t$2" > /dev/null
 done
+# The serving cadences with the host's caches evicted between steps, as a served round leaves them:
+# results/online-budget_cpu_host_time_cold.{json,md}.
+python -m lab.bench.online_budget_host --cpu --budgets 64 --batch-sizes 1 8 --round-us 2500 --jitter 0.2 \
+  --cold --name online-budget_cpu_host_time_cold > /dev/null
