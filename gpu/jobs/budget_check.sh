@@ -3,6 +3,7 @@
 #  1. the GPU tests of the online widths (tests/test_online_widths.py, tests/test_budget_host_work.py:
 #     the prediction's graph against the eager prediction, no host synchronisation), into
 #     $OUT/budget_kernel_tests.log;
+#  1b. the online budget's host time per step on this host with cold caches (lab.bench.online_budget_host);
 #  2. the online budget's serving tests (gpu/jobs/width1_check.sh's arms: float32 identity with
 #     plain, eager and in per-width graphs, the width-1 decode check), cut at CHECK_S (240; 0:
 #     skipped, where the whole suite runs in another call);
@@ -15,6 +16,11 @@ set -o pipefail
 python -m pytest -q -p no:cacheprovider -m gpu tests/test_online_widths.py tests/test_budget_host_work.py \
   > "$OUT/budget_kernel_tests.log" 2>&1
 tail -3 "$OUT/budget_kernel_tests.log"
+# the online budget's host time per step on this host, caches evicted between steps as a served
+# round leaves them (lab/bench/online_budget_host.py --cold): ~30 s
+timeout 90 python -m lab.bench.online_budget_host --budgets 64 --batch-sizes 1 8 --round-us 2500 --jitter 0.2 \
+  --cold --out "$OUT" --name "online-budget_${DEVICE_NAME:-h200}_host_time_cold" > /dev/null \
+  && tail -4 "$OUT/online-budget_${DEVICE_NAME:-h200}_host_time_cold.md"
 export GPU_RESULTS_DIR="$OUT"
 if [ "${CHECK_S:-240}" != 0 ]; then
   GPU_SERVER_ARMS=plain_fp32,ddtree_fp32_eager_auto,ddtree_fp32_graphs_auto,ddtree_fp32_graphs_auto_width1,ddtree_fp32_graphs_auto_width1_eager_kv \
