@@ -227,6 +227,23 @@ def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind, seed, churn
     assert kept == asked
 
 
+def test_a_repeated_step_reads_the_settled_check_the_table_would_give(monkeypatch):
+    """A step whose decisions repeated the last one's reads the last step's settled check (a cell
+    settles or unsettles only as the table's structure moves): at every step of a mixed run
+    (probes, trust, stale cells cleared) it is what the table says."""
+    repeated, times_verify = [], StepWidths._times_verify
+
+    def checked(steps, bs, width):
+        timed = times_verify(steps, bs, width)
+        assert steps._settled == steps.cost.settled(bs, width), (len(repeated), bs, width)
+        repeated.append(steps.decisions.repeated)
+        return timed
+
+    monkeypatch.setattr(StepWidths, "_times_verify", checked)
+    run_widths("timed", keep=True, seed=3, churn=0.5)
+    assert 0.3 < sum(repeated) / len(repeated) < 1.0, sum(repeated)
+
+
 def test_most_steps_of_a_served_row_keep_their_choice_through_drifting_costs():
     """On a timed table nearly every round moves a median (the costs drift), yet most steps
     keep the last choice: the drift stays within the choice's slack."""

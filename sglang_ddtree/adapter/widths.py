@@ -172,6 +172,7 @@ class StepWidths:
         self._spare_events: list | None = [] if torch.cuda.is_available() and clock is None else None
         self._verify: VerifyTime | None = None
         self._times = False  # this step's verify is timed
+        self._settled = False  # this step's cell is settled (timed tables)
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -225,7 +226,8 @@ class StepWidths:
         if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
         self._verify = None
-        self._times = self._timed and self._times_verify(bs, width)
+        if self._timed:
+            self._times = self._times_verify(bs, width)
         self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed)
         self.refresh.step(width, self.skips_draft, probed)
         self.steps_without_draft += self.skips_draft
@@ -257,8 +259,12 @@ class StepWidths:
 
     def _times_verify(self, bs: int, width: int) -> bool:
         """Whether this step's verify is timed: every unsettled one, one settled in ``time_every``
-        (decided in ``start``, whose host time a server pays anyway, rather than beside the verify)."""
-        if not self._cost.settled(bs, width):
+        (decided in ``start``, whose host time a server pays anyway, rather than beside the verify).
+        A cell settles or unsettles only as the table's structure moves, so a step whose decisions
+        repeated the last one's (the same cell, the structure unmoved) reads the last answer."""
+        if not self.decisions.repeated:
+            self._settled = self._cost.settled(bs, width)
+        if not self._settled:
             return True
         self._settled_untimed = (self._settled_untimed + 1) % self.time_every
         return self._settled_untimed == 0

@@ -31,11 +31,13 @@ class KeptDecisions:
         self._no_probes: dict[int, Kept | None] = {}  # per batch size: its last check that found none
         # The last step's (bs, expected drafts, table structure, drift bound, width), None after a probe.
         self._last: tuple | None = None
+        self.repeated = False  # the last step's width came from repeats(): nothing the table says moved
 
     def decide(self, bs: int, accepted: np.ndarray) -> tuple[int, bool]:
         """This step's width, and whether a measured table asked for it as a probe. A step that
         repeats the last one (:meth:`repeats`) takes its width without asking either decision."""
-        if self.repeats(bs, accepted):
+        self.repeated = self.repeats(bs, accepted)
+        if self.repeated:
             return self._last[4], False
         probed = self.probe(bs, accepted)
         if probed is not None:
