@@ -13,3 +13,7 @@ done
 # results/online-budget_cpu_host_time_cold.{json,md}.
 python -m lab.bench.online_budget_host --cpu --budgets 64 --batch-sizes 1 8 --round-us 2500 --jitter 0.2 \
   --cold --name online-budget_cpu_host_time_cold > /dev/null
+# Under load, cold: the batch's size walking between half the batch size and all of it
+# (results/online-budget_cpu_host_time_cold_wander.{json,md}).
+python -m lab.bench.online_budget_host --cpu --budgets 64 --batch-sizes 8 32 64 --round-us 2500 --jitter 0.2 \
+  --cold --churn 0.4 --wander --name online-budget_cpu_host_time_cold_wander > /dev/null

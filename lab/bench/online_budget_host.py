@@ -17,7 +17,8 @@ sigma ``S``. The table then moves as a served one does (a median window that the
 keeps shifting: kept choices re-made, probe checks re-run), which a loop with nothing in
 between never shows; the spins are not counted in the times reported. ``--churn P`` changes the
 batch's size as load does: at a share ``P`` of the steps a request ends (the size one less) or,
-where one had, a prefill brings the batch back (an interrupt between the steps, as a prefill is).
+where one had, a prefill brings the batch back (an interrupt between the steps, as a prefill is);
+with ``--wander`` the size walks between half the batch size and all of it, as a served batch's does.
 
 ``--cold`` also leaves the host's caches between steps as a served round's own host work does
 (:class:`Evictor`): a server's ``start`` runs from cold caches, where it costs ten times what a
@@ -110,11 +111,14 @@ def run_steps(
     jitter: float = 0.0,
     churn: float = 0.0,
     cold: bool = False,
+    wander: bool = False,
 ) -> list[dict]:
     """``n`` steps at batch size ``bs``: per step the host microseconds of ``start`` and
     ``finish`` and whether the step made the prediction; ``round_us``: the round's own time
     between them, spun; ``churn``: the share of steps whose batch is one request smaller or
-    back to ``bs`` (module docstring); ``cold``: each spin first evicts the caches (:class:`Evictor`)."""
+    back to ``bs`` (module docstring), with ``wander`` a walk of the size between ``bs // 2`` and
+    ``bs`` (each churning step ends a request, or one time in three a prefill brings one back:
+    a served batch passes through every size of its range); ``cold``: each spin first evicts the caches (:class:`Evictor`)."""
     caches = Evictor() if cold and round_us else None
     noise, churner = random.Random(bs), random.Random(-bs)
     factor = (lambda: math.exp(noise.gauss(0.0, jitter))) if jitter else (lambda: 1.0)
@@ -135,7 +139,13 @@ def run_steps(
     out, size = [], bs
     for _ in range(n):
         if churn and bs > 1 and churner.random() < churn:
-            if size < bs:  # a prefill brought the batch back
+            if wander:  # a request ended, or (one time in three) a prefill brought one back
+                if size < bs and churner.random() < 1 / 3:
+                    size += 1
+                    steps.interrupt(joined=1)
+                elif size > max(1, bs // 2):
+                    size -= 1
+            elif size < bs:  # a prefill brought the batch back
                 size = bs
                 steps.interrupt(joined=1)
             else:  # a request ended
@@ -244,6 +254,7 @@ def run(args) -> dict:
                 "jitter": args.jitter,
                 "churn": args.churn,
                 "cold": args.cold,
+                "wander": args.wander,
             }
             run_steps(steps, bs, args.warmup, device, **served)  # prices the row's cells, fills the probes
             cell = summarise(run_steps(steps, bs, args.steps, device, **served))
@@ -328,7 +339,13 @@ def _served(config: dict) -> str:
         f"each step spun {round_us:g} us of round time (a tenth inside the verify clock), each share "
         f"times a lognormal factor of sigma {config.get('jitter') or 0.0:g}, not counted; "
         + (
-            f"at {config['churn']:g} of the steps the batch lost a request or got it back; "
+            f"at {config['churn']:g} of the steps the batch lost a request or got it back"
+            + (
+                " (its size walking between half the batch size and all of it)"
+                if config.get("wander")
+                else ""
+            )
+            + "; "
             if config.get("churn")
             else ""
         )
@@ -353,6 +370,11 @@ def main(argv=None) -> int:
     p.add_argument("--jitter", type=float, default=0.0, help="lognormal sigma of each spun share (0: none)")
     p.add_argument(
         "--churn", type=float, default=0.0, help="share of steps whose batch loses a request or gets it back"
+    )
+    p.add_argument(
+        "--wander",
+        action="store_true",
+        help="with --churn: the batch's size walks between half the batch size and all of it",
     )
     p.add_argument(
         "--cold",
