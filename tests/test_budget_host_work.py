@@ -228,15 +228,14 @@ def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind, seed, churn
 
 
 def test_a_repeated_step_reads_the_settled_check_the_table_would_give(monkeypatch):
-    """A step whose decisions repeated the last of its batch size's reads that step's settled
-    check (a cell settles or unsettles only as the table's structure moves): at every step of a
-    mixed run (batch sizes that change and come back, probes, trust, stale cells cleared) it is
-    what the table says."""
+    """A step whose decisions repeated the last one's reads the last step's settled check (a cell
+    settles or unsettles only as the table's structure moves): at every step of a mixed run
+    (probes, trust, stale cells cleared) it is what the table says."""
     repeated, times_verify = [], StepWidths._times_verify
 
     def checked(steps, bs, width):
         timed = times_verify(steps, bs, width)
-        assert steps._settled[bs] == steps.cost.settled(bs, width), (len(repeated), bs, width)
+        assert steps._settled == steps.cost.settled(bs, width), (len(repeated), bs, width)
         repeated.append(steps.decisions.repeated)
         return timed
 

@@ -172,7 +172,7 @@ class StepWidths:
         self._spare_events: list | None = [] if torch.cuda.is_available() and clock is None else None
         self._verify: VerifyTime | None = None
         self._times = False  # this step's verify is timed
-        self._settled: dict[int, bool] = {}  # per batch size: its last step's cell is settled (timed tables)
+        self._settled = False  # this step's cell is settled (timed tables)
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -261,13 +261,10 @@ class StepWidths:
         """Whether this step's verify is timed: every unsettled one, one settled in ``time_every``
         (decided in ``start``, whose host time a server pays anyway, rather than beside the verify).
         A cell settles or unsettles only as the table's structure moves, so a step whose decisions
-        repeated the last of its batch size's (the same cell, the structure unmoved since) reads
-        that step's answer."""
-        if self.decisions.repeated:
-            settled = self._settled[bs]
-        else:
-            settled = self._settled[bs] = self._cost.settled(bs, width)
-        if not settled:
+        repeated the last one's (the same cell, the structure unmoved) reads the last answer."""
+        if not self.decisions.repeated:
+            self._settled = self._cost.settled(bs, width)
+        if not self._settled:
             return True
         self._settled_untimed = (self._settled_untimed + 1) % self.time_every
         return self._settled_untimed == 0

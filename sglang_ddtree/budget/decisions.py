@@ -29,43 +29,41 @@ class KeptDecisions:
         self._timed = isinstance(table, TimedCostTable)
         self._choices: dict[int, Kept] = {}  # per batch size: its last choice, and what it read
         self._no_probes: dict[int, Kept | None] = {}  # per batch size: its last check that found none
-        # Per batch size, the last step's (expected drafts, table structure, drift bound, width)
-        # when it did not probe: what both of its kept decisions read, in one place.
-        self._steady: dict[int, tuple] = {}
+        # The last step's (bs, expected drafts, table structure, drift bound, width), None after a probe.
+        self._last: tuple | None = None
         self.repeated = False  # the last step's width came from repeats(): nothing the table says moved
 
     def decide(self, bs: int, accepted: np.ndarray) -> tuple[int, bool]:
         """This step's width, and whether a measured table asked for it as a probe. A step that
-        repeats the last one of its batch size (:meth:`repeats`) takes its width without asking
-        either decision."""
+        repeats the last one (:meth:`repeats`) takes its width without asking either decision."""
         self.repeated = self.repeats(bs, accepted)
         if self.repeated:
-            return self._steady[bs][3], False
+            return self._last[4], False
         probed = self.probe(bs, accepted)
         if probed is not None:
-            self._steady.pop(bs, None)
+            self._last = None
             return probed, True
         width = self.choose(bs, accepted)
         bound = self._choices[bs].drift_bound
         if self._unprobed is not None:
             bound = min(bound, self._no_probes[bs].drift_bound)
-        self._steady[bs] = (accepted, self.table.structure, bound, width)
+        self._last = (bs, accepted, self.table.structure, bound, width)
         return width, False
 
     def repeats(self, bs: int, accepted: np.ndarray) -> bool:
-        """Whether both kept decisions of the last step of ``bs`` requests hold for this one as
-        they stand: the same expected drafts (the same array), the table's structure unmoved
-        (it only counts up), its drift within both decisions' bounds, the chooser's width the
-        one that step chose (another batch size's choice moves it). What the two ``holds``
-        would say, in a few comparisons: a batch size that keeps its width asks nothing else
-        (the host's caches are cold between a server's rounds, so every call a step makes costs)."""
-        steady, table = self._steady.get(bs), self.table
+        """Whether both of the last step's kept decisions hold for this step as they stand: the
+        same batch size and expected drafts (the same array), the table's structure unmoved, its
+        drift within both decisions' bounds, the chooser's width the one it chose. What the two
+        ``holds`` would say, in a few comparisons: a steady row's step asks nothing else (the
+        host's caches are cold between a server's rounds, so every call a step makes costs)."""
+        last, table = self._last, self.table
         return (
-            steady is not None
-            and steady[0] is accepted
-            and steady[1] == table.structure
-            and table.drift <= steady[2]
-            and self.chooser.current == steady[3]
+            last is not None
+            and last[0] == bs
+            and last[1] is accepted
+            and last[2] == table.structure
+            and table.drift <= last[3]
+            and self.chooser.current == last[4]
         )
 
     def probe(self, bs: int, accepted: np.ndarray) -> int | None:
