@@ -328,9 +328,8 @@ class StepWidths:
         if self.runners is not None:
             self.runners.restore()  # prefill and the rest run with the start-up pair
         if not self._predicts(width):  # only the step's cost to record (its period)
-            if (
-                self._timed and self._verify is None
-            ):  # a timed table reads a period only with its verify's time
+            # a timed table reads a period only beside its verify's time: an untimed step leaves no record
+            if self._timed and self._verify is None:
                 self._last_kind = (width, not self.skips_draft)
                 return
             self._observe(Observed(bs, width, not self.skips_draft, None, None), started)
