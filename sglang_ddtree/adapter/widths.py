@@ -214,7 +214,7 @@ class StepWidths:
     def start(self, bs: int) -> int:
         """The verify width of this step for a batch of ``bs`` requests."""
         now = (self._clock or time.perf_counter)()
-        if self._last is not None:
+        if self._last is not None:  # (``_end_period`` checks it too; most steps leave no record: no call)
             self._end_period(now)
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
