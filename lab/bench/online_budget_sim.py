@@ -34,9 +34,19 @@ calibration, the probes) on a clock of its own, against a model of a pair's roun
   another batch between two steps (``interrupt``) that costs ``PREFILL_MS``.
 
 Every arm serves the same requests and contexts; the fixed arms run one width at every step.
-What this cannot show: the host work of the online budget itself (``online_budget_host``), and
-any cost the model leaves out (the overlap scheduler; on a MoE, served tokens that route
-otherwise than the replays' spread ids).
+What this cannot show: what the online budget's own host work costs a server (its time here is
+from warm caches, on the benchmark's host, with no device events: ``online_budget_host --cold``
+and a served ``+phases`` arm say that), and any cost the model leaves out (the overlap scheduler;
+on a MoE, served tokens that route otherwise than the replays' spread ids).
+
+How its host work grows with load, though, shows here: the auto arm's ``start`` is timed on the
+host's clock per step, and the steps that made a decision anew (not the last step's kept
+width: :attr:`KeptDecisions.repeated`) are counted. Under load the batch's size changes at most
+steps and walks through many rows of the table, whose cells are still unsettled, so every
+verify is timed and moves a median, and the probe check and the choice are made again: on the
+H100 the served `width choice` grew from 54 us at c=1 to 200-230 at c=32-64
+(``results/pycode-4l_h100_budget_ab.md``), and here ``start``'s mean grows likewise while its
+median stays.
 """
 
 from __future__ import annotations
@@ -44,6 +54,8 @@ from __future__ import annotations
 import argparse
 import functools
 import random
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,6 +372,8 @@ class Server:
         self.noise = noise or Noise()
         self.noise_rng = np.random.default_rng(seed + 1)
         self.width_steps: dict[int, int] = {}
+        self.start_s: list[float] = []  # auto: each step's ``start``, host seconds
+        self.decided = 0  # auto: the steps whose decisions were made anew (not the last step's)
         self.steps = None
         if self.fixed is None:
             startup = [[model.verify_ms(bs, w) for w in widths] for bs in model.batch_sizes]
@@ -374,10 +388,18 @@ class Server:
             self.steps.interrupt(joined=1)
         self.clock.advance(PREFILL_MS)
 
+    def _start(self, bs: int) -> int:
+        """The online budget's width for this step, its host time and whether it decided anew."""
+        began = time.perf_counter()
+        width = self.steps.start(bs)
+        self.start_s.append(time.perf_counter() - began)
+        self.decided += not self.steps.decisions.repeated
+        return width
+
     def decode(self, running: list[Request]) -> int:
         """One decode step of the running requests: the tokens it commits."""
         bs = len(running)
-        width = self.fixed if self.steps is None else self.steps.start(bs)
+        width = self.fixed if self.steps is None else self._start(bs)
         drafted = self.arm != "plain" if self.steps is None else not self.steps.skips_draft
         if self.steps is not None and drafted:
             self._log_probs = torch.cat([r.proposal() for r in running])
@@ -433,6 +455,11 @@ def run_arm(model: Model, arm: str, concurrency: int, passes: int, seed: int, no
     result = {"tok_per_ms": tokens / ms, "width_steps": dict(sorted(server.width_steps.items()))}
     if server.steps is not None:
         result["probe_steps"] = int(server.steps.cost.probed_steps.sum())
+        result["decided_steps"] = server.decided
+        result["start_us"] = {  # the host's clock: not deterministic, unlike the rest
+            "mean": statistics.mean(server.start_s) * 1e6,
+            "median": statistics.median(server.start_s) * 1e6,
+        }
     return result
 
 
@@ -483,6 +510,8 @@ def to_markdown(results: dict) -> str:
                 f"{auto['probe_steps']} / {steps}",
                 f"{auto['width_steps'].get(1, 0)} / {steps}",
                 f"{widest} / {steps}",
+                f"{auto['decided_steps']} / {steps}",
+                f"{auto['start_us']['mean']:.1f} / {auto['start_us']['median']:.1f}",
             ]
         )
     config = results["config"]
@@ -502,7 +531,10 @@ def to_markdown(results: dict) -> str:
             + f": {config['passes'] - 1} timed passes after "
             "a warm-up per arm and concurrency, the same requests in every arm. Tokens per ms are the "
             "model's; a ratio is auto's tokens per ms over the arm's: what the policy (probes, "
-            "narrower widths, width 1) gives up or gains. "
+            "narrower widths, width 1) gives up or gains. `decided anew`: auto's steps that made "
+            "their probe check or choice again (not the last step's kept width); `start us`: the "
+            "mean / median host time of auto's `start` on this host from warm caches (its growth "
+            "with load, not what a server pays: the module docstring). "
             + (
                 f"Each round's rest times a lognormal factor of sigma {config['rest_jitter']:g}; "
                 f"{config['stall_share']:.0%} of rounds stalled {STALL_MS:g} ms."
@@ -520,6 +552,8 @@ def to_markdown(results: dict) -> str:
                     "probe steps",
                     "width 1",
                     "widest",
+                    "decided anew",
+                    "start us (mean / median)",
                 ],
                 rows,
             ),
