@@ -203,6 +203,8 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
         steps.decisions.repeats = lambda bs, accepted: False
     ran, bs, full, churner = [], 2, 2, random.Random(seed + 1)
     for _ in range(1500):
+        if not keep:  # no step of the same size takes the last width without asking (``start``)
+            steps._steady = None
         if rng.random() < 0.05:
             bs = full = rng.choice([1, 2, 3, 5, 8, 12, 16])
             steps.interrupt(joined=1)
@@ -227,21 +229,48 @@ def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind, seed, churn
     assert kept == asked
 
 
-def test_a_repeated_step_reads_the_settled_check_the_table_would_give(monkeypatch):
-    """A step whose decisions repeated the last one's reads the last step's settled check (a cell
-    settles or unsettles only as the table's structure moves): at every step of a mixed run
-    (probes, trust, stale cells cleared) it is what the table says."""
-    repeated, times_verify = [], StepWidths._times_verify
+def test_a_step_that_asks_nothing_reads_the_settled_check_the_table_would_give(monkeypatch):
+    """A step whose decisions repeated the last one's, or that was not asked them at all, reads
+    the last step's settled check (a cell settles or unsettles only as the table's structure
+    moves): at every step of a mixed run (probes, trust, stale cells cleared) it is what the
+    table says."""
+    asked, start = [], StepWidths.start
 
-    def checked(steps, bs, width):
-        timed = times_verify(steps, bs, width)
-        assert steps._settled == steps.cost.settled(bs, width), (len(repeated), bs, width)
-        repeated.append(steps.decisions.repeated)
-        return timed
+    def checked(steps, bs):
+        width = start(steps, bs)
+        assert steps._settled == steps.cost.settled(bs, width), (len(asked), bs, width)
+        asked.append(steps.decided_anew)
+        return width
 
-    monkeypatch.setattr(StepWidths, "_times_verify", checked)
+    monkeypatch.setattr(StepWidths, "start", checked)
     run_widths("timed", keep=True, seed=3, churn=0.5)
-    assert 0.3 < sum(repeated) / len(repeated) < 1.0, sum(repeated)
+    assert 0.0 < sum(asked) / len(asked) < 0.7, sum(asked)
+
+
+@pytest.mark.parametrize("table_kind", ["timed", "fixed"])
+def test_most_steps_of_a_steady_batch_ask_no_decision(table_kind, monkeypatch):
+    """At one batch size, a step that follows a step of its size with nothing folded and no cost
+    moved takes the last width without asking the decisions (``_start_again``): most steps of a
+    steady batch do, and the comparison with the asked widths above covers them."""
+    again, start_again = [], StepWidths._start_again
+    monkeypatch.setattr(StepWidths, "_start_again", lambda steps, *a: again.append(1) or start_again(steps, *a))
+    clock, rng = Clock(), random.Random(0)
+    if table_kind == "timed":
+        steps = served(rows=8, budget=15, clock=clock)
+    else:
+        widths = candidate_widths(15)
+        table = RoundCostTable.from_function((1, 8), widths, lambda bs, w: 4.0 + 0.02 * bs * w)
+        steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
+    for _ in range(300):
+        step(steps, 4, clock, rng)
+    again.clear()
+    before, ran = Counter(steps.history), Counter()
+    for n in range(320):
+        ran[4, step(steps, 4, clock, rng)] += 1
+        if n % 100 == 0:  # the history as the summary reads it, mid-run: every step booked
+            assert steps.history - before == ran
+    assert len(again) > 0.8 * 320, len(again)
+    assert steps.history - before == ran
 
 
 def test_most_steps_of_a_served_row_keep_their_choice_through_drifting_costs():

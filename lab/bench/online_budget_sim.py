@@ -41,7 +41,7 @@ on a MoE, served tokens that route otherwise than the replays' spread ids).
 
 How its host work grows with load, though, shows here: the auto arm's ``start`` is timed on the
 host's clock per step, and the steps that made a decision anew (not the last step's kept
-width: :attr:`KeptDecisions.repeated`) are counted. Under load the batch's size changes at most
+width: :attr:`StepWidths.decided_anew`) are counted. Under load the batch's size changes at most
 steps and walks through many rows of the table, whose cells are still unsettled, so every
 verify is timed and moves a median, and the probe check and the choice are made again: on the
 H100 the served `width choice` grew from 54 us at c=1 to 200-230 at c=32-64
@@ -393,7 +393,7 @@ class Server:
         began = time.perf_counter()
         width = self.steps.start(bs)
         self.start_s.append(time.perf_counter() - began)
-        self.decided += not self.steps.decisions.repeated
+        self.decided += self.steps.decided_anew
         return width
 
     def decode(self, running: list[Request]) -> int:

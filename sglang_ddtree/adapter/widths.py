@@ -60,7 +60,9 @@ it). Kept per batch size (under load it changes at most steps, and comes back): 
 accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
 probe check that asked for none, while nothing they read moves enough to change them
 (``budget/decisions.py``); a step that repeats the last one (its batch size, nothing moved past
-what both decisions allow) takes the last width in a few comparisons. Under a timed table a step
+what both decisions allow) takes the last width in a few comparisons, and one that follows a
+step of its size with nothing landed that moved the table or the prediction does not ask the
+decisions at all (``_start_again``). Under a timed table a step
 neither timed nor predicting leaves nothing behind to fold. Between a server's rounds the host's
 caches go cold, so each call a step makes costs a microsecond or more
 (``lab/bench/online_budget_host.py --cold``). When they are made again, the table computes only
@@ -133,12 +135,16 @@ class StepWidths:
         self.widths = tuple(widths)
         self._clock = clock  # the host's clock in seconds (None: ``time.perf_counter``; a simulation's own)
         self.chooser = WidthChooser(self.widths, cost)
+        self._history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
+        # The batch size whose next step repeats the last one's decisions (``start``), its width,
+        # and the steps run again at them not yet in the history.
+        self._steady: int | None = None
+        self._steady_width, self._again = 0, 0
         self.cost = cost
         self.depth = depth
         self._column = {width: column for column, width in enumerate(self.widths)}
         self.calibration = DepthCalibration(depth)
         self.heads = {width: make_head(width) for width in self.widths}
-        self.history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
         self.steps = 0
         self._per_request: np.ndarray | None = None  # [n_widths, depth] reach per request
         # Per batch size, its expected accepted drafts per width, made from (prediction, scale).
@@ -173,6 +179,7 @@ class StepWidths:
         self._verify: VerifyTime | None = None
         self._times = False  # this step's verify is timed
         self._settled = False  # this step's cell is settled (timed tables)
+        self.decided_anew = False  # this step asked its decisions (they did not repeat the last step's)
 
     @classmethod
     def like(cls, head, max_budget: int, depth: int) -> StepWidths:
@@ -205,6 +212,7 @@ class StepWidths:
         self.measured = isinstance(table, (ProbedCostTable, TimedCostTable))  # not injected
         self._timed = isinstance(table, TimedCostTable)
         self.decisions = KeptDecisions(self.chooser, table)  # the probe and the width, kept
+        self._leave_steady()
 
     def use_cost_table(self, table: RoundCostTable) -> None:
         self.cost = self.chooser.cost = table
@@ -218,16 +226,21 @@ class StepWidths:
             self._end_period(now)
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
+        if bs == self._steady:
+            return self._start_again(bs, now)
         width, probed = self.decisions.decide(bs, self._expected_accepted(bs))
+        self.decided_anew = not self.decisions.repeated
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
-        self.history[bs, width] += 1
-        self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
-        if self.log_every and self.steps % self.log_every == 0:
-            logger.info("DDTREE online budget: %s", self.summary())
+        # the next step of this size takes this width while nothing the decisions read moves
+        self._leave_steady(None if probed else bs, width)
+        self._history[bs, width] += 1
+        self._count_step()
         self._verify = None
         if self._timed:
-            self._times = self._times_verify(bs, width)
+            if self.decided_anew:  # a cell settles or unsettles only as the table's structure moves
+                self._settled = self._cost.settled(bs, width)
+            self._times = self._times_settled()
         self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed)
         self.refresh.step(width, self.skips_draft, probed)
         self.steps_without_draft += self.skips_draft
@@ -235,6 +248,49 @@ class StepWidths:
         if self.runners is not None:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
         return width
+
+    def _start_again(self, bs: int, now: float) -> int:
+        """A step of the last step's batch size with nothing its decisions read moved since (no
+        prediction folded, the table's structure and drift as they were): the decisions would
+        repeat (``KeptDecisions.repeats``), so the last width stands without asking them, and
+        the rest of the step is the last one's: its cell's settled check, and for a width above
+        1 the refresh as that step left it. A served row's steady steps are nearly all of these
+        (the host's caches are cold between rounds: every call and object a step reads costs)."""
+        width = self._steady_width
+        self.decided_anew = False
+        self._again += 1  # (a Counter's update of a tuple key costs a few us on cold caches)
+        self._count_step()
+        self._verify = None
+        if self._timed:
+            self._times = self._times_settled()
+        if width == 1:
+            self.skips_draft = self._predicting and not self.refresh.due(bs, False)
+            self.refresh.step(1, self.skips_draft, False)
+            self.steps_without_draft += self.skips_draft
+        self._step = (bs, width, now)
+        if self.runners is not None:
+            self.runners.use(width)
+        return width
+
+    def _count_step(self) -> None:
+        self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
+        if self.log_every and self.steps % self.log_every == 0:
+            logger.info("DDTREE online budget: %s", self.summary())
+
+    def _leave_steady(self, bs: int | None = None, width: int = 0) -> None:
+        """The steady batch size and width ``start`` takes again from now (None: none), the
+        steps run again at the last ones booked into the history."""
+        if self._again:
+            self._history[self._steady, self._steady_width] += self._again
+            self._again = 0
+        self._steady, self._steady_width = bs, width
+
+    @property
+    def history(self) -> Counter[tuple[int, int]]:
+        """(batch size, width) -> steps run."""
+        if self._again:
+            self._leave_steady(self._steady, self._steady_width)
+        return self._history
 
     def interrupt(self, joined: int = 0) -> None:
         """Another batch (a prefill of ``joined`` requests, an idle pass) runs between two
@@ -257,13 +313,10 @@ class StepWidths:
         if self._times:
             self._verify = VerifyTime(self._spare_events, self._clock)
 
-    def _times_verify(self, bs: int, width: int) -> bool:
+    def _times_settled(self) -> bool:
         """Whether this step's verify is timed: every unsettled one, one settled in ``time_every``
-        (decided in ``start``, whose host time a server pays anyway, rather than beside the verify).
-        A cell settles or unsettles only as the table's structure moves, so a step whose decisions
-        repeated the last one's (the same cell, the structure unmoved) reads the last answer."""
-        if not self.decisions.repeated:
-            self._settled = self._cost.settled(bs, width)
+        (decided in ``start``, whose host time a server pays anyway, rather than beside the
+        verify)."""
         if not self._settled:
             return True
         self._settled_untimed = (self._settled_untimed + 1) % self.time_every
@@ -379,10 +432,13 @@ class StepWidths:
         return accepted
 
     def _absorb_landed(self) -> None:
+        table = self._cost
+        read = (table.structure, table.drift)  # what the kept decisions read of the table
         while self._pending and self._pending[0].landed():
             step = self._pending.popleft()
             if step.values is not None:  # a step that predicted nothing keeps the last prediction
                 self._fold(step)
+                self._leave_steady()  # new expected drafts: the decisions are asked
             verify_ms = None if step.verify is None else step.verify.ms()
             own_period = step.period_ms if step.costs_its_width else None  # None: not this kind's
             if self._timed:
@@ -390,6 +446,8 @@ class StepWidths:
                     self._cost.observe(step.bs, step.width, own_period, verify_ms)  # every verify
             elif self.measured and own_period is not None:
                 self._cost.observe(step.bs, step.width, own_period)
+        if (table.structure, table.drift) != read:
+            self._leave_steady()
 
     def _fold(self, step: Observed) -> None:
         """A predicting step's values, landed: into the calibration, and the prediction the
