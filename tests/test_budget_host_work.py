@@ -253,7 +253,9 @@ def test_most_steps_of_a_steady_batch_ask_no_decision(table_kind, monkeypatch):
     moved takes the last width without asking the decisions (``_start_again``): most steps of a
     steady batch do, and the comparison with the asked widths above covers them."""
     again, start_again = [], StepWidths._start_again
-    monkeypatch.setattr(StepWidths, "_start_again", lambda steps, *a: again.append(1) or start_again(steps, *a))
+    monkeypatch.setattr(
+        StepWidths, "_start_again", lambda steps, *a: again.append(1) or start_again(steps, *a)
+    )
     clock, rng = Clock(), random.Random(0)
     if table_kind == "timed":
         steps = served(rows=8, budget=15, clock=clock)
