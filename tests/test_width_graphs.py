@@ -332,6 +332,33 @@ def test_a_smaller_rows_width_1_rounds_keep_a_larger_row_from_probing_width_1():
     assert table.rest_floors(0)[1] == pytest.approx(3.3)  # a smaller row does not borrow from a larger
 
 
+def test_a_smaller_rows_rest_that_starts_to_bound_a_floor_moves_the_structure():
+    """A row's rest enters the floors of the larger rows at its ``FLOOR_ROUNDS``-th round, and
+    its median can stand far below the floor they had while the round moves it by nothing (two
+    rounds alike): the floor falls with no drift, so the structure moves, and a probe check kept
+    from before (``budget/decisions.py``) is made again: at 0ef7caf it kept finding no probe
+    where one made anew asked for width 2."""
+    from sglang_ddtree.budget.decisions import KeptDecisions
+
+    widths, accepted = (2, 4, 8), np.array([1.0, 3.0, 6.0])  # the batch's, at bs 4
+    table = TimedCostTable((1, 2, 4), widths, [[0.5] * 3] * 3, probe_after=0, trust_after=4)
+    kept = KeptDecisions(WidthChooser(widths, table), table)
+    for _ in range(2):
+        table.observe(1, 8, 4.5, 0.5)  # bs 1's tree rest, 4 ms: the floor of every row
+    table.observe(4, 8, 4.5, 0.5)
+    for _ in range(3):
+        table.observe(4, 8, None, 0.5)  # bs 4's width 8 trusted, its rest not
+    table.observe(2, 8, 1.0, 0.5)  # bs 2's first rest, 0.5 ms: not a floor yet
+    assert table.rest_floors(2)[0] == 4.0
+    assert kept.probe(4, accepted) is None  # widths 2 and 4 cannot beat width 8 at 4 ms
+    structure, drift = table.structure, table.drift
+    table.observe(2, 8, 1.0, 0.5)  # the second: a floor now, no median moved
+    assert table.drift == drift and table.rest_floors(2)[0] == 0.5
+    assert table.structure != structure
+    assert kept.probe(4, accepted) == 2  # width 2 could win at 0.5 ms
+    assert KeptDecisions(WidthChooser(widths, table), table).probe(4, accepted) == 2
+
+
 def test_a_verify_prices_its_cell_when_its_period_is_not_its_own():
     """A round that followed another width (or another batch) has a period holding the round
     before it, but its verify's events time its verify alone: it prices its cell and the

@@ -324,6 +324,10 @@ class TimedCostTable(RoundCostTable):
         rounds, moved = shares.add(row, kind, excess)
         if rounds == 1 and kind == self._WIDTH1:  # width 1 reads its own share from now on
             self._restructured()
+        if rounds == FLOOR_ROUNDS and shares is self.rest:
+            # the rest floors of this row and the larger ones read it from now on (rest_floors):
+            # its median can stand below the floor they had by more than this round moved it
+            self._restructured()
         if rounds == self.trust_after:
             self._choose_shared_sources(shares, sources, kind)
         return moved
