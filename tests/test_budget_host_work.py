@@ -186,13 +186,18 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
     """Every step's (bs, width, skips the drafter) over a mixed run: batch sizes that change,
     prefills between steps, noisy rounds, probes; with ``churn``, the share of the other steps at
     which a request ends or a prefill brings the batch back (its size one less, then back).
-    ``keep=False`` asks the chooser and the table at every step, as before anything was kept."""
+    ``keep=False`` asks the chooser and the table at every step, as before anything was kept:
+    a timed table computes every row's costs and where they read them anew too."""
     clock, rng = Clock(), random.Random(seed)
     widths = candidate_widths(15)
     sizes = (1, 2, 4, 8, 16)
     if table_kind == "timed":
         startup = [[0.3 + 0.01 * bs * w for w in widths] for bs in sizes]
         table = TimedCostTable(sizes, widths, startup, probe_after=4, reprobe_after=64)
+    elif table_kind == "timed-rows":  # more rows, their probes, trust and floors each on its own round
+        sizes = (1, 2, 3, 4, 6, 8, 12, 16)
+        startup = [[0.3 + 0.01 * bs * w for w in widths] for bs in sizes]
+        table = TimedCostTable(sizes, widths, startup, probe_after=6, trust_after=3, reprobe_after=48)
     elif table_kind == "probed":
         table = ProbedCostTable(sizes, widths)
     else:
@@ -205,6 +210,8 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
     for _ in range(1500):
         if not keep:  # no step of the same size takes the last width without asking (``start``)
             steps._steady = None
+            for memo in ("_cells_memo", "_slots_memo"):
+                getattr(table, memo, {}).clear()
         if rng.random() < 0.05:
             bs = full = rng.choice([1, 2, 3, 5, 8, 12, 16])
             steps.interrupt(joined=1)
@@ -220,8 +227,8 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
     return ran
 
 
-@pytest.mark.parametrize("table_kind", ["timed", "probed", "fixed"])
-@pytest.mark.parametrize("seed,churn", [(1, 0.0), (2, 0.0), (3, 0.5)])
+@pytest.mark.parametrize("table_kind", ["timed", "timed-rows", "probed", "fixed"])
+@pytest.mark.parametrize("seed,churn", [(1, 0.0), (2, 0.0), (3, 0.5), (4, 0.5), (5, 0.2)])
 def test_a_kept_choice_is_the_one_the_chooser_would_make(table_kind, seed, churn):
     kept = run_widths(table_kind, keep=True, seed=seed, churn=churn)
     asked = run_widths(table_kind, keep=False, seed=seed, churn=churn)
