@@ -336,7 +336,7 @@ def test_a_smaller_rows_rest_that_starts_to_bound_a_floor_moves_the_structure():
     """A row's rest enters the floors of the larger rows at its ``FLOOR_ROUNDS``-th round, and
     its median can stand far below the floor they had while the round moves it by nothing (two
     rounds alike): the floor falls with no drift, so the structure moves, and a probe check kept
-    from before (``budget/decisions.py``) is made again: at 0ef7caf it kept finding no probe
+    from before (``budget/decisions.py``) is made again: without the move it kept finding no probe
     where one made anew asked for width 2."""
     from sglang_ddtree.budget.decisions import KeptDecisions
 
