@@ -307,9 +307,9 @@ def test_a_batch_size_that_comes_back_finds_its_decisions_kept():
     for bs in [4, 3] * 300:
         step(steps, bs, clock, rng)
     asked, calibrated = [], []
-    choose, calibrate = steps.chooser.choose, steps.calibration.calibrated
+    choose, calibrate = steps.chooser.choose, steps.expected.calibration.calibrated
     steps.chooser.choose = lambda bs, accepted: asked.append(bs) or choose(bs, accepted)
-    steps.calibration.calibrated = lambda reach: calibrated.append(1) or calibrate(reach)
+    steps.expected.calibration.calibrated = lambda reach: calibrated.append(1) or calibrate(reach)
     for bs in [4, 3] * 100:
         step(steps, bs, clock, rng)
     folds = 200 // steps.predict_every + 1

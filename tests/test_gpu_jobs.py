@@ -289,8 +289,8 @@ def test_the_width1_table_makes_every_step_width_1(budget):
     assert tuple(table["widths"]) == candidate_widths(budget) and table == json.loads(path.read_text())
     cost = RoundCostTable(table["batch_sizes"], table["widths"], table["ms"])
     widths = StepWidths(candidate_widths(budget), cost, depth=7, make_head=lambda w: w)
-    widths._per_request = np.full((len(widths.widths), 7), 0.9)  # a confident prediction
-    assert all(widths.chooser.choose(bs, widths._expected_accepted(bs)) == 1 for bs in (1, 8, 64, 300))
+    widths.expected.per_request = np.full((len(widths.widths), 7), 0.9)  # a confident prediction
+    assert all(widths.chooser.choose(bs, widths.expected.of_batch(bs)) == 1 for bs in (1, 8, 64, 300))
 
 
 def test_tp2_runs_the_ab_tool_at_tp2_beside_the_suite(tmp_path):

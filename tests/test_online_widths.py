@@ -113,7 +113,7 @@ def test_calibration_learns_what_the_target_accepts():
     for _ in range(200):  # the drafter predicts 0.9 per depth; the target accepts one draft only
         run_step(widths, bs=2, accept_len=1)
     widths.start(2)  # absorbs the last step
-    scale = widths.calibration.scale
+    scale = widths.expected.calibration.scale
     assert scale[0] == pytest.approx(1 / 0.9, rel=0.05)
     assert scale[1:] == pytest.approx([0.2] * (DEPTH - 1))  # clamped: deeper depths never reached
 
@@ -184,17 +184,17 @@ def test_width_one_skips_the_drafter_keeps_the_prediction_and_the_tree_comes_bac
     assert run_step(widths, bs=1, accept_len=4) == 1 and not widths.skips_draft  # nothing predicted yet
     assert run_step(widths, bs=1, accept_len=4) == 5 and not widths.skips_draft
     widths._absorb_landed()
-    scale, kept = widths.calibration.scale.copy(), widths._per_request.copy()
+    scale, kept = widths.expected.calibration.scale.copy(), widths.expected.per_request.copy()
     loaded = [(run_step(widths, bs=8, accept_len=0), widths.skips_draft) for _ in range(20)]
     assert loaded == [(1, True)] * 20  # under load: the root alone, no drafter
     assert widths.summary()["width1_steps_without_draft"] == 20
     widths._absorb_landed()
-    np.testing.assert_array_equal(widths.calibration.scale, scale)  # no evidence about any depth
-    np.testing.assert_array_equal(widths._per_request, kept)  # the last prediction, kept as it was
+    np.testing.assert_array_equal(widths.expected.calibration.scale, scale)  # no evidence about any depth
+    np.testing.assert_array_equal(widths.expected.per_request, kept)  # the last prediction, kept as it was
     assert run_step(widths, bs=1, accept_len=4) == 5  # the batch shrank: the tree is back
     assert not widths.skips_draft
     scores = {s.width: s.expected_accepted for s in widths.chooser.last_scores}
-    assert scores[5] == pytest.approx(widths.calibration.calibrated(kept)[3])
+    assert scores[5] == pytest.approx(widths.expected.calibration.calibrated(kept)[3])
     assert run_step(widths, bs=8, accept_len=0) == 1 and widths.skips_draft  # and gone again under load
 
 
@@ -211,7 +211,9 @@ def test_a_long_run_at_width_one_drafts_once_in_a_while_to_refresh_the_predictio
     assert widths.summary()["width1_steps_without_draft"] == 22
     run_step(widths, bs=8, accept_len=0)
     widths._absorb_landed()
-    assert widths._per_request[-1].sum() == pytest.approx(chain_expected(0.9, 5))  # refreshed, per request
+    assert widths.expected.per_request[-1].sum() == pytest.approx(
+        chain_expected(0.9, 5)
+    )  # refreshed, per request
 
 
 def test_refresh_every_zero_keeps_a_width_one_run_without_drafts(monkeypatch):
@@ -402,7 +404,7 @@ def test_the_online_budget_step_does_not_synchronise_with_the_gpu():
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     widths.start(4)
-    assert sum(widths.history.values()) == 14 and widths._per_request is not None
+    assert sum(widths.history.values()) == 14 and widths.expected.per_request is not None
     assert table.rows_served()[1]  # the timed rounds reached the table (through their verify times)
 
 

@@ -132,7 +132,7 @@ def run_steps(
     log_probs = torch.log_softmax(logits, -1).sort(-1, descending=True).values
     accept_lens = torch.randint(DEPTH // 2, DEPTH + 1, (bs,), generator=gen, device=device)
     folds, choices, predictions = (
-        _calls(steps, "_fold"),
+        _calls(steps.expected, "fold"),
         _calls(steps.chooser, "choose"),
         _calls(steps, "_predict"),
     )

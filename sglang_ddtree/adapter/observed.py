@@ -1,6 +1,21 @@
 """A finished decode step of the online budget on its way to the host (``widths.py``): its
 prediction and accepted depths copied without waiting for the device, its verify's device
-time, its period; folded into the calibration and the cost table once all have landed."""
+time, its period; folded into the calibration and the cost table once all have landed.
+
+The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
+``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
+between, and when the step does not directly follow one: SGLang's overlap loop launches that
+step, then waits for the other batch's results, so the step's period holds the other batch's
+device time (on the K2.6 rank a 96-token request's TTFT is 15-20 decode rounds). That is
+what a step costs the server whatever bounds it (the device, the host's launches, the
+scheduler between steps, a wait on the previous step under overlap), where the round's own
+device time leaves out the host's share between rounds (which a host-bound round, on a small
+target, pays at every width, width 1 included). Under overlap the period of a step is the
+device time of the step before it where the device bounds the server, so only a step that
+ran as the one before it (the same width, drafted or not) is costed: a step after a change
+would charge the old width's round to the new width (and, when the choice alternates, blur
+the two widths' costs together).
+"""
 
 from __future__ import annotations
 

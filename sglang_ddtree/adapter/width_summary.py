@@ -20,7 +20,7 @@ def summary(steps) -> dict:
         "width_steps": dict(sorted(per_width.items())),
         "width_steps_by_bs": by_bs,
         "width1_steps_without_draft": steps.steps_without_draft,
-        "depth_scale": [round(float(s), 3) for s in steps.calibration.scale],
+        "depth_scale": [round(float(s), 3) for s in steps.expected.calibration.scale],
     }
     if steps.measured:
         shown["round_ms"] = measured_costs(steps.cost)

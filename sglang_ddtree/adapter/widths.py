@@ -16,11 +16,10 @@ Per step, two calls from the worker:
     ...draft (the proposals are watched), build, verify, accept, commit at `width`...
     widths.finish(accept_lens)        # after: what this step predicted, accepted and cost
 
-``start`` must not wait for the device, so it chooses from the previous step's prediction
-(the drafter's per-request reach at every candidate width, ``tree/expected_accept.py``)
-scaled to this step's batch size: acceptance moves slowly, the batch size is known on the
-host. ``finish`` starts copying this step's prediction and its accepted depths to the host;
-a later ``start`` folds them into the per-depth calibration once the copy has landed.
+``start`` must not wait for the device, so it chooses from the last landed prediction, scaled
+to this step's batch size and calibrated (``expected_drafts.py``). ``finish`` starts copying
+this step's prediction and its accepted depths to the host; a later ``start`` folds them in
+once the copy has landed.
 
 A width-1 step without the drafter predicts nothing: the last prediction is kept as it was
 (the drafter's confidence on the running text, which a step that did not draft says nothing
@@ -31,19 +30,8 @@ Some steps draft at width 1 anyway: the first (nothing predicted yet), and those
 the prediction (``refresh.py``: once half the batch is new, and after runs without a draft
 that start short and double while width 1 holds); none counts as a width-1 round cost.
 
-The round cost ``T(bs, width)`` is measured as the step's period: the host time from its
-``start`` to the next step's ``start``, when no other batch (a prefill, an idle pass) ran in
-between, and when the step does not directly follow one: SGLang's overlap loop launches that
-step, then waits for the other batch's results, so the step's period holds the other batch's
-device time (on the K2.6 rank a 96-token request's TTFT is 15-20 decode rounds). That is
-what a step costs the server whatever bounds it (the device, the host's launches, the
-scheduler between steps, a wait on the previous step under overlap), where the round's own
-device time leaves out the host's share between rounds (which a host-bound round, on a small
-target, pays at every width, width 1 included). Under overlap the period of a step is the
-device time of the step before it where the device bounds the server, so only a step that
-ran as the one before it (the same width, drafted or not) is costed: a step after a change
-would charge the old width's round to the new width (and, when the choice alternates, blur
-the two widths' costs together).
+The round cost ``T(bs, width)`` is measured as the step's period (``observed.py`` says which
+periods count).
 Under CUDA graphs the table is timed (``budget/timed_costs.py``): the step also times its
 verify forward on the device (CUDA events around it, read once they have run), the share of
 the period that differs by width; the rest of the period every width of the row pays alike.
@@ -77,11 +65,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from ..budget import (
-    DepthCalibration,
     ProbedCostTable,
     RoundCostTable,
     TimedCostTable,
@@ -94,6 +80,7 @@ from ..config import DDTreeConfigError, budget_cost_table, online_budget_pinned,
 from ..tree.expected_accept import reach_totals_at_widths
 from ..tree.types import Trees
 from . import width_summary
+from .expected_drafts import ExpectedDrafts
 from .observed import HostCopies, Observed
 from .refresh import FIRST_REFRESH, REFRESH_EVERY, Refresh
 from .verify_clock import VerifyTime
@@ -142,14 +129,9 @@ class StepWidths:
         self._steady_width, self._again = 0, 0
         self.cost = cost
         self.depth = depth
-        self._column = {width: column for column, width in enumerate(self.widths)}
-        self.calibration = DepthCalibration(depth)
+        self.expected = ExpectedDrafts(self.widths, depth)
         self.heads = {width: make_head(width) for width in self.widths}
         self.steps = 0
-        self._per_request: np.ndarray | None = None  # [n_widths, depth] reach per request
-        # Per batch size, its expected accepted drafts per width, made from (prediction, scale).
-        self._accepted: dict[int, np.ndarray] = {}
-        self._accepted_from: tuple = (None, None)
         self._pending: deque[Observed] = deque()
         self._copies = HostCopies()  # the predictions' pinned host buffers, reused
         self._step: tuple[int, int, float] | None = None  # (bs, width, start time)
@@ -228,7 +210,7 @@ class StepWidths:
             self._absorb_landed()
         if bs == self._steady:
             return self._start_again(bs, now)
-        width, probed = self.decisions.decide(bs, self._expected_accepted(bs))
+        width, probed = self.decisions.decide(bs, self.expected.of_batch(bs))
         self.decided_anew = not self.decisions.repeated
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
@@ -416,28 +398,14 @@ class StepWidths:
         self._drafted_unpredicted += 1
         return not self._predicting or width == 1 or self._drafted_unpredicted >= self.predict_every
 
-    def _expected_accepted(self, bs: int) -> np.ndarray:
-        """``[n_widths]``: the batch's calibrated expected accepted drafts per width (read only),
-        kept per batch size until the prediction or the calibration changes. Before any step
-        has landed there is no prediction: nothing is expected (the smallest wins)."""
-        per_request, scale = self._per_request, self.calibration.scale
-        if self._accepted_from[0] is not per_request or self._accepted_from[1] is not scale:
-            self._accepted_from, self._accepted = (per_request, scale), {}
-        accepted = self._accepted.get(bs)
-        if accepted is None:
-            calibrated = self.calibration.calibrated
-            accepted = np.zeros(len(self.widths)) if per_request is None else calibrated(per_request * bs)
-            accepted.flags.writeable = False
-            self._accepted[bs] = accepted
-        return accepted
-
     def _absorb_landed(self) -> None:
         table = self._cost
         read = (table.structure, table.drift)  # what the kept decisions read of the table
         while self._pending and self._pending[0].landed():
             step = self._pending.popleft()
             if step.values is not None:  # a step that predicted nothing keeps the last prediction
-                self._fold(step)
+                self.expected.fold(step.values.numpy(), step.width, step.bs)
+                self._copies.give_back(step.values, step.ready)
                 self._leave_steady()  # new expected drafts: the decisions are asked
             verify_ms = None if step.verify is None else step.verify.ms()
             own_period = step.period_ms if step.costs_its_width else None  # None: not this kind's
@@ -448,15 +416,6 @@ class StepWidths:
                 self._cost.observe(step.bs, step.width, own_period)
         if (table.structure, table.drift) != read:
             self._leave_steady()
-
-    def _fold(self, step: Observed) -> None:
-        """A predicting step's values, landed: into the calibration, and the prediction the
-        next choices scale (per request); its host buffer goes back to be reused."""
-        values = step.values.numpy()
-        predicted, measured = values[:-1], values[-1]
-        self.calibration.update(measured, predicted[self._column[step.width]])
-        self._per_request = predicted / step.bs  # a copy: the buffer can take the next prediction
-        self._copies.give_back(step.values, step.ready)
 
     # --- what the server shows ---------------------------------------------------------
 
