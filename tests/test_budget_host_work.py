@@ -257,12 +257,8 @@ def test_a_step_that_asks_nothing_reads_the_settled_check_the_table_would_give(m
 @pytest.mark.parametrize("table_kind", ["timed", "fixed"])
 def test_most_steps_of_a_steady_batch_ask_no_decision(table_kind, monkeypatch):
     """At one batch size, a step that follows a step of its size with nothing folded and no cost
-    moved takes the last width without asking the decisions (``_start_again``): most steps of a
-    steady batch do, and the comparison with the asked widths above covers them."""
-    again, start_again = [], StepWidths._start_again
-    monkeypatch.setattr(
-        StepWidths, "_start_again", lambda steps, *a: again.append(1) or start_again(steps, *a)
-    )
+    moved takes the last width without asking the decisions (``start``): most steps of a steady
+    batch do, and the comparison with the asked widths above covers them."""
     clock, rng = Clock(), random.Random(0)
     if table_kind == "timed":
         steps = served(rows=8, budget=15, clock=clock)
@@ -272,13 +268,14 @@ def test_most_steps_of_a_steady_batch_ask_no_decision(table_kind, monkeypatch):
         steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
     for _ in range(300):
         step(steps, 4, clock, rng)
-    again.clear()
+    asked, decide = [], steps.decisions.decide
+    monkeypatch.setattr(steps.decisions, "decide", lambda *a: asked.append(1) or decide(*a))
     before, ran = Counter(steps.history), Counter()
     for n in range(320):
         ran[4, step(steps, 4, clock, rng)] += 1
         if n % 100 == 0:  # the history as the summary reads it, mid-run: every step booked
             assert steps.history - before == ran
-    assert len(again) > 0.8 * 320, len(again)
+    assert len(asked) < 0.2 * 320, len(asked)
     assert steps.history - before == ran
 
 

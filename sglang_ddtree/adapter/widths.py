@@ -50,7 +50,7 @@ probe check that asked for none, while nothing they read moves enough to change 
 (``budget/decisions.py``); a step that repeats the last one (its batch size, nothing moved past
 what both decisions allow) takes the last width in a few comparisons, and one that follows a
 step of its size with nothing landed that moved the table or the prediction does not ask the
-decisions at all (``_start_again``). Under a timed table a step
+decisions at all (``start``). Under a timed table a step
 neither timed nor predicting leaves nothing behind to fold. Between a server's rounds the host's
 caches go cold, so each call a step makes costs a microsecond or more
 (``lab/bench/online_budget_host.py --cold``). When they are made again, the table computes only
@@ -208,56 +208,44 @@ class StepWidths:
             self._end_period(now)
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
-        if bs == self._steady:
-            return self._start_again(bs, now)
-        width, probed = self.decisions.decide(bs, self.expected.of_batch(bs))
-        self.decided_anew = not self.decisions.repeated
-        if self.pinned:  # debugging: the choice made and booked, the widest tree run
-            width = self.widths[-1]
-        # the next step of this size takes this width while nothing the decisions read moves
-        self._leave_steady(None if probed else bs, width)
-        self._history[bs, width] += 1
-        self._count_step()
+        steady = bs == self._steady
+        if steady:  # nothing the last step's decisions read has moved: they would repeat
+            width, probed = self._steady_width, False
+            self.decided_anew = False
+            self._again += 1  # (a Counter's update of a tuple key costs a few us on cold caches)
+        else:
+            width, probed = self._decide(bs)
+        self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
+        if self.log_every and self.steps % self.log_every == 0:
+            logger.info("DDTREE online budget: %s", self.summary())
         self._verify = None
         if self._timed:
-            if self.decided_anew:  # a cell settles or unsettles only as the table's structure moves
-                self._settled = self._cost.settled(bs, width)
             self._times = self._times_settled()
-        self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed)
-        self.refresh.step(width, self.skips_draft, probed)
-        self.steps_without_draft += self.skips_draft
+        if width == 1 or not steady:  # a steady tree step's refresh is as the last step left it
+            self.skips_draft = width == 1 and self._predicting and not self.refresh.due(bs, probed)
+            self.refresh.step(width, self.skips_draft, probed)
+            self.steps_without_draft += self.skips_draft
         self._step = (bs, width, now)
         if self.runners is not None:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
         return width
 
-    def _start_again(self, bs: int, now: float) -> int:
-        """A step of the last step's batch size with nothing its decisions read moved since (no
-        prediction folded, the table's structure and drift as they were): the decisions would
-        repeat (``KeptDecisions.repeats``), so the last width stands without asking them, and
-        the rest of the step is the last one's: its cell's settled check, and for a width above
-        1 the refresh as that step left it. A served row's steady steps are nearly all of these
-        (the host's caches are cold between rounds: every call and object a step reads costs)."""
-        width = self._steady_width
-        self.decided_anew = False
-        self._again += 1  # (a Counter's update of a tuple key costs a few us on cold caches)
-        self._count_step()
-        self._verify = None
-        if self._timed:
-            self._times = self._times_settled()
-        if width == 1:
-            self.skips_draft = self._predicting and not self.refresh.due(bs, False)
-            self.refresh.step(1, self.skips_draft, False)
-            self.steps_without_draft += self.skips_draft
-        self._step = (bs, width, now)
-        if self.runners is not None:
-            self.runners.use(width)
-        return width
-
-    def _count_step(self) -> None:
-        self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
-        if self.log_every and self.steps % self.log_every == 0:
-            logger.info("DDTREE online budget: %s", self.summary())
+    def _decide(self, bs: int) -> tuple[int, bool]:
+        """This step's width and whether a measured table asked for it as a probe, from the kept
+        decisions (``budget/decisions.py``); the next step of this size takes it again without
+        asking (``start``) while nothing they read moves. A served row's steady steps are nearly
+        all of those (the host's caches are cold between rounds: every call and object a step
+        reads costs)."""
+        width, probed = self.decisions.decide(bs, self.expected.of_batch(bs))
+        self.decided_anew = not self.decisions.repeated
+        if self.pinned:  # debugging: the choice made and booked, the widest tree run
+            width = self.widths[-1]
+        self._leave_steady(None if probed else bs, width)
+        self._history[bs, width] += 1
+        # a cell settles or unsettles only as the table's structure moves: a repeat reads the last
+        if self._timed and self.decided_anew:
+            self._settled = self._cost.settled(bs, width)
+        return width, probed
 
     def _leave_steady(self, bs: int | None = None, width: int = 0) -> None:
         """The steady batch size and width ``start`` takes again from now (None: none), the
