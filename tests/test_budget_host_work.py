@@ -203,9 +203,9 @@ def run_widths(table_kind: str, keep: bool, seed: int = 1, churn: float = 0.0) -
     else:
         table = RoundCostTable.from_function(sizes, widths, lambda bs, w: 4.0 + 0.02 * bs * w)
     steps = StepWidths(widths, table, DEPTH, lambda w: w, clock=clock)
-    if not keep:
+    if not keep:  # and each step asked at its own batch size, not its row's
         steps.decisions.holds = lambda kept, bs, accepted: False
-        steps.decisions.repeats = lambda bs, accepted: False
+        table.row_size = lambda bs: bs
     ran, bs, full, churner = [], 2, 2, random.Random(seed + 1)
     for _ in range(1500):
         if not keep:  # no step of the same size takes the last width without asking (``start``)
@@ -314,7 +314,7 @@ def test_a_batch_size_that_comes_back_finds_its_decisions_kept():
     assert len(asked) < 60, len(asked)  # against 200 sizes asked
 
 
-def test_a_fixed_table_is_asked_again_only_when_the_prediction_or_the_batch_changes(monkeypatch):
+def test_a_fixed_table_is_asked_again_only_when_the_prediction_or_the_row_changes(monkeypatch):
     widths = candidate_widths(15)
     table = RoundCostTable.from_function((1, 8), widths, lambda bs, w: 4.0 + 0.02 * bs * w)
     clock, rng = Clock(), random.Random(0)
@@ -324,12 +324,13 @@ def test_a_fixed_table_is_asked_again_only_when_the_prediction_or_the_batch_chan
     monkeypatch.setattr(
         steps.chooser, "choose", lambda bs, accepted: asked.append(bs) or choose(bs, accepted)
     )
-    for _ in range(64):
-        step(steps, 4, clock, rng)
+    for n in range(64):  # every size of the row of 8: one decision for them all
+        step(steps, 4 + n % 5, clock, rng)
     folds = 64 // steps.predict_every + 1  # the first step's, then one drafted step in 8
     assert len(asked) <= folds + 1, len(asked)
-    step(steps, 5, clock, rng)
-    assert asked[-1] == 5  # another batch size: asked again
+    assert set(asked) == {8}, asked
+    step(steps, 1, clock, rng)
+    assert asked[-1] == 1  # another row: asked again
 
 
 # --- the timed table keeps what it says it keeps --------------------------------------------------

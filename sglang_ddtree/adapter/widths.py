@@ -47,10 +47,10 @@ grows with the table's rows or the candidate widths (``tests/test_budget_host_wo
 it). Kept per batch size (under load it changes at most steps, and comes back): the expected
 accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
 probe check that asked for none, while nothing they read moves enough to change them
-(``budget/decisions.py``); a step that repeats the last one (its batch size, nothing moved past
-what both decisions allow) takes the last width in a few comparisons, and one that follows a
-step of its size with nothing landed that moved the table or the prediction does not ask the
-decisions at all (``start``). Under a timed table a step
+(``budget/decisions.py``); a step that follows a step of its row (the table's row that prices
+its batch size: the decisions are the same for all its sizes, ``_decide``) with nothing landed
+that moved the prediction, the table's structure, or its costs past what the last decisions
+allow does not ask the decisions at all (``start``). Under a timed table a step
 neither timed nor predicting leaves nothing behind to fold. Between a server's rounds the host's
 caches go cold, so each call a step makes costs a microsecond or more
 (``lab/bench/online_budget_host.py --cold``). When they are made again, the table computes only
@@ -61,6 +61,7 @@ and copied into reused pinned buffers (``observed.py``), folded in once landed.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -123,10 +124,12 @@ class StepWidths:
         self._clock = clock  # the host's clock in seconds (None: ``time.perf_counter``; a simulation's own)
         self.chooser = WidthChooser(self.widths, cost)
         self._history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
-        # The batch size whose next step repeats the last one's decisions (``start``), its width,
-        # and the steps run again at them not yet in the history.
-        self._steady: int | None = None
-        self._steady_width, self._again = 0, 0
+        # The steps run at the last batch size and width not yet in the history (a Counter's
+        # update of a tuple key costs a few us on cold caches).
+        self._again_bs, self._again_width, self._again = 0, 0, 0
+        # The row's batch size (``RoundCostTable.row_size``) whose next step repeats the last
+        # one's decisions (``start``), and its width, and each batch size's row size once
+        # looked up: set with the table (``cost``).
         self.cost = cost
         self.depth = depth
         self.expected = ExpectedDrafts(self.widths, depth)
@@ -195,6 +198,7 @@ class StepWidths:
         self._timed = isinstance(table, TimedCostTable)
         self.decisions = KeptDecisions(self.chooser, table)  # the probe and the width, kept
         self._leave_steady()
+        self._row_sizes: dict[int, int] = {}
 
     def use_cost_table(self, table: RoundCostTable) -> None:
         self.cost = self.chooser.cost = table
@@ -208,13 +212,17 @@ class StepWidths:
             self._end_period(now)
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
-        steady = bs == self._steady
+        size = self._row_sizes.get(bs) or self._row_size(bs)
+        steady = size == self._steady
         if steady:  # nothing the last step's decisions read has moved: they would repeat
             width, probed = self._steady_width, False
             self.decided_anew = False
-            self._again += 1  # (a Counter's update of a tuple key costs a few us on cold caches)
         else:
-            width, probed = self._decide(bs)
+            width, probed = self._decide(size)
+        if bs == self._again_bs and width == self._again_width:
+            self._again += 1
+        else:
+            self._book(bs, width)
         self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
         if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
@@ -230,36 +238,54 @@ class StepWidths:
             self.runners.use(width)  # the verify of this step runs in this width's graphs
         return width
 
-    def _decide(self, bs: int) -> tuple[int, bool]:
+    def _decide(self, size: int) -> tuple[int, bool]:
         """This step's width and whether a measured table asked for it as a probe, from the kept
-        decisions (``budget/decisions.py``); the next step of this size takes it again without
-        asking (``start``) while nothing they read moves. A served row's steady steps are nearly
-        all of those (the host's caches are cold between rounds: every call and object a step
-        reads costs)."""
-        width, probed = self.decisions.decide(bs, self.expected.of_batch(bs))
-        self.decided_anew = not self.decisions.repeated
+        decisions (``budget/decisions.py``), asked for the row's batch size ``size``; the next
+        step of the row takes it again without asking (``start``) while nothing they read moves.
+        A served row's steady steps are nearly all of those (the host's caches are cold between
+        rounds: every call and object a step reads costs).
+
+        Why the row's size. A width's rate is its expected tokens over its row's cost, and the
+        expected drafts scale with the batch size (``expected_drafts.py``: the calibrated reach
+        per request times ``bs``, plus ``bs`` bonus tokens): every width's rate at ``bs`` is the
+        rate at ``size`` times ``bs / size``. So the choice, its hysteresis and the probe check
+        are the same for every size the row prices (``tests/test_budget_host_work.py`` compares
+        them with the decisions asked at each step's own size), and under load, where a request
+        ends or joins at most steps, a batch that stays in its row asks nothing."""
+        width, probed = self.decisions.decide(size, self.expected.of_batch(size))
+        self.decided_anew = True
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
-        self._leave_steady(None if probed else bs, width)
-        self._history[bs, width] += 1
-        # a cell settles or unsettles only as the table's structure moves: a repeat reads the last
-        if self._timed and self.decided_anew:
-            self._settled = self._cost.settled(bs, width)
+        self._leave_steady(None if probed else size, width, self.decisions.drift_bound)
+        # a cell settles or unsettles only as the table's structure moves: a steady step reads the last
+        if self._timed:
+            self._settled = self._cost.settled(size, width)
         return width, probed
 
-    def _leave_steady(self, bs: int | None = None, width: int = 0) -> None:
-        """The steady batch size and width ``start`` takes again from now (None: none), the
-        steps run again at the last ones booked into the history."""
+    def _leave_steady(self, size: int | None = None, width: int = 0, drift_bound: float = -math.inf) -> None:
+        """The row's batch size and width ``start`` takes again from now (None: none), while the
+        table's drift stays within ``drift_bound`` and its structure does not move."""
+        self._steady, self._steady_width, self._steady_drift = size, width, drift_bound
+
+    def _row_size(self, bs: int) -> int:
+        size = self._row_sizes[bs] = self._cost.row_size(bs)
+        return size
+
+    def _book(self, bs: int, width: int) -> None:
+        """A step of another batch size or width than the last: the last ones' steps into the
+        history, this one counted."""
+        self._flush_history()
+        self._again_bs, self._again_width, self._again = bs, width, 1
+
+    def _flush_history(self) -> None:
         if self._again:
-            self._history[self._steady, self._steady_width] += self._again
+            self._history[self._again_bs, self._again_width] += self._again
             self._again = 0
-        self._steady, self._steady_width = bs, width
 
     @property
     def history(self) -> Counter[tuple[int, int]]:
         """(batch size, width) -> steps run."""
-        if self._again:
-            self._leave_steady(self._steady, self._steady_width)
+        self._flush_history()
         return self._history
 
     def interrupt(self, joined: int = 0) -> None:
@@ -388,7 +414,7 @@ class StepWidths:
 
     def _absorb_landed(self) -> None:
         table = self._cost
-        read = (table.structure, table.drift)  # what the kept decisions read of the table
+        structure = table.structure  # what the steady decisions read of the table, with its drift
         while self._pending and self._pending[0].landed():
             step = self._pending.popleft()
             if step.values is not None:  # a step that predicted nothing keeps the last prediction
@@ -402,7 +428,7 @@ class StepWidths:
                     self._cost.observe(step.bs, step.width, own_period, verify_ms)  # every verify
             elif self.measured and own_period is not None:
                 self._cost.observe(step.bs, step.width, own_period)
-        if (table.structure, table.drift) != read:
+        if table.structure != structure or table.drift > self._steady_drift:
             self._leave_steady()
 
     # --- what the server shows ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """The online budget's two decisions of a step, kept per batch size (``adapter/widths.py`` asks
-for them at every step): which width a measured table asks to probe first, and the chooser's
-width.
+for them at the batch size of the table's row, at every step that does not repeat the last
+one's): which width a measured table asks to probe first, and the chooser's width.
 
 Each is kept while what it read moves less than could change it: the costs and the expected
 drafts within the decision's slack (``slack.py``), the table's structure, the chooser's current
@@ -29,42 +29,22 @@ class KeptDecisions:
         self._timed = isinstance(table, TimedCostTable)
         self._choices: dict[int, Kept] = {}  # per batch size: its last choice, and what it read
         self._no_probes: dict[int, Kept | None] = {}  # per batch size: its last check that found none
-        # The last step's (bs, expected drafts, table structure, drift bound, width), None after a probe.
-        self._last: tuple | None = None
-        self.repeated = False  # the last step's width came from repeats(): nothing the table says moved
+        # The table's drift up to which the last step's decisions hold as they stand (-inf after
+        # a probe: a probe is asked for at every step): ``StepWidths`` keeps them as long.
+        self.drift_bound = -math.inf
 
     def decide(self, bs: int, accepted: np.ndarray) -> tuple[int, bool]:
-        """This step's width, and whether a measured table asked for it as a probe. A step that
-        repeats the last one (:meth:`repeats`) takes its width without asking either decision."""
-        self.repeated = self.repeats(bs, accepted)
-        if self.repeated:
-            return self._last[4], False
+        """This step's width, and whether a measured table asked for it as a probe."""
         probed = self.probe(bs, accepted)
         if probed is not None:
-            self._last = None
+            self.drift_bound = -math.inf
             return probed, True
         width = self.choose(bs, accepted)
         bound = self._choices[bs].drift_bound
         if self._unprobed is not None:
             bound = min(bound, self._no_probes[bs].drift_bound)
-        self._last = (bs, accepted, self.table.structure, bound, width)
+        self.drift_bound = bound
         return width, False
-
-    def repeats(self, bs: int, accepted: np.ndarray) -> bool:
-        """Whether both of the last step's kept decisions hold for this step as they stand: the
-        same batch size and expected drafts (the same array), the table's structure unmoved, its
-        drift within both decisions' bounds, the chooser's width the one it chose. What the two
-        ``holds`` would say, in a few comparisons: a steady row's step asks nothing else (the
-        host's caches are cold between a server's rounds, so every call a step makes costs)."""
-        last, table = self._last, self.table
-        return (
-            last is not None
-            and last[0] == bs
-            and last[1] is accepted
-            and last[2] == table.structure
-            and table.drift <= last[3]
-            and self.chooser.current == last[4]
-        )
 
     def probe(self, bs: int, accepted: np.ndarray) -> int | None:
         """The width a measured table asks for first (None: the chooser decides); a timed

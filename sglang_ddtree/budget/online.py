@@ -78,6 +78,12 @@ class RoundCostTable:
         largest = self.batch_sizes[-1]
         return self._row(bs), self._column(width), ms * largest / bs if bs > largest else ms
 
+    def row_size(self, bs: int) -> int:
+        """The batch size whose row prices a batch of ``bs`` (``bs`` itself past the largest).
+        Every decision on the table is the same for the sizes a row prices (``adapter/widths.py``)."""
+        largest = self.batch_sizes[-1]
+        return self.batch_sizes[self._row(bs)] if bs <= largest else bs
+
     def _row(self, bs: int) -> int:
         row = self._rows.get(bs)
         if row is None:  # a batch size not seen yet: searched once (then one dict lookup a step)
