@@ -42,20 +42,17 @@ follows the rounds it serves. ``$SGLANG_DDTREE_BUDGET_COST_TABLE`` replaces it w
 table (tests, debugging), which the measured rounds do not change.
 
 Host work. ``start`` and ``finish`` run at every decode step, on the host, so a host-bound round
-pays them at every width (2% of the trained pair's ~4 ms H200 round is 80 us), and none of it
-grows with the table's rows or the candidate widths (``tests/test_budget_host_work.py`` counts
-it). Kept per batch size (under load it changes at most steps, and comes back): the expected
-accepted drafts, until a prediction lands or the calibration moves; the chosen width and a
-probe check that asked for none, while nothing they read moves enough to change them
-(``budget/decisions.py``); a step that follows a step of its row (the table's row that prices
-its batch size: the decisions are the same for all its sizes, ``_decide``) with nothing landed
-that moved the prediction, the table's structure, or its costs past what the last decisions
-allow does not ask the decisions at all (``start``). Under a timed table a step
-neither timed nor predicting leaves nothing behind to fold. Between a server's rounds the host's
-caches go cold, so each call a step makes costs a microsecond or more
-(``lab/bench/online_budget_host.py --cold``). When they are made again, the table computes only
-the row asked for. The prediction is a fixed number of device operations, launched without a synchronisation
-and copied into reused pinned buffers (``observed.py``), folded in once landed.
+pays them at every width, and none of it grows with the table's rows or the candidate widths
+(``tests/test_budget_host_work.py`` counts it). Between a server's rounds the host's caches go
+cold, so each call a step makes costs a microsecond or more (``lab/bench/online_budget_host.py
+--cold``). So a step that follows a step of its row (the table's row that prices its batch size:
+the decisions are the same for all its sizes, ``_decide``) with nothing landed that moved the
+prediction, the table's structure, or its costs past what the last decisions allow asks none
+(``start``); kept per batch size, the expected drafts until a prediction lands, and the
+decisions while what they read moves less than could change them (``budget/decisions.py``); a
+step neither timed nor predicting leaves nothing behind to fold; the prediction is a fixed
+number of device operations, launched without a synchronisation into reused pinned buffers
+(``observed.py``).
 """
 
 from __future__ import annotations
@@ -84,6 +81,7 @@ from . import width_summary
 from .expected_drafts import ExpectedDrafts
 from .observed import HostCopies, Observed
 from .refresh import FIRST_REFRESH, REFRESH_EVERY, Refresh
+from .step_history import StepHistory
 from .verify_clock import VerifyTime
 
 logger = logging.getLogger("sglang_ddtree")
@@ -123,10 +121,7 @@ class StepWidths:
         self.widths = tuple(widths)
         self._clock = clock  # the host's clock in seconds (None: ``time.perf_counter``; a simulation's own)
         self.chooser = WidthChooser(self.widths, cost)
-        self._history: Counter[tuple[int, int]] = Counter()  # (batch size, width) -> steps
-        # The steps run at the last batch size and width not yet in the history (a Counter's
-        # update of a tuple key costs a few us on cold caches).
-        self._again_bs, self._again_width, self._again = 0, 0, 0
+        self._history = StepHistory()
         # The row's batch size (``RoundCostTable.row_size``) whose next step repeats the last
         # one's decisions (``start``), and its width, and each batch size's row size once
         # looked up: set with the table (``cost``).
@@ -212,17 +207,18 @@ class StepWidths:
             self._end_period(now)
         if self._pending and self._pending[0].landed():
             self._absorb_landed()
-        size = self._row_sizes.get(bs) or self._row_size(bs)
+        size = self._row_sizes.get(bs) or self._row_sizes.setdefault(bs, self._cost.row_size(bs))
         steady = size == self._steady
         if steady:  # nothing the last step's decisions read has moved: they would repeat
             width, probed = self._steady_width, False
             self.decided_anew = False
         else:
             width, probed = self._decide(size)
-        if bs == self._again_bs and width == self._again_width:
-            self._again += 1
+        history = self._history
+        if bs == history.bs and width == history.width:
+            history.run += 1
         else:
-            self._book(bs, width)
+            history.book(bs, width)
         self.steps += 1  # (``history.total()`` sums every cell: a cost per step)
         if self.log_every and self.steps % self.log_every == 0:
             logger.info("DDTREE online budget: %s", self.summary())
@@ -267,26 +263,10 @@ class StepWidths:
         table's drift stays within ``drift_bound`` and its structure does not move."""
         self._steady, self._steady_width, self._steady_drift = size, width, drift_bound
 
-    def _row_size(self, bs: int) -> int:
-        size = self._row_sizes[bs] = self._cost.row_size(bs)
-        return size
-
-    def _book(self, bs: int, width: int) -> None:
-        """A step of another batch size or width than the last: the last ones' steps into the
-        history, this one counted."""
-        self._flush_history()
-        self._again_bs, self._again_width, self._again = bs, width, 1
-
-    def _flush_history(self) -> None:
-        if self._again:
-            self._history[self._again_bs, self._again_width] += self._again
-            self._again = 0
-
     @property
     def history(self) -> Counter[tuple[int, int]]:
         """(batch size, width) -> steps run."""
-        self._flush_history()
-        return self._history
+        return self._history.counts
 
     def interrupt(self, joined: int = 0) -> None:
         """Another batch (a prefill of ``joined`` requests, an idle pass) runs between two
