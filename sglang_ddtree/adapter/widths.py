@@ -193,6 +193,7 @@ class StepWidths:
         self._timed = isinstance(table, TimedCostTable)
         self.decisions = KeptDecisions(self.chooser, table)  # the probe and the width, kept
         self._leave_steady()
+        # the table's row_size per batch size: a dict lookup a step, not a call
         self._row_sizes: dict[int, int] = {}
 
     def use_cost_table(self, table: RoundCostTable) -> None:
