@@ -17,8 +17,11 @@ Per decode iteration of the scheduler's loop it adds up (microseconds, host cloc
   target's token itself) and the forward batches made (``ForwardBatch.init_new``, in both).
   ``worker - forward - sample`` is the worker's own host work around them: plain's forward
   batch, DDTREE's decoding step's preparation, features, posterior and bookkeeping;
-* ``convert``: in ``schedule``, the DDTREE worker's conversion of a width-1 step into SGLang's
-  own decode step (``adapter/plain_steps.py``; its width choice is the phase timer's);
+* ``check_decode_mem``: in ``schedule``, SGLang's check that the step's KV fits (a speculative
+  batch's asks per request what its reservation needs);
+* ``schedule_decode``: in ``schedule``, the DDTREE worker's choice of the step's width and, for a
+  width-1 step, its conversion into SGLang's own decode step, of which ``convert`` is the
+  conversion (``adapter/plain_steps.py``);
 * ``relay_payload`` and ``copy_to_cpu``: after the worker, inside ``run_batch``: the next
   step's inputs stashed in the relay, the result's copy to the host started;
 * ``process_result``: ``Scheduler.process_batch_result`` of a decode batch (the tokens to the
@@ -288,6 +291,8 @@ def install() -> None:
             "init_new", in_launch=True
         ),
         "sglang_ddtree.adapter.plain_steps.PlainSteps.convert": _timed("convert"),
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": _timed("check_decode_mem"),
+        "sglang_ddtree.adapter.worker.DDTreeWorker.schedule_decode": _timed("schedule_decode"),
     }
     if os.environ.get("SGLANG_STEP_TIMER_PROFILE"):
         import cProfile

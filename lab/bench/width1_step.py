@@ -221,11 +221,14 @@ def markdown(data: dict) -> str:
         "`iteration` from one decode launch to the next; `run_batch` the launch, of which "
         "`worker` is the model worker's step (on a CPU with its forward), of which `forward` the model "
         "runners' forwards, `sample` plain decoding's sampler and `init_new` the forward batches made; "
-        "`convert` (in `schedule`) a width-1 step's conversion into SGLang's own decode step:",
+        "in `schedule`, `check_decode_mem` SGLang's check that the step's KV fits and "
+        "`schedule_decode` the DDTREE worker's width choice and, of it, `convert` a width-1 step's "
+        "conversion into SGLang's own decode step:",
         "",
     ]
     staged = [c for c in cells if c["scheduler_us"]]
-    stages = ["iteration", "schedule", "prepare_for_decode", "convert", "run_batch", "worker", "forward"]
+    stages = ["iteration", "schedule", "check_decode_mem", "prepare_for_decode", "schedule_decode", "convert"]
+    stages += ["run_batch", "worker", "forward"]
     stages += ["sample", "init_new", "resolve_seq_lens"]
     stages += ["relay_payload", "copy_to_cpu"]
     out += [
