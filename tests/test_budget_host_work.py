@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sglang_ddtree
 from sglang_ddtree.adapter.widths import StepWidths
 from sglang_ddtree.budget import ProbedCostTable, RoundCostTable, TimedCostTable, candidate_widths
+from sglang_ddtree.budget.decisions import KeptDecisions
 from sglang_ddtree.tree.expected_accept import reach_at_widths, reach_by_depth, reach_totals_at_widths
 from sglang_ddtree.tree.types import Trees
 
@@ -240,15 +241,19 @@ def test_a_step_that_asks_nothing_reads_the_settled_check_the_table_would_give(m
     """A step whose decisions repeated the last one's, or that was not asked them at all, reads
     the last step's settled check (a cell settles or unsettles only as the table's structure
     moves): at every step of a mixed run (probes, trust, stale cells cleared) it is what the
-    table says."""
-    asked, start = [], StepWidths.start
+    table says. ``decided_anew`` says whether the step asked its decisions."""
+    asked, start, decided = [], StepWidths.start, []
+    decide = KeptDecisions.decide
 
     def checked(steps, bs):
+        decided.clear()
         width = start(steps, bs)
         assert steps._settled == steps.cost.settled(bs, width), (len(asked), bs, width)
+        assert steps.decided_anew == bool(decided), (len(asked), bs, width)
         asked.append(steps.decided_anew)
         return width
 
+    monkeypatch.setattr(KeptDecisions, "decide", lambda *a: decided.append(1) or decide(*a))
     monkeypatch.setattr(StepWidths, "start", checked)
     run_widths("timed", keep=True, seed=3, churn=0.5)
     assert 0.0 < sum(asked) / len(asked) < 0.7, sum(asked)
