@@ -35,12 +35,13 @@ def register() -> None:
     from .adapter.attention import gpu_backends
 
     gpu_backends.install()
-    from .adapter import plain_steps, req_to_token, requests, stops
+    from .adapter import plain_steps, req_to_token, requests, reservation, stops
 
     requests.install()
     stops.install()
     req_to_token.install()
     plain_steps.install()
+    reservation.install()
     _install_cli_hooks()
     _install_error_reporting()
     _install_test_plugin()

@@ -152,3 +152,65 @@ def test_a_chunk_stops_at_the_end_of_the_row(both):
 def test_the_top_k_summary_is_sglangs(both):
     _run(1, free=10**6, steps=2, accept=lambda rng: 1, top_ks=[1, 1, 1, 1])
     _run(1, free=10**6, steps=2, accept=lambda rng: 1, top_ks=[20, 1, 5, 1])
+
+
+def _kv_states(rng, page_size: int, n: int) -> list:
+    """Requests as SGLang's memory check reads them: allocations at, short of, or past the reserve."""
+    reqs = []
+    for _ in range(n):
+        committed = rng.randint(0, 400)
+        allocated = committed + rng.choice([0, rng.randint(0, 3 * WIDTH), rng.randint(0, 4) * page_size])
+        reqs.append(
+            types.SimpleNamespace(
+                kv=types.SimpleNamespace(kv_committed_len=committed, kv_allocated_len=allocated)
+            )
+        )
+    return reqs
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_the_memory_checks_sum_is_sglangs(monkeypatch, page_size):
+    """``pages_short`` against SGLang's own ``_new_tokens_required_next_decode_spec_v2``, term by
+    term over requests that hold the reserve, fall short of it, or end mid-page."""
+    from sglang.srt.managers import schedule_batch
+
+    sglang_sum = getattr(
+        schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2,
+        "__wrapped__",  # SGLang's own where the plugin's hooks were applied in this process
+        schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2,
+    )
+    rng = random.Random(page_size)
+    short = 0
+    for _ in range(400):
+        reserve = rng.choice([2, 2 * WIDTH, 2 * 65])
+        monkeypatch.setattr(schedule_batch, "get_alloc_reserve_per_decode", lambda r=reserve: r)
+        reqs = _kv_states(rng, page_size, rng.randint(0, 12))
+        expected = sglang_sum(None, reqs, page_size)
+        assert reservation.pages_short(reqs, page_size, reserve) == expected
+        short += expected > 0
+    assert short > 100  # the sums were not all zero
+
+
+def test_the_hook_sums_only_in_a_ddtree_process(monkeypatch):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    registered = []
+    monkeypatch.setattr(
+        HookRegistry, "register", lambda target, hook, kind: registered.append((target, hook))
+    )
+    reservation.install()
+    ((target, hook),) = registered
+    assert hasattr(ScheduleBatch, target.rsplit(".", 1)[1])  # the method SGLang calls still exists
+    calls = []
+
+    def original(batch, requests, page_size):
+        calls.append(page_size)
+        return -1
+
+    reqs = _kv_states(random.Random(0), 16, 8)
+    monkeypatch.setattr(reservation, "_serving", [False])
+    assert hook(original, None, reqs, 16) == -1 and calls == [16]  # not serving DDTREE: SGLang's
+    Reservation(WIDTH)  # the worker's reservation marks the process
+    monkeypatch.setattr("sglang.srt.managers.schedule_batch.get_alloc_reserve_per_decode", lambda: 2 * WIDTH)
+    assert hook(original, None, reqs, 16) == reservation.pages_short(reqs, 16, 2 * WIDTH) and calls == [16]

@@ -110,7 +110,7 @@ class DecodeStep:
             "spec_algorithm": self.plain.algorithm,  # its forward runs as the frame's would
             "forward_mode": ForwardMode.DECODE,
             "spec_info": None,
-            "input_ids": self.plain.future_map.output_tokens_buf[batch.req_pool_indices],
+            "input_ids": self.plain.future_map.output_tokens_buf.index_select(0, batch.req_pool_indices),
             "out_cache_loc": self._root_slots(batch),
             "seq_lens": lens.device,
             "seq_lens_cpu": lens.host,

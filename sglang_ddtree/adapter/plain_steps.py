@@ -122,7 +122,8 @@ class PlainSteps:
         # copy to the device (on the scheduler's stream) leaves the host at once.
         pin = is_pin_memory_available(batch.device)
         host = torch.tensor([lens, [n + 1 for n in lens]], dtype=torch.int64, pin_memory=pin)
-        (prefix, forward), (prefix_cpu, forward_cpu) = host.to(batch.device, non_blocking=True), host
+        prefix, forward = host.to(batch.device, non_blocking=True).unbind(0)  # (unbind: no __iter__)
+        prefix_cpu, forward_cpu = host.unbind(0)
         total = sum(lens)
         batch.seq_lens_cpu, batch.seq_lens, batch.seq_lens_sum = prefix_cpu, prefix, total
         self.forward_lens = ForwardLens(forward, forward_cpu, total + len(lens))

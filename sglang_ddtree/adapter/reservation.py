@@ -24,6 +24,13 @@ are freed with the request (SGLang frees everything allocated, ``kv_allocated_le
 with it, and counted by SGLang's idle leak check like DFlash's own reservation. A top-up runs on
 the scheduler's stream (SGLang's optional plan stream, ``SGLANG_ENABLE_OVERLAP_PLAN_STREAM``,
 is not used), and under HiSparse the reservation is DFlash's window alone.
+
+SGLang's check before the step sums, per request, the pages its allocation lacks for the
+reserve (``ScheduleBatch._new_tokens_required_next_decode_spec_v2``), two ``ceil_align`` calls a
+request even where the allocation already holds the reserve, as it does for nearly every request
+of a DDTREE batch between top-ups. :func:`install` gives that sum to :func:`pages_short`, which
+skips those requests: the same total, with less host work a step at every batch size
+(``patches/0006``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import torch
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.mem_cache.allocation import alloc_for_spec_decode
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.utils.common import is_pin_memory_available
+from sglang.srt.utils.common import ceil_align, is_pin_memory_available
 
 # A chunk is taken only while the pool's free slots hold this many times the top-up.
 FREE_SLOTS_PER_TOP_UP = 4
@@ -50,6 +57,7 @@ class Reservation:
         self.top_ups = 0  # of them, steps that allocated
         self.chunked = 0  # top-ups that took the chunk (the rest: the window alone)
         self._empty_extras: dict[tuple[int, torch.device], tuple[torch.Tensor, ...]] = {}
+        _serving[0] = True
 
     def empty_extras(self, bs: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         """The draft input's ``(topk_p, topk_index, hidden_states)`` of ``bs`` requests: DDTREE
@@ -186,3 +194,37 @@ class NextDraftInputs:
             logits_output=None, next_token_ids=empty, accept_lens=empty.to(torch.int32), next_draft_input=draft,
             can_run_cuda_graph=False, speculative_num_draft_tokens=self.width, new_seq_lens=draft.new_seq_lens,
         )  # fmt: skip
+
+
+def pages_short(requests, page_size: int, reserve: int) -> int:
+    """The KV slots SGLang's speculative memory check asks for: per request, the pages between its
+    allocation's end and its committed length plus ``reserve`` (``ceil_align`` both ends), where
+    the allocation falls short; a request that holds the reserve adds nothing, so it is skipped
+    without the arithmetic (``_new_tokens_required_next_decode_spec_v2``'s sum, term by term)."""
+    total = 0
+    for req in requests:
+        kv = req.kv
+        held, needed = kv.kv_allocated_len, kv.kv_committed_len + reserve
+        if needed > held:
+            total += ceil_align(needed, page_size) - ceil_align(held, page_size)
+    return total
+
+
+# Whether this process serves DDTREE (set by its worker's reservation): until then the hook passes through.
+_serving = [False]
+
+
+def install() -> None:
+    """The speculative memory check's sum as :func:`pages_short` (module docstring; patches/0006),
+    registered with the plugin's other hooks."""
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def new_tokens_required(original, batch, requests, page_size):
+        if not _serving[0]:
+            return original(batch, requests, page_size)
+        # the reserve as SGLang's method reads it (its module's name, read at each call)
+        return pages_short(requests, page_size, schedule_batch.get_alloc_reserve_per_decode())
+
+    target = "sglang.srt.managers.schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2"
+    HookRegistry.register(target, new_tokens_required, HookType.AROUND)
