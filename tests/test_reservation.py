@@ -170,7 +170,7 @@ def _kv_states(rng, page_size: int, n: int) -> list:
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_the_memory_checks_sum_is_sglangs(monkeypatch, page_size):
-    """``pages_short`` against SGLang's own ``_new_tokens_required_next_decode_spec_v2``, term by
+    """``slots_short`` against SGLang's own ``_new_tokens_required_next_decode_spec_v2``, term by
     term over requests that hold the reserve, fall short of it, or end mid-page."""
     from sglang.srt.managers import schedule_batch
 
@@ -186,7 +186,7 @@ def test_the_memory_checks_sum_is_sglangs(monkeypatch, page_size):
         monkeypatch.setattr(schedule_batch, "get_alloc_reserve_per_decode", lambda r=reserve: r)
         reqs = _kv_states(rng, page_size, rng.randint(0, 12))
         expected = sglang_sum(None, reqs, page_size)
-        assert reservation.pages_short(reqs, page_size, reserve) == expected
+        assert reservation.slots_short(reqs, page_size, reserve) == expected
         short += expected > 0
     assert short > 100  # the sums were not all zero
 
@@ -213,4 +213,4 @@ def test_the_hook_sums_only_in_a_ddtree_process(monkeypatch):
     assert hook(original, None, reqs, 16) == -1 and calls == [16]  # not serving DDTREE: SGLang's
     Reservation(WIDTH)  # the worker's reservation marks the process
     monkeypatch.setattr("sglang.srt.managers.schedule_batch.get_alloc_reserve_per_decode", lambda: 2 * WIDTH)
-    assert hook(original, None, reqs, 16) == reservation.pages_short(reqs, 16, 2 * WIDTH) and calls == [16]
+    assert hook(original, None, reqs, 16) == reservation.slots_short(reqs, 16, 2 * WIDTH) and calls == [16]

@@ -1,7 +1,7 @@
 """SGLang's speculative memory check's sum against the reservation's (``patches/0006``), host time.
 
 ``ScheduleBatch._new_tokens_required_next_decode_spec_v2`` (SGLang's own, unhooked) and
-``sglang_ddtree.adapter.reservation.pages_short`` on the same requests, every one holding the
+``sglang_ddtree.adapter.reservation.slots_short`` on the same requests, every one holding the
 reserve as a DDTREE batch's do between top-ups (the sums are 0 and equal; checked here), at
 batch sizes 1-64, pages of 1 and 16; warm loops, best of three repeats.
 
@@ -30,7 +30,7 @@ def _requests(bs: int) -> list:
 def measure(batch_sizes, page_sizes, number: int = 20000) -> list[dict]:
     from sglang.srt.managers import schedule_batch
 
-    from sglang_ddtree.adapter.reservation import pages_short
+    from sglang_ddtree.adapter.reservation import slots_short
 
     method = schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2
     sglang_sum = getattr(method, "__wrapped__", method)  # SGLang's own where the hooks are applied
@@ -41,12 +41,12 @@ def measure(batch_sizes, page_sizes, number: int = 20000) -> list[dict]:
         for page in page_sizes:
             for bs in batch_sizes:
                 reqs = _requests(bs)
-                if sglang_sum(None, reqs, page) != pages_short(reqs, page, RESERVE):
+                if sglang_sum(None, reqs, page) != slots_short(reqs, page, RESERVE):
                     raise RuntimeError(f"the sums differ at bs {bs}, page {page}")
                 times = {}
                 for name, call in (
                     ("sglang_us", lambda r=reqs, p=page: sglang_sum(None, r, p)),
-                    ("pages_short_us", lambda r=reqs, p=page: pages_short(r, p, RESERVE)),
+                    ("slots_short_us", lambda r=reqs, p=page: slots_short(r, p, RESERVE)),
                 ):
                     times[name] = min(timeit.repeat(call, number=number, repeat=3)) / number * 1e6
                 rows.append({"page": page, "bs": bs, **times})
@@ -65,8 +65,8 @@ def main(argv=None) -> None:
     rows = measure(args.batch_sizes, args.pages)
     st = _stamp.stamp()
     table = _stamp.md_table(
-        ["page", "bs", "SGLang's sum (us)", "pages_short (us)"],
-        [[r["page"], r["bs"], r["sglang_us"], r["pages_short_us"]] for r in rows],
+        ["page", "bs", "SGLang's sum (us)", "slots_short (us)"],
+        [[r["page"], r["bs"], r["sglang_us"], r["slots_short_us"]] for r in rows],
     )
     markdown = (
         "# SGLang's speculative memory check's sum against the reservation's (host time)\n\n"

@@ -28,7 +28,7 @@ is not used), and under HiSparse the reservation is DFlash's window alone.
 SGLang's check before the step sums, per request, the pages its allocation lacks for the
 reserve (``ScheduleBatch._new_tokens_required_next_decode_spec_v2``), two ``ceil_align`` calls a
 request even where the allocation already holds the reserve, as it does for nearly every request
-of a DDTREE batch between top-ups. :func:`install` gives that sum to :func:`pages_short`, which
+of a DDTREE batch between top-ups. :func:`install` gives that sum to :func:`slots_short`, which
 skips those requests: the same total, with less host work a step at every batch size
 (``patches/0006``).
 """
@@ -196,7 +196,7 @@ class NextDraftInputs:
         )  # fmt: skip
 
 
-def pages_short(requests, page_size: int, reserve: int) -> int:
+def slots_short(requests, page_size: int, reserve: int) -> int:
     """The KV slots SGLang's speculative memory check asks for: per request, the pages between its
     allocation's end and its committed length plus ``reserve`` (``ceil_align`` both ends), where
     the allocation falls short; a request that holds the reserve adds nothing, so it is skipped
@@ -215,7 +215,7 @@ _serving = [False]
 
 
 def install() -> None:
-    """The speculative memory check's sum as :func:`pages_short` (module docstring; patches/0006),
+    """The speculative memory check's sum as :func:`slots_short` (module docstring; patches/0006),
     registered with the plugin's other hooks."""
     from sglang.srt.managers import schedule_batch
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -224,7 +224,7 @@ def install() -> None:
         if not _serving[0]:
             return original(batch, requests, page_size)
         # the reserve as SGLang's method reads it (its module's name, read at each call)
-        return pages_short(requests, page_size, schedule_batch.get_alloc_reserve_per_decode())
+        return slots_short(requests, page_size, schedule_batch.get_alloc_reserve_per_decode())
 
     target = "sglang.srt.managers.schedule_batch.ScheduleBatch._new_tokens_required_next_decode_spec_v2"
     HookRegistry.register(target, new_tokens_required, HookType.AROUND)
