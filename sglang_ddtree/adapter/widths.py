@@ -212,9 +212,9 @@ class StepWidths:
         steady = size == self._steady
         if steady:  # nothing the last step's decisions read has moved: they would repeat
             width, probed = self._steady_width, False
-            self.decided_anew = False
         else:
             width, probed = self._decide(size)
+        self.decided_anew = not steady
         history = self._history
         if bs == history.bs and width == history.width:
             history.run += 1
@@ -250,7 +250,6 @@ class StepWidths:
         them with the decisions asked at each step's own size), and under load, where a request
         ends or joins at most steps, a batch that stays in its row asks nothing."""
         width, probed = self.decisions.decide(size, self.expected.of_batch(size))
-        self.decided_anew = True
         if self.pinned:  # debugging: the choice made and booked, the widest tree run
             width = self.widths[-1]
         self._leave_steady(None if probed else size, width, self.decisions.drift_bound)
