@@ -25,8 +25,8 @@ with it, and counted by SGLang's idle leak check like DFlash's own reservation. 
 the scheduler's stream (SGLang's optional plan stream, ``SGLANG_ENABLE_OVERLAP_PLAN_STREAM``,
 is not used), and under HiSparse the reservation is DFlash's window alone.
 
-SGLang's check before the step sums, per request, the pages its allocation lacks for the
-reserve (``ScheduleBatch._new_tokens_required_next_decode_spec_v2``), two ``ceil_align`` calls a
+SGLang's check before the step sums, per request, the page-aligned slots its allocation lacks for
+the reserve (``ScheduleBatch._new_tokens_required_next_decode_spec_v2``), two ``ceil_align`` calls a
 request even where the allocation already holds the reserve, as it does for nearly every request
 of a DDTREE batch between top-ups. :func:`install` gives that sum to :func:`slots_short`, which
 skips those requests: the same total, with less host work a step at every batch size
@@ -197,8 +197,8 @@ class NextDraftInputs:
 
 
 def slots_short(requests, page_size: int, reserve: int) -> int:
-    """The KV slots SGLang's speculative memory check asks for: per request, the pages between its
-    allocation's end and its committed length plus ``reserve`` (``ceil_align`` both ends), where
+    """The KV slots SGLang's speculative memory check asks for: per request, the slots between its
+    allocation's end and its committed length plus ``reserve`` (both ends page-aligned), where
     the allocation falls short; a request that holds the reserve adds nothing, so it is skipped
     without the arithmetic (``_new_tokens_required_next_decode_spec_v2``'s sum, term by term)."""
     total = 0
