@@ -7,7 +7,7 @@ import pstats
 import tarfile
 from datetime import datetime, timezone
 
-from lab.bench.step_split import profile_diff, read_tarball, stage_table
+from lab.bench.step_split import STEP_LINE, profile_diff, read_tarball, stage_table
 
 T0 = datetime(2026, 12, 7, 19, 0, 0, tzinfo=timezone.utc).timestamp()
 
@@ -38,7 +38,7 @@ def test_a_timer_line_goes_to_the_pass_it_was_logged_in(tmp_path):
         for arm, lines in logs.items():
             _add(archive, f"raw/server_{arm}.log", "\n".join(["noise", *lines]).encode())
     ends_read, lines, _ = read_tarball(str(tarball))
-    table = stage_table(ends_read, lines, "STEP TIMER us/step")
+    table = stage_table(ends_read, lines, STEP_LINE)
     # a's c=1 median is of its two lines in that pass (the line before every pass, the greedy
     # check's, is left out); b's c=8 has a stage the others lack
     assert "| schedule | 200 | 200 | 50 | 70 |" in table

@@ -30,11 +30,14 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 
-BENCH_FILE = re.compile(r"bench_(?P<arm>.+)_c(?P<c>\d+)_r(?P<rep>\d+)\.jsonl$")
+from lab.bench.itl_split import BENCH_FILE
+from lab.bench.step_timer import LINE as STEP_LINE
+from sglang_ddtree.ab.phase_log import PHASE_LINE
+
 SERVER_LOG = re.compile(r"server_(?P<arm>.+)\.log$")
 PROFILE_FILE = re.compile(r".+_(?P<arm>[^_]+)\.pstats$")
 TIMER_LINE = re.compile(
-    r"^\[(?P<at>[\d-]+ [\d:]+)\] (?P<kind>STEP TIMER us/step|DDTREE phase host us/round): (?P<d>\{.*\})"
+    rf"^\[(?P<at>[\d-]+ [\d:]+)\] (?P<kind>{re.escape(STEP_LINE)}|{re.escape(PHASE_LINE)}) (?P<d>\{{.*\}})"
 )
 ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 STEP_FUNCTION = ("tp_worker.py", "forward_batch_generation")  # one call per decode launch
@@ -117,19 +120,18 @@ def _by_function(raw: dict) -> dict[tuple[str, str], tuple[float, float]]:
     return {key: (calls, own) for key, (calls, own) in out.items()}
 
 
+def _launches(functions: dict[tuple[str, str], tuple[float, float]]) -> float:
+    """A profile's decode launches: its calls of the target worker's step."""
+    file_tail, name = STEP_FUNCTION
+    return sum(
+        calls for (tail, fn), (calls, _) in functions.items() if tail.endswith(file_tail) and fn == name
+    )
+
+
 def profile_diff(first: dict, second: dict, top: int = 30) -> str:
     """Markdown: the functions whose own time per decode launch differs most (first - second)."""
     a, b = _by_function(first), _by_function(second)
-    steps_a = sum(
-        calls
-        for (tail, fn), (calls, _) in a.items()
-        if tail.endswith(STEP_FUNCTION[0]) and fn == STEP_FUNCTION[1]
-    )
-    steps_b = sum(
-        calls
-        for (tail, fn), (calls, _) in b.items()
-        if tail.endswith(STEP_FUNCTION[0]) and fn == STEP_FUNCTION[1]
-    )
+    steps_a, steps_b = _launches(a), _launches(b)
     if not steps_a or not steps_b:
         return "(a profile without decode launches)"
     rows = []
@@ -164,8 +166,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     ends, lines, profiles = read_tarball(args.tarball)
     print("## The scheduler's stages (us a decode step, median over the timer lines)\n")
-    print(stage_table(ends, lines, "STEP TIMER us/step") or "(no timer lines)")
-    phases = stage_table(ends, lines, "DDTREE phase host us/round")
+    print(stage_table(ends, lines, STEP_LINE) or "(no timer lines)")
+    phases = stage_table(ends, lines, PHASE_LINE)
     if phases:
         print("\n## The DDTREE worker's phases (us a round)\n")
         print(phases)
