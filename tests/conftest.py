@@ -138,6 +138,19 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture
+def registered_hooks(monkeypatch) -> list:
+    """The ``(target, hook)`` pairs SGLang's ``HookRegistry.register`` is given during the test,
+    in order, none applied: a module's ``install()`` then hands its hooks to the test."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    registered = []
+    monkeypatch.setattr(
+        HookRegistry, "register", lambda target, hook, kind: registered.append((target, hook))
+    )
+    return registered
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return build_tiny_models()

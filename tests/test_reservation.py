@@ -191,16 +191,11 @@ def test_the_memory_checks_sum_is_sglangs(monkeypatch, page_size):
     assert short > 100  # the sums were not all zero
 
 
-def test_the_hook_sums_only_in_a_ddtree_process(monkeypatch):
+def test_the_hook_sums_only_in_a_ddtree_process(monkeypatch, registered_hooks):
     from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.plugins.hook_registry import HookRegistry
 
-    registered = []
-    monkeypatch.setattr(
-        HookRegistry, "register", lambda target, hook, kind: registered.append((target, hook))
-    )
     reservation.install()
-    ((target, hook),) = registered
+    ((target, hook),) = registered_hooks
     assert hasattr(ScheduleBatch, target.rsplit(".", 1)[1])  # the method SGLang calls still exists
     calls = []
 

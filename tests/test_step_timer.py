@@ -103,21 +103,16 @@ def test_the_profile_of_decode_launches_is_written_at_every_log_line(timer, tmp_
 
 
 def test_the_worker_s_forward_sampler_and_forward_batch_are_timed_inside_decode_launches_only(
-    timer, monkeypatch
+    timer, monkeypatch, registered_hooks
 ):
     """``forward``, ``sample``, ``init_new``: the model runners' forwards, plain decoding's sampler
     and the forward batches made, timed inside a decode launch (a prefill's are not a step's);
     ``convert`` (a width-1 step made SGLang's own decode step) in the scheduling. The op counter's
     mode replaces the forward's timer with its own hook (SGLang runs one AROUND hook a target)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    registered = {}
-    monkeypatch.setattr(
-        HookRegistry, "register", lambda target, hook, kind: registered.__setitem__(target, hook)
-    )
     monkeypatch.setenv("SGLANG_STEP_TIMER_SYNCS", "0")
     monkeypatch.delenv("SGLANG_STEP_TIMER_OPS", raising=False)
     timer.install()
+    registered = dict(registered_hooks)
     runner = "sglang.srt.model_executor.model_runner.ModelRunner"
     forward, sample = registered[f"{runner}.forward"], registered[f"{runner}.sample"]
     init_new = registered["sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"]
@@ -133,4 +128,4 @@ def test_the_worker_s_forward_sampler_and_forward_batch_are_timed_inside_decode_
     assert timer._totals["convert"] > 0
     monkeypatch.setenv("SGLANG_STEP_TIMER_OPS", "1")
     timer.install()
-    assert registered[f"{runner}.forward"] is timer._graphed
+    assert dict(registered_hooks)[f"{runner}.forward"] is timer._graphed  # the later hook replaces it

@@ -84,17 +84,11 @@ def test_every_width_shares_the_start_up_kv_indices_sized_for_verify():
     assert narrow.cuda_graph_kv_indices is startup.cuda_graph_kv_indices
 
 
-def test_the_hook_sizes_the_targets_backends_only(monkeypatch):
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
+def test_the_hook_sizes_the_targets_backends_only(registered_hooks):
     from sglang_ddtree.adapter import verify_graph_memory
 
-    registered = []
-    monkeypatch.setattr(
-        HookRegistry, "register", lambda target, hook, kind: registered.append((target, hook))
-    )
     verify_graph_memory.install()
-    ((target, after),) = registered
+    ((target, after),) = registered_hooks
     assert target.endswith("TritonAttnBackend.__init__")
     ddtree = SimpleNamespace(name="DDTREE")
     for is_draft_worker, sized in ((False, True), (True, False)):
