@@ -7,7 +7,7 @@ one step; its mean and p99 hold the stalls, and the time to first token holds th
 prints, per arm and level, the median over the passes of each of those (ms), so a width-1 arm's
 loss to plain can be read as step or stall (`lab/notes/2026-12-07.md`, "Fourteenth session").
 
-    python -m lab.bench.itl_split results/pycode-4l_h100_width1_load_logs.tar.xz
+    python -m lab.bench.itl_split results/pycode-4l_h100_width1_criteria_logs.tar.xz
 """
 
 from __future__ import annotations
