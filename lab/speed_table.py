@@ -39,7 +39,12 @@ ROWS = (
     ),
     Row("pycode-4l_h200_ab", "ddtree@64", "dflash", "trained pair, one H200: DDTREE@64 / stock DFLASH"),
     Row("pycode-4l_h200_ab", "ddtree@auto64", "plain", "trained pair, one H200: online budget / plain"),
-    Row("pycode-4l_h200_ab", "dflash", "plain", "trained pair, one H200: stock DFLASH / plain"),
+    Row(
+        "pycode-4l_h100_width1_criteria",
+        "ddtree@auto64",
+        "plain",
+        "trained pair, one H100, 4 servers: online budget / plain",
+    ),
     Row("k26-rank_h200_ab", "chain", "plain", "one K2.6 TP-8 rank, replayed acceptance: chain / plain"),
     Row("k26-rank_h200_ab", "ddtree@7", "chain", "one K2.6 TP-8 rank, replayed acceptance: DDTREE@7 / chain"),
     Row(
